@@ -1,0 +1,45 @@
+"""The one error type every loader raises: a list of problems, one line each (field, value, allowed)."""
+
+from __future__ import annotations
+
+import difflib
+
+
+class SpecError(ValueError):
+    """Invalid input. `problems` holds one human-readable line per problem."""
+
+    exit_code = 3
+
+    def __init__(self, problems: list[str] | str, *, source: str | None = None):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(prefix + p for p in self.problems))
+
+
+def from_pydantic(exc, *, source: str | None = None, what: str = "") -> SpecError:
+    """Turn a pydantic ValidationError into a SpecError with one line per failing field."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or what or "(top level)"
+        value = err.get("input")
+        shown = _short(value)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "missing":
+            lines.append(f"{loc}: missing (required)")
+            continue
+        lines.append(f"{loc}: {shown} -> {msg}")
+    return SpecError(lines, source=source)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def unknown_name(kind: str, name: str, known: list[str]) -> SpecError:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return SpecError(f"unknown {kind} {name!r}{hint} (known: {', '.join(sorted(known))})")

@@ -1,0 +1,140 @@
+"""Cluster and GPU specs (pydantic v2, frozen, unknown fields rejected).
+
+Files use human units (GiB, GB/s, Gb/s, microseconds); the `*_bytes`, `*_per_second` and `*_seconds`
+properties give SI values, and `ClusterSpec.to_cost_model()` converts everything once.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cost_models.types import Hardware, Link
+
+GIB = 2**30
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GPUSpec(_Frozen):
+    name: str = ""
+    memory_gib: float = Field(gt=0)
+    tflops: dict[Literal["bf16", "fp16", "fp32", "fp8"], float]
+    hbm_gb_per_s: float = Field(gt=0)
+    nvlink_gb_per_s: float | None = Field(default=None, gt=0)
+    matmul_efficiency: float = Field(default=0.8, gt=0, le=1)
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _positive_peaks(self):
+        bad = [f"tflops.{k}: {v} -> must be > 0" for k, v in self.tflops.items() if v <= 0]
+        if bad:
+            raise ValueError("; ".join(bad))
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    def peak_flops_per_second(self, dtype: str) -> float:
+        if dtype not in self.tflops:
+            known = ", ".join(sorted(self.tflops))
+            raise ValueError(f"{self.name or 'gpu'} has no {dtype} peak (has: {known})")
+        return self.tflops[dtype] * 1e12
+
+
+class IntraNodeLink(_Frozen):
+    kind: Literal["nvlink", "pcie", "none"]
+    gb_per_s: float = Field(ge=0, description="per GPU, one direction, line rate")
+    efficiency: float = Field(default=0.8, gt=0, le=1)
+    latency_us: float = Field(default=5.0, ge=0)
+
+    def link(self) -> Link | None:
+        if self.kind == "none" or self.gb_per_s == 0:
+            return None
+        return Link(self.gb_per_s * 1e9 * self.efficiency, self.latency_us * 1e-6)
+
+
+class InterNodeNetwork(_Frozen):
+    kind: Literal["infiniband", "ethernet", "roce", "none"]
+    nics_per_node: int = Field(ge=0)
+    nic_gbit_per_s: float = Field(ge=0, description="per NIC, one direction, line rate, Gb/s")
+    efficiency: float = Field(default=0.9, gt=0, le=1)
+    latency_us: float = Field(default=10.0, ge=0)
+
+    def nic_link(self) -> Link | None:
+        if self.kind == "none" or self.nics_per_node == 0 or self.nic_gbit_per_s == 0:
+            return None
+        return Link(self.nic_gbit_per_s / 8 * 1e9 * self.efficiency, self.latency_us * 1e-6)
+
+
+class HostLink(_Frozen):
+    gb_per_s: float = Field(gt=0)
+    efficiency: float = Field(default=0.8, gt=0, le=1)
+    latency_us: float = Field(default=10.0, ge=0)
+
+
+class ClusterSpec(_Frozen):
+    name: str = "custom"
+    description: str = ""
+    gpu: str | GPUSpec
+    num_nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    intra_node: IntraNodeLink
+    inter_node: InterNodeNetwork
+    host_to_device: HostLink
+    host_memory_gib: float = Field(default=512, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        problems = []
+        if self.gpus_per_node > 1 and self.intra_node.kind == "none":
+            problems.append(f"intra_node.kind: 'none' -> a node of {self.gpus_per_node} GPUs needs nvlink or pcie")
+        if self.num_nodes > 1 and self.inter_node.nic_link() is None:
+            problems.append(f"inter_node: {self.num_nodes} nodes need a network (nics_per_node >= 1, nic_gbit_per_s > 0)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def gpu_spec(self) -> GPUSpec:
+        if isinstance(self.gpu, GPUSpec):
+            return self.gpu
+        from cluster_specs import load_gpu
+
+        return load_gpu(self.gpu)
+
+    def with_nodes(self, num_nodes: int) -> ClusterSpec:
+        """The same cluster scaled to `num_nodes` nodes (validated again: one node needs no network)."""
+        data = self.model_dump()
+        data["gpu"] = self.gpu if isinstance(self.gpu, str) else self.gpu.model_dump()
+        data["num_nodes"] = num_nodes
+        return ClusterSpec.model_validate(data)
+
+    def to_cost_model(self, dtype: str = "bf16") -> Hardware:
+        gpu = self.gpu_spec()
+        return Hardware(
+            gpu_name=gpu.name or str(self.gpu),
+            gpu_memory_bytes=gpu.memory_bytes,
+            peak_flops_per_second=gpu.peak_flops_per_second(dtype),
+            matmul_efficiency=gpu.matmul_efficiency,
+            hbm_bytes_per_second=gpu.hbm_gb_per_s * 1e9,
+            num_nodes=self.num_nodes,
+            gpus_per_node=self.gpus_per_node,
+            intra_node=self.intra_node.link() if self.gpus_per_node > 1 else None,
+            intra_node_kind=self.intra_node.kind if self.gpus_per_node > 1 else "none",
+            nic=self.inter_node.nic_link(),
+            nics_per_node=self.inter_node.nics_per_node,
+            host_to_device=Link(
+                self.host_to_device.gb_per_s * 1e9 * self.host_to_device.efficiency,
+                self.host_to_device.latency_us * 1e-6,
+            ),
+            host_memory_bytes_per_node=self.host_memory_gib * GIB,
+        )

@@ -1,0 +1,151 @@
+"""Parameter counts, FLOPs, MFU/HFU (standard library only).
+
+Attention convention: the FULL s^2 score matrix is counted (no causal halving), as Narayanan et al. 2021
+Eq. 3, Korthikanti et al. 2022 Eq. 7, PaLM Appendix B and torchtitan do, and as every published MFU in
+../shared/validation was computed (Megatron halved it only in 2025-03; cost-models.md §3.4, §10.4).
+Every FLOP count here counts a multiply-add as 2 FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from cost_models.types import Transformer
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterCounts:
+    embedding: int  # word embeddings (unpadded vocabulary)
+    position_embedding: int
+    per_layer: int
+    per_layer_norms: int  # part of per_layer that TP replicates (norm weights)
+    layers: int  # per_layer x num_layers
+    final_norm: int
+    output_layer: int  # 0 when tied to the embedding
+    total: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def layer_parameter_count(model: Transformer) -> tuple[int, int]:
+    """(parameters of one transformer layer, of which norm weights). Biases as GPT-2/3 when model.bias."""
+    h, d = model.hidden_size, model.head_dim
+    q, kv = model.num_attention_heads * d, model.num_kv_heads * d
+    f = model.ffn_hidden_size
+    attention = h * (q + 2 * kv) + q * h
+    mlp = (3 if model.swiglu else 2) * h * f
+    biases = 0
+    if model.bias:
+        biases = (q + 2 * kv) + h + ((2 * f) if model.swiglu else f) + h
+    norms = 2 * (h if model.rms_norm else 2 * h)
+    return attention + mlp + biases + norms, norms
+
+
+def parameter_counts(model: Transformer) -> ParameterCounts:
+    """Exact parameter count of the model as built (GPT-3 175B: 174,615,846,912 incl. the final LayerNorm)."""
+    h = model.hidden_size
+    per_layer, norms = layer_parameter_count(model)
+    embedding = model.vocab_size * h
+    position = model.max_position_embeddings * h if model.learned_position_embeddings else 0
+    final_norm = h if model.rms_norm else 2 * h
+    output = 0 if model.tied_embeddings else model.vocab_size * h
+    layers = per_layer * model.num_layers
+    return ParameterCounts(
+        embedding=embedding,
+        position_embedding=position,
+        per_layer=per_layer,
+        per_layer_norms=norms,
+        layers=layers,
+        final_norm=final_norm,
+        output_layer=output,
+        total=embedding + position + layers + final_norm + output,
+    )
+
+
+def params_narayanan_eq2(*, num_layers: int, hidden_size: int, vocab_size: int, seq_length: int) -> float:
+    """Narayanan et al. 2021 Eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) (no final LayerNorm)."""
+    l, h = num_layers, hidden_size
+    return 12 * l * h * h * (1 + 13 / (12 * h) + (vocab_size + seq_length) / (12 * l * h))
+
+
+def layer_forward_flops(model: Transformer, *, tokens: int, seq_length: int) -> tuple[float, float]:
+    """Forward FLOPs of one layer for `tokens` tokens in sequences of `seq_length`: (GEMM part, attention core).
+
+    GEMMs: QKV 2T h (q + 2kv), output projection 2T q h, MLP 2T h f x (2 GeLU | 3 SwiGLU).
+    Attention core: Q K^T and P V, 2 x 2 T s q (Narayanan et al. 2021 Appendix: 4 B s^2 h for MHA).
+    """
+    h, d = model.hidden_size, model.head_dim
+    q, kv = model.num_attention_heads * d, model.num_kv_heads * d
+    gemm = 2 * tokens * h * (q + 2 * kv) + 2 * tokens * q * h
+    gemm += 2 * tokens * h * model.ffn_hidden_size * (3 if model.swiglu else 2)
+    core = 4 * tokens * seq_length * q
+    return float(gemm), float(core)
+
+
+def logits_forward_flops(*, tokens: int, hidden_size: int, vocab_size: int) -> float:
+    return 2.0 * tokens * hidden_size * vocab_size
+
+
+def recompute_extra_forward_flops(model: Transformer, *, tokens: int, seq_length: int, recompute: str) -> float:
+    """Hardware FLOPs added per layer by recomputation (and by flash attention's backward).
+
+    full: one more forward of the layer (Narayanan Eq. 3, the 96 vs 72 coefficient).
+    selective: the attention core again, 4 T s q (Korthikanti et al. 2022 Eq. 8).
+    Flash attention's backward recomputes Q K^T once more, 2 T s q (FlashAttention §3.1; torchtitan's
+    comment: "flash attention does 1 more matmul recomputation in the backward").
+    """
+    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
+    flash_extra = core / 2 if model.flash_attention else 0.0
+    if recompute == "full":
+        return gemm + core + flash_extra
+    if recompute == "selective":
+        return core + flash_extra
+    return flash_extra
+
+
+def model_flops_per_step(model: Transformer, *, global_batch_size: int, seq_length: int, vocab_size: int | None = None) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 x forward, no recompute).
+
+    For GPT (MHA, f = 4h) this equals Korthikanti et al. 2022 Eq. 7: 72 B s L h^2 (1 + s/(6h) + V/(12 h L)).
+    """
+    tokens = global_batch_size * seq_length
+    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
+    v = vocab_size or model.vocab_size
+    return 3 * (model.num_layers * (gemm + core) + logits_forward_flops(tokens=tokens, hidden_size=model.hidden_size, vocab_size=v))
+
+
+def hardware_flops_per_step(
+    model: Transformer, *, global_batch_size: int, seq_length: int, recompute: str, vocab_size: int | None = None
+) -> float:
+    """Model FLOPs plus recomputation (full recompute of a GPT equals Narayanan Eq. 3, the 96 coefficient)."""
+    tokens = global_batch_size * seq_length
+    extra = recompute_extra_forward_flops(model, tokens=tokens, seq_length=seq_length, recompute=recompute)
+    return model_flops_per_step(model, global_batch_size=global_batch_size, seq_length=seq_length, vocab_size=vocab_size) + model.num_layers * extra
+
+
+def flops_narayanan_eq3(*, global_batch_size: int, seq_length: int, num_layers: int, hidden_size: int, vocab_size: int) -> float:
+    """Narayanan et al. 2021 Eq. 3 (GEMMs, one recompute forward): 96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
+    B, s, l, h, V = global_batch_size, seq_length, num_layers, hidden_size, vocab_size
+    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+def flops_korthikanti_eq7(*, global_batch_size: int, seq_length: int, num_layers: int, hidden_size: int, vocab_size: int) -> float:
+    """Korthikanti et al. 2022 Eq. 7 (model FLOPs): 72 B s L h^2 (1 + s/(6h) + V/(12 h L))."""
+    B, s, l, h, V = global_batch_size, seq_length, num_layers, hidden_size, vocab_size
+    return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l))
+
+
+def mfu(*, model_flops: float, step_seconds: float, num_gpus: int, peak_flops_per_second: float) -> float:
+    """Model FLOPs utilization (Korthikanti et al. 2022 Appendix A)."""
+    return model_flops / (step_seconds * num_gpus * peak_flops_per_second)
+
+
+def mfu_palm(*, tokens_per_second: float, num_params: float, num_gpus: int, peak_flops_per_second: float) -> float:
+    """PaLM Appendix B without the attention term: tokens/s x 6N / aggregate peak."""
+    return tokens_per_second * 6 * num_params / (num_gpus * peak_flops_per_second)
+
+
+def train_days_eq4(*, tokens: float, num_params: float, num_gpus: int, flops_per_second_per_gpu: float) -> float:
+    """Narayanan et al. 2021 Eq. 4: T_train = 8 T P / (n X), in days."""
+    return 8 * tokens * num_params / (num_gpus * flops_per_second_per_gpu) / 86400

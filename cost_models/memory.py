@@ -1,0 +1,172 @@
+"""Memory per GPU: model states under ZeRO, activations per layer, micro-batches in flight (stdlib only).
+
+Activation bytes follow Korthikanti et al. 2022 §4 (2-byte activations, 1-byte dropout masks), extended
+to GQA, SwiGLU and no-dropout layers by the component list of cost-models.md §2.6 [D], and checked in
+tests against the bytes torch saves for backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cost_models.types import Transformer
+
+# ---------------------------------------------------------------------------------------------------
+# Model states
+# ---------------------------------------------------------------------------------------------------
+
+
+def zero_model_state_bytes(
+    *, num_params: float, dp: int, zero_stage: int, param_bytes: float = 2, grad_bytes: float = 2,
+    optimizer_bytes: float = 12,
+) -> float:
+    """Model-state bytes per device (ZeRO paper §5, Table 1): stage 1 shards the optimizer state, stage 2
+    the gradients too, stage 3 the parameters too, each over the data-parallel degree `dp`.
+
+    Defaults are the paper's mixed-precision Adam convention (2 + 2 + K=12 = 16 bytes per parameter);
+    Megatron's bf16 with fp32 main grads is grad_bytes=4 (18 bytes per parameter).
+    """
+    params = param_bytes * num_params / (dp if zero_stage >= 3 else 1)
+    grads = grad_bytes * num_params / (dp if zero_stage >= 2 else 1)
+    optim = optimizer_bytes * num_params / (dp if zero_stage >= 1 else 1)
+    return params + grads + optim
+
+
+def megatron_bytes_per_param(*, param_dtype: str, grad_dtype: str, distributed_optimizer: bool, dp: int) -> float:
+    """Megatron-LM dist_optimizer.md table: bytes per parameter (cost-models.md §1.2)."""
+    table = {("fp16", "fp16"): (20, 4, 16), ("bf16", "fp32"): (18, 6, 12), ("fp32", "fp32"): (16, 8, 8)}
+    plain, kept, sharded = table[(param_dtype, grad_dtype)]
+    return kept + sharded / dp if distributed_optimizer else plain
+
+
+def deepspeed_zero2_estimate_bytes(*, total_params: float, num_gpus: int, gpus_per_node: int, cpu_offload: bool,
+                                   buffer_factor: float = 1.5) -> tuple[float, float]:
+    """DeepSpeed estimate_zero2_model_states_mem_needs (after PR #5099): (GPU bytes, CPU bytes)."""
+    if cpu_offload:
+        return 2 * total_params, total_params * max(4 * num_gpus, 16) * buffer_factor
+    return 2 * total_params + int(18 * total_params / num_gpus), 4 * total_params * gpus_per_node * buffer_factor
+
+
+def deepspeed_zero3_estimate_bytes(*, total_params: float, largest_layer_params: float, num_gpus: int,
+                                   gpus_per_node: int, num_nodes: int = 1, offload_params: bool = False,
+                                   offload_optimizer: bool = False, zero_init: bool = True,
+                                   buffer_factor: float = 1.5) -> tuple[float, float]:
+    """DeepSpeed estimate_zero3_model_states_mem_needs: (GPU bytes, CPU bytes) (cost-models.md §1.3)."""
+    largest = 4 * largest_layer_params
+    node_factor = 1 / num_nodes
+    if offload_params and offload_optimizer:
+        gpu = largest
+        cpu = total_params * 18 * node_factor * buffer_factor if zero_init else total_params * max(4 * gpus_per_node, 18 * node_factor) * buffer_factor
+    elif offload_optimizer:
+        gpu = largest + 2 * total_params / num_gpus
+        cpu = total_params * 16 * node_factor * buffer_factor if zero_init else total_params * max(4 * gpus_per_node, 16 * node_factor) * buffer_factor
+    else:
+        gpu = largest + 18 * total_params / num_gpus
+        cpu = (largest_layer_params if zero_init else total_params) * 4 * gpus_per_node * buffer_factor
+    return gpu, cpu
+
+
+# ---------------------------------------------------------------------------------------------------
+# Activations
+# ---------------------------------------------------------------------------------------------------
+
+
+def activation_bytes_per_layer(
+    model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1, sequence_parallel: bool = False,
+    recompute: str = "none", activation_bytes: int = 2, fused_swiglu: bool = False,
+) -> float:
+    """Bytes one layer keeps for backward, per micro-batch, per GPU.
+
+    Korthikanti et al. 2022 Table 2 for a GPT layer (dropout on, standard attention):
+      none: s b h (34 + 5 a s / h); TP: s b h (10 + 24/t + 5 a s/(h t)); TP+SP: s b h/t (34 + 5 a s/h);
+      selective drops the a s^2 terms; full keeps the layer input, 2 s b h (/t with SP).
+    Component list generalised to GQA (K, V are 2 s b h g/a each), SwiGLU (gate, up, SiLU output and product,
+    8 s b f; 6 s b f fused), no dropout (no masks, no dropout outputs), flash attention (no a s^2 terms; 4 a s b
+    bytes of fp32 log-sum-exp) [D, cost-models.md §2.6]. Masks take 1 byte; other tensors `activation_bytes`.
+    """
+    s, b, h, a = seq_length, micro_batch_size, model.hidden_size, model.num_attention_heads
+    t = tp
+    sbh = s * b * h
+    scale = activation_bytes / 2  # the coefficients below are for 2-byte activations
+    rep = t if sequence_parallel else 1  # the replicated (non-TP) region is sharded by SP
+    if recompute == "full":
+        return 2 * sbh * scale / rep
+    mask = 1 if model.dropout else 0
+    g_over_a = model.num_kv_heads / a
+    f_over_h = model.ffn_hidden_size / h
+    # replicated across TP (sharded by SP): two norm inputs, QKV and FC1 inputs, two dropout masks
+    replicated = (4 + 2 + 2) * scale + 2 * mask
+    # sharded by TP: Q, K, V, output-projection input, MLP intermediates
+    attn = (2 + 4 * g_over_a + 2) * scale
+    if model.swiglu:
+        mlp = (6 if fused_swiglu else 8) * f_over_h * scale
+    else:
+        mlp = 4 * f_over_h * scale
+    per_layer = sbh * (replicated / rep + (attn + mlp) / t)
+    if recompute == "selective":
+        return per_layer  # the a s^2 terms are recomputed (Korthikanti §5)
+    if model.flash_attention:
+        return per_layer + 4 * a * s * b / t  # fp32 softmax statistics
+    # softmax output 2 a s^2 b; with dropout also its mask (1) and output (2): 5 a s^2 b
+    core = (2 * scale + mask + (2 * scale if model.dropout else 0)) * a * s * s * b
+    return per_layer + core / t
+
+
+def embedding_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, tp: int,
+                               sequence_parallel: bool, dropout: bool) -> float:
+    """First stage, per micro-batch: int64 token ids 8 s b (Megatron's estimator) and, with dropout, the
+    embedding-dropout mask s b h (Korthikanti §4.3), sharded by SP."""
+    s, b = seq_length, micro_batch_size
+    mask = s * b * hidden_size / (tp if sequence_parallel else 1) if dropout else 0
+    return 8 * s * b + mask
+
+
+def output_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, vocab_size: int, tp: int,
+                            sequence_parallel: bool, activation_bytes: int = 2) -> float:
+    """Last stage, per micro-batch: final-norm input and output-projection input (2 s b h each, the first
+    sharded by SP) and the fp32 logits kept for cross-entropy, 4 s b V / t (Korthikanti §4.3)."""
+    s, b, h = seq_length, micro_batch_size, hidden_size
+    norm_in = activation_bytes * s * b * h / (tp if sequence_parallel else 1)
+    return norm_in + activation_bytes * s * b * h + 4 * s * b * vocab_size / tp
+
+
+def in_flight_micro_batches(*, schedule: str, stage: int, pp: int, num_micro_batches: int, virtual_stages: int = 1) -> float:
+    """How many micro-batches of a stage's activations are alive at its peak, in units of the whole stage.
+
+    naive: the whole local batch at once (no micro-batching), m; GPipe: all m (Narayanan §2.2.1);
+    1F1B, ZB-H1, PipeDream: min(m, p - stage) (ZB-H1 keeps 1F1B's memory, Qi et al. Table 2);
+    interleaved: Megatron's warm-up count ((p - stage - 1) * 2 + (v - 1) * p + 1) chunk passes, each 1/v
+    of the stage; on stage 0 that is p (1 + (p-1)/(p v)) (Korthikanti §4.2.3), capped at m.
+    """
+    m, p, v = num_micro_batches, pp, virtual_stages
+    if schedule in ("naive", "gpipe"):
+        return float(m)
+    if schedule == "interleaved_1f1b" and v > 1:
+        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+        return chunks / v
+    return float(min(m, p - stage))
+
+
+def interleave_memory_factor(*, pp: int, virtual_stages: int) -> float:
+    """Korthikanti §4.2.3: stage-0 activation memory of interleaving relative to 1F1B, 1 + (p-1)/(p v)."""
+    return 1 + (pp - 1) / (pp * virtual_stages)
+
+
+def korthikanti_first_stage_activation_bytes(
+    *, seq_length: int, micro_batch_size: int, hidden_size: int, num_heads: int, num_layers: int, tp: int, pp: int,
+    virtual_stages: int = 1, sequence_parallel: bool, selective: bool,
+) -> float:
+    """Korthikanti Eq. 5/6 with the interleave factor: total first-stage activations (layers only)."""
+    s, b, h, a, L, t = seq_length, micro_batch_size, hidden_size, num_heads, num_layers, tp
+    sbh = s * b * h
+    if sequence_parallel:
+        per = 34 / t + (0 if selective else 5 * a * s / (h * t))
+    else:
+        per = 10 + 24 / t + (0 if selective else 5 * a * s / (h * t))
+    return sbh * L * per * interleave_memory_factor(pp=pp, virtual_stages=virtual_stages)
+
+
+def vocab_padded(vocab_size: int, *, tp: int, divisible_by: int = 128) -> int:
+    """Megatron's vocab_size_with_padding: round up to a multiple of divisible_by x tp (cost-models.md §7.1)."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)

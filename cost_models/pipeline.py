@@ -1,0 +1,258 @@
+"""Pipeline schedules: closed-form bubbles and a discrete timeline simulator (standard library only).
+
+The simulator places each stage's operations (F = forward, B = backward, or B = input-gradient and
+W = weight-gradient for zero-bubble) in time, respecting data dependencies between stages. Its result
+drives the bubble fraction, the peak in-flight micro-batches, and the pictures in `planner schedule`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------------------------
+# Closed forms (cost-models.md §5)
+# ---------------------------------------------------------------------------------------------------
+
+
+def bubble_gpipe_of_total(*, pp: int, num_micro_batches: int) -> float:
+    """GPipe / 1F1B idle share of the total time: (p-1)/(m+p-1) (GPipe §2.3)."""
+    return (pp - 1) / (num_micro_batches + pp - 1)
+
+
+def bubble_1f1b_of_ideal(*, pp: int, num_micro_batches: int) -> float:
+    """Bubble time over ideal compute time: (p-1)/m (Narayanan §2.2.1)."""
+    return (pp - 1) / num_micro_batches
+
+
+def bubble_interleaved_of_ideal(*, pp: int, num_micro_batches: int, virtual_stages: int) -> float:
+    """(1/v)(p-1)/m (Narayanan §2.2.2)."""
+    return (pp - 1) / (virtual_stages * num_micro_batches)
+
+
+def zero_bubble_bubbles(*, pp: int, t_f: float, t_b: float, t_w: float) -> dict[str, float]:
+    """Bubble time of 1F1B, ZB-H1 and ZB-H2 with B = input gradient and W = weight gradient (Qi et al. Table 2)."""
+    return {
+        "1f1b": (pp - 1) * (t_f + t_b + t_w),
+        "zb_h1": (pp - 1) * (t_f + t_b - t_w),
+        "zb_h2": max(0.0, (pp - 1) * (t_f + t_b - 2 * t_w)),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Timeline simulation
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    stage: int
+    kind: str  # "F", "B" or "W"
+    micro_batch: int
+    chunk: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    schedule: str
+    pp: int
+    num_micro_batches: int
+    virtual_stages: int
+    ops: tuple[Op, ...]
+    makespan: float
+    busy_per_stage: tuple[float, ...]
+    peak_in_flight_per_stage: tuple[float, ...]  # in whole-stage micro-batch units
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of all stage-time: 1 - sum(busy) / (p x makespan)."""
+        return 1 - sum(self.busy_per_stage) / (self.pp * self.makespan)
+
+
+def _orders(schedule: str, pp: int, m: int, v: int) -> list[list[tuple[str, int, int]]]:
+    """Per stage, the fixed order of (kind, micro_batch, chunk) for the static schedules."""
+    orders = []
+    for r in range(pp):
+        seq: list[tuple[str, int, int]] = []
+        if schedule in ("gpipe", "naive"):
+            seq = [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+        elif schedule in ("1f1b", "pipedream_async"):
+            warm = min(pp - r - 1, m)
+            fwd = iter(range(m))
+            bwd = iter(range(m))
+            seq = [("F", next(fwd), 0) for _ in range(warm)]
+            for _ in range(m - warm):
+                seq.append(("F", next(fwd), 0))
+                seq.append(("B", next(bwd), 0))
+            seq += [("B", i, 0) for i in bwd]
+        elif schedule == "interleaved_1f1b":
+            total = m * v
+
+            def fwd_id(k: int) -> tuple[int, int]:
+                group, within = divmod(k, pp * v)
+                chunk = within // pp
+                return group * pp + within % pp, chunk
+
+            def bwd_id(k: int) -> tuple[int, int]:
+                mb, chunk = fwd_id(k)
+                return mb, v - 1 - chunk
+
+            warm = min((pp - r - 1) * 2 + (v - 1) * pp, total)
+            f = b = 0
+            for _ in range(warm):
+                seq.append(("F", *fwd_id(f)))
+                f += 1
+            for _ in range(total - warm):
+                seq.append(("F", *fwd_id(f)))
+                f += 1
+                seq.append(("B", *bwd_id(b)))
+                b += 1
+            while b < total:
+                seq.append(("B", *bwd_id(b)))
+                b += 1
+        else:
+            raise ValueError(f"no static order for schedule {schedule!r}")
+        orders.append(seq)
+    return orders
+
+
+def simulate(
+    *, schedule: str, pp: int, num_micro_batches: int, virtual_stages: int = 1, t_forward: float | list[float] = 1.0,
+    t_backward: float | list[float] = 2.0, t_weight: float | list[float] | None = None, t_p2p: float = 0.0,
+) -> Timeline:
+    """Simulate one step. Times are per stage per micro-batch for the whole stage (all its chunks).
+
+    naive runs the whole batch as one micro-batch (m x the time); zero_bubble is ZB-H1: backward split into
+    B (input gradient) and W (weight gradient, t_weight, default a third of t_backward... taken from
+    t_backward so that B + W = t_backward), W ops filling idle time, at most p - stage micro-batches in flight.
+    """
+    p, v = pp, virtual_stages if schedule == "interleaved_1f1b" else 1
+    m = num_micro_batches
+
+    def per_stage(x):
+        return list(x) if isinstance(x, list | tuple) else [float(x)] * p
+
+    tf, tb = per_stage(t_forward), per_stage(t_backward)
+    if schedule == "naive":
+        tf, tb, m = [x * m for x in tf], [x * m for x in tb], 1
+    if schedule == "zero_bubble":
+        tw = per_stage(t_weight) if t_weight is not None else [x / 2 for x in tb]
+        return _simulate_zero_bubble(p, m, tf, tb, tw, t_p2p, num_micro_batches)
+    orders = _orders("gpipe" if schedule == "naive" else schedule, p, m, v)
+    done: dict[tuple[str, int, int, int], float] = {}  # (kind, stage, mb, chunk) -> end time
+    free = [0.0] * p
+    pos = [0] * p
+    ops: list[Op] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(orders[r]):
+                kind, mb, c = orders[r][pos[r]]
+                dep = _dependency(kind, r, mb, c, p, v)
+                ready = 0.0
+                if dep is not None:
+                    if dep not in done:
+                        break
+                    ready = done[dep] + (t_p2p if dep[1] != r else 0.0)
+                if kind == "B" and ("F", r, mb, c) not in done:
+                    break
+                dur = (tf[r] if kind == "F" else tb[r]) / v
+                start = max(free[r], ready)
+                end = start + dur
+                done[(kind, r, mb, c)] = end
+                free[r] = end
+                ops.append(Op(r, kind, mb, c, start, end))
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"schedule {schedule} deadlocked (p={p}, m={m}, v={v})")
+    return _timeline(schedule, p, num_micro_batches, v, ops)
+
+
+def _dependency(kind: str, r: int, mb: int, c: int, p: int, v: int):
+    if kind == "F":
+        if r > 0:
+            return ("F", r - 1, mb, c)
+        return ("F", p - 1, mb, c - 1) if c > 0 else None
+    if r < p - 1:
+        return ("B", r + 1, mb, c)
+    return ("B", 0, mb, c + 1) if c < v - 1 else ("F", r, mb, c)
+
+
+def _simulate_zero_bubble(p, m, tf, tb, tw, t_p2p, m_reported) -> Timeline:
+    """ZB-H1 by greedy list scheduling: each stage runs B first, then F (while fewer than p - stage
+    micro-batches are in flight, as 1F1B), and W only when neither is ready (Qi et al. 2023 §3)."""
+    tbi = [tb[r] - tw[r] for r in range(p)]  # input-gradient part
+    f_end: dict[tuple[int, int], float] = {}
+    b_end: dict[tuple[int, int], float] = {}
+    next_f = [0] * p
+    next_b = [0] * p
+    pending_w: list[list[int]] = [[] for _ in range(p)]
+    free = [0.0] * p
+    ops: list[Op] = []
+    total = 3 * p * m
+    while len(ops) < total:
+        # pick the stage whose next possible op can start earliest
+        best = None
+        for r in range(p):
+            cands = []
+            i = next_b[r]
+            if i < m and (r, i) in f_end and (r == p - 1 or (r + 1, i) in b_end):
+                ready = f_end[(r, i)] if r == p - 1 else b_end[(r + 1, i)] + t_p2p
+                cands.append((max(free[r], ready), 0, "B", i))
+            j = next_f[r]
+            if j < m and j - next_b[r] < p - r and (r == 0 or (r - 1, j) in f_end):
+                ready = 0.0 if r == 0 else f_end[(r - 1, j)] + t_p2p
+                cands.append((max(free[r], ready), 1, "F", j))
+            if pending_w[r]:
+                cands.append((free[r], 2, "W", pending_w[r][0]))
+            if not cands:
+                continue
+            start_first = min(c[0] for c in cands)
+            # W only if it does not delay a B or F that could start now
+            chosen = min((c for c in cands if c[0] <= start_first + 1e-12), key=lambda c: c[1])
+            if chosen[2] == "W" and any(c[2] != "W" and c[0] <= free[r] + 1e-12 for c in cands):
+                chosen = min((c for c in cands if c[2] != "W"), key=lambda c: (c[0], c[1]))
+            if best is None or chosen[0] < best[0][0] - 1e-12:
+                best = (chosen, r)
+        if best is None:
+            raise RuntimeError("zero_bubble schedule deadlocked")
+        (start, _, kind, i), r = best
+        dur = {"F": tf[r], "B": tbi[r], "W": tw[r]}[kind]
+        end = start + dur
+        free[r] = end
+        ops.append(Op(r, kind, i, 0, start, end))
+        if kind == "F":
+            f_end[(r, i)] = end
+            next_f[r] += 1
+        elif kind == "B":
+            b_end[(r, i)] = end
+            next_b[r] += 1
+            pending_w[r].append(i)
+        else:
+            pending_w[r].pop(0)
+    return _timeline("zero_bubble", p, m_reported, 1, ops)
+
+
+def _timeline(schedule, p, m, v, ops: list[Op]) -> Timeline:
+    ops.sort(key=lambda o: (o.stage, o.start))
+    makespan = max(o.end for o in ops)
+    busy = [0.0] * p
+    peak = [0.0] * p
+    for r in range(p):
+        live = 0
+        best = 0
+        for o in (o for o in ops if o.stage == r):
+            busy[r] += o.end - o.start
+            if o.kind == "F":
+                live += 1
+                best = max(best, live)
+            elif o.kind == "B":
+                live -= 1
+        peak[r] = best / v
+    if schedule == "naive":
+        peak = [float(m)] * p
+    return Timeline(schedule, p, m, v, tuple(ops), makespan, tuple(busy), tuple(peak))

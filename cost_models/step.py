@@ -1,0 +1,359 @@
+"""One training step: iteration time with its breakdown, throughput, MFU/HFU and peak memory per GPU.
+
+Pure function of (model, training, hardware, layout, knobs). Every modelling assumption is a `Knobs`
+field with a documented default. Time model (per stage, per micro-batch):
+
+  forward  = layers x (GEMM + attention-core FLOPs / (peak x efficiency) + exposed TP comm) (+ logits, last stage)
+  backward = 2 x forward compute + recompute + TP comm
+and the pipeline makespan by schedule (cost-models.md §5, with uneven stages by the bottleneck form):
+  naive  m x sum(t_i);  GPipe/1F1B  sum(t_i) + (m-1) max(t_i);  interleaved  m max + (sum - max)/v;
+  ZB-H1  m max + (p-1)(t_f + t_B - t_W);  PipeDream async  m max (no flush).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.communication import (
+    all_gather_seconds,
+    all_reduce_seconds,
+    group_link,
+    p2p_seconds,
+    pp_neighbour_link,
+    reduce_scatter_seconds,
+    tp_bytes_per_layer_per_micro_batch,
+)
+from cost_models.compute import (
+    hardware_flops_per_step,
+    layer_forward_flops,
+    model_flops_per_step,
+    parameter_counts,
+    recompute_extra_forward_flops,
+)
+from cost_models.memory import (
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+    in_flight_micro_batches,
+    output_activation_bytes,
+    vocab_padded,
+)
+from cost_models.types import Hardware, Knobs, Layout, Training, Transformer
+
+OPTIMIZER_STEP_BYTES_PER_PARAM = 32  # Adam: read fp32 param, grad, m, v; write param, m, v, bf16 copy [D]
+CPU_ADAM_PARAMS_PER_SECOND_PER_NODE = 2e9  # DeepSpeedCPUAdam order of magnitude [U]
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    stage: int
+    layers: int
+    params: float  # parameters held by one GPU of this stage before ZeRO sharding
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+    overhead_bytes: float
+    in_flight_micro_batches: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.transient_bytes + self.overhead_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    compute_seconds: float  # model FLOPs on the bottleneck stage, all micro-batches
+    recompute_seconds: float
+    tp_comm_seconds: float  # exposed
+    pipeline_bubble_seconds: float
+    pp_p2p_seconds: float  # exposed
+    dp_comm_seconds: float  # exposed
+    optimizer_seconds: float
+    offload_seconds: float  # exposed
+    dp_comm_total_seconds: float  # before overlap, for explanations
+    tp_comm_total_seconds: float
+
+    @property
+    def total_seconds(self) -> float:
+        return (self.compute_seconds + self.recompute_seconds + self.tp_comm_seconds + self.pipeline_bubble_seconds
+                + self.pp_p2p_seconds + self.dp_comm_seconds + self.optimizer_seconds + self.offload_seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class StepEstimate:
+    step_seconds: float
+    tokens_per_second: float
+    tokens_per_second_per_gpu: float
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    mfu: float
+    hfu: float
+    peak_memory_bytes: float
+    peak_stage: int
+    gpu_memory_bytes: float
+    host_memory_bytes_per_node: float
+    host_memory_capacity_bytes: float
+    fits: bool
+    stages: tuple[StageMemory, ...]
+    time: TimeBreakdown
+    stage_seconds: tuple[float, ...]  # forward + backward per micro-batch, per stage
+    matmul_efficiency: float
+    padded_vocab_size: int
+
+
+def stage_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """As even as possible; the remainder goes to the inner stages first (the outer ones carry embeddings)."""
+    base, extra = divmod(num_layers, pp)
+    counts = [base] * pp
+    order = list(range(1, pp - 1)) + [0, pp - 1] if pp > 2 else list(range(pp))
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float:
+    """Achieved fraction of peak: MAMF fraction x size saturation x end-to-end factor.
+
+    Size saturation x / (x + x_half), x the per-GPU GEMM size in GFLOP (small GEMMs run far from peak;
+    Calculon uses steps 0.95 / 0.9 / 0.6 at 128 / 16 / 1 GFLOP, cost-models.md §6.3).
+    """
+    x = gemm_flops / 1e9
+    return hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop) * knobs.end_to_end_efficiency
+
+
+def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs | None = None,
+                  *, fused_swiglu: bool = False) -> StepEstimate:
+    knobs = knobs or Knobs()
+    L, h = model.num_layers, model.hidden_size
+    t, p, d = layout.tp, layout.pp, layout.dp
+    b, m, s = layout.micro_batch_size, layout.num_micro_batches, training.seq_length
+    v = layout.virtual_stages if layout.schedule == "interleaved_1f1b" else 1
+    act_b = training.activation_bytes
+    V = vocab_padded(model.vocab_size, tp=t)
+    split = layout.layers_per_stage or stage_split(L, p)
+    full_layers = layout.recompute_layers_per_stage or (
+        split if layout.recompute == "full" else (0,) * p)
+    policy = "none" if layout.recompute == "full" else layout.recompute  # policy of the layers not fully recomputed
+
+    # ---- per layer, per micro-batch, per GPU -------------------------------------------------------
+    tokens = b * s
+    peak = hw.peak_flops_per_second
+    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
+    eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
+    rate = peak * eff
+    t_layer_f = (gemm + core) / t / rate
+    t_rec_policy = recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate
+    t_rec_full = recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute="full") / t / rate
+    tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s, hidden_size=h, tp=t,
+                                                   activation_bytes=act_b)
+    tp_place = group_link(hw, group_size=t, stride=1)
+    t_ar = all_reduce_seconds(message_bytes=tp_msg, group_size=t, link=tp_place.link) if t > 1 else 0.0
+    tp_expose = 1 - knobs.tp_overlap_fraction
+    logits_gemm = 2 * tokens * h * V / t
+    t_logits_f = logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm))
+
+    # ---- per stage time per micro-batch --------------------------------------------------------------
+    stage_f, stage_b, stage_rec, stage_tp, stage_w = [], [], [], [], []
+    for i, n in enumerate(split):
+        r = full_layers[i]
+        last = i == p - 1
+        f = n * t_layer_f + (t_logits_f if last else 0.0)
+        rec = (n - r) * t_rec_policy + r * t_rec_full
+        tp_comm = (n * 4 + r * 2) * t_ar * tp_expose
+        stage_f.append(f)
+        stage_b.append(2 * f)
+        stage_rec.append(rec)
+        stage_tp.append(tp_comm)
+        stage_w.append(n * gemm / t / rate + (t_logits_f if last else 0.0))  # weight-gradient GEMMs (ZB's W)
+    stage_t = [stage_f[i] + stage_b[i] + stage_rec[i] + stage_tp[i] for i in range(p)]
+    bottleneck = max(range(p), key=lambda i: stage_t[i])
+    t_max = stage_t[bottleneck]
+
+    sched = layout.schedule if p > 1 else "1f1b"
+    if sched == "naive":
+        pipe = m * sum(stage_t)
+    elif sched in ("gpipe", "1f1b"):
+        pipe = sum(stage_t) + (m - 1) * t_max
+    elif sched == "interleaved_1f1b":
+        pipe = m * t_max + (sum(stage_t) - t_max) / v
+    elif sched == "zero_bubble":
+        tw = stage_w[bottleneck]
+        pipe = m * t_max + (p - 1) * max(0.0, t_max - 2 * tw)
+    else:  # pipedream_async: no flush, the bubble is amortised away
+        pipe = m * t_max
+    busy = m * t_max
+    bubble = pipe - busy
+
+    # ---- pipeline point-to-point ---------------------------------------------------------------------
+    p2p = 0.0
+    if p > 1:
+        pp_link, _ = pp_neighbour_link(hw, tp=t, dp=d)
+        msg = b * s * h * act_b / t  # Megatron scatter/gather (or SP-sharded) activations, Narayanan §4.1
+        one = p2p_seconds(message_bytes=msg * (m if sched == "naive" else 1), link=pp_link)
+        steady = 0.0 if sched == "naive" else (1 - knobs.pp_overlap_fraction) * 2 * m * v * one
+        p2p = 2 * (p - 1) * one + steady
+
+    # ---- parameters per stage, data-parallel traffic ---------------------------------------------------
+    pc = parameter_counts(model)
+    layer_sharded = (pc.per_layer - pc.per_layer_norms) / t + pc.per_layer_norms
+    emb_local = V * h / t + pc.position_embedding
+    out_local = V * h / t if (not model.tied_embeddings or p > 1) else 0.0
+    stage_params = []
+    for i, n in enumerate(split):
+        params = n * layer_sharded
+        if i == 0:
+            params += emb_local
+        if i == p - 1:
+            params += out_local + pc.final_norm
+        stage_params.append(params)
+
+    z = layout.zero_stage
+    dp_place = group_link(hw, group_size=d, stride=t)
+    dp_total = dp_exposed = 0.0
+    for i in range(p):
+        P = stage_params[i]
+        grad_msg = P * training.grad_reduce_bytes
+        param_msg = P * training.param_bytes
+        if d > 1:
+            link, n_dp = dp_place.link, d
+            if z == 0:
+                comm, window = all_reduce_seconds(message_bytes=grad_msg, group_size=n_dp, link=link), stage_b[i]
+            elif z == 1:
+                comm = (reduce_scatter_seconds(message_bytes=grad_msg, group_size=n_dp, link=link)
+                        + all_gather_seconds(message_bytes=param_msg, group_size=n_dp, link=link))
+                window = stage_b[i]
+            elif z == 2:
+                comm = (m * reduce_scatter_seconds(message_bytes=grad_msg, group_size=n_dp, link=link)
+                        + all_gather_seconds(message_bytes=param_msg, group_size=n_dp, link=link))
+                window = m * stage_b[i]
+            else:
+                comm = m * (2 * all_gather_seconds(message_bytes=param_msg, group_size=n_dp, link=link)
+                            + reduce_scatter_seconds(message_bytes=grad_msg, group_size=n_dp, link=link))
+                window = m * (stage_f[i] + stage_b[i])
+        else:
+            comm = window = 0.0
+        exposed = max(0.0, comm - knobs.dp_overlap_fraction * window)
+        if p > 1 and model.tied_embeddings and i in (0, p - 1):  # embedding-gradient sync, first <-> last stage
+            pp_link, _ = pp_neighbour_link(hw, tp=t, dp=d)
+            exposed += all_reduce_seconds(message_bytes=V * h / t * training.grad_reduce_bytes, group_size=2, link=pp_link)
+        dp_total = max(dp_total, comm)
+        dp_exposed = max(dp_exposed, exposed)
+
+    # ---- optimizer step and offload ------------------------------------------------------------------
+    P_max = max(stage_params)
+    shard = d if z >= 1 else 1
+    optimizer = offload = 0.0
+    if layout.offload == "none":
+        optimizer = P_max / shard * OPTIMIZER_STEP_BYTES_PER_PARAM / hw.hbm_bytes_per_second
+    else:
+        h2d = hw.host_to_device.bandwidth_bytes_per_second
+        optimizer = P_max / shard * hw.gpus_per_node / CPU_ADAM_PARAMS_PER_SECOND_PER_NODE
+        offload = P_max / shard * (training.grad_bytes + training.param_bytes) / h2d
+        if layout.offload == "optimizer+params":
+            stream = m * 2 * P_max / shard * training.param_bytes / h2d
+            offload += max(0.0, stream - knobs.dp_overlap_fraction * m * (max(stage_f) + max(stage_b)))
+
+    # ---- memory per stage ----------------------------------------------------------------------------
+    act_policy = activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
+                                            sequence_parallel=layout.sequence_parallel, recompute=policy,
+                                            activation_bytes=act_b, fused_swiglu=fused_swiglu)
+    act_full = activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
+                                          sequence_parallel=layout.sequence_parallel, recompute="full",
+                                          activation_bytes=act_b)
+    act_none = activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
+                                          sequence_parallel=layout.sequence_parallel, recompute="none",
+                                          activation_bytes=act_b, fused_swiglu=fused_swiglu)
+    emb_act = embedding_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, tp=t,
+                                         sequence_parallel=layout.sequence_parallel, dropout=model.dropout)
+    out_act = output_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
+                                      sequence_parallel=layout.sequence_parallel, activation_bytes=act_b)
+    largest_layer = layer_sharded
+    stages = []
+    for i, n in enumerate(split):
+        P = stage_params[i]
+        r = full_layers[i]
+        offload_opt = layout.offload != "none"
+        weights = P * training.param_bytes / (d if z >= 3 else 1)
+        if layout.offload == "optimizer+params":
+            weights = 0.0
+        grads = 0.0 if offload_opt else P * training.grad_bytes / (d if z >= 2 else 1)
+        optim = 0.0 if offload_opt else P * training.optimizer_bytes / shard
+        flight = in_flight_micro_batches(schedule=sched if p > 1 else "1f1b", stage=i, pp=p,
+                                         num_micro_batches=m, virtual_stages=v)
+        if sched == "naive":
+            flight = float(m)
+        per_mb = (n - r) * act_policy + r * act_full
+        if i == 0:
+            per_mb += emb_act
+        if i == p - 1:
+            per_mb += out_act
+        acts = per_mb * flight
+        transient = knobs.bucket_bytes
+        if r > 0:
+            transient += act_none  # the layer being recomputed is materialised whole during backward
+        if z >= 3 or layout.offload == "optimizer+params":
+            transient += largest_layer * (2 * training.param_bytes + training.grad_bytes)  # gathered + prefetched
+        if offload_opt:
+            transient += min(P / shard, 5e8) * training.grad_bytes  # one reduce bucket (DeepSpeed 5e8 elements)
+        if sched == "pipedream_async":
+            weights += max(0.0, flight - 1) * P * training.param_bytes  # stashed weight versions
+        stages.append(StageMemory(i, n, P, weights, grads, optim, acts, transient,
+                                  knobs.per_process_overhead_bytes, flight))
+    peak_stage = max(stages, key=lambda st: st.total_bytes)
+    host = 0.0
+    if layout.offload != "none":
+        host = P_max / shard * (training.optimizer_bytes + 4) * hw.gpus_per_node  # states + fp32 grads on CPU
+        if layout.offload == "optimizer+params":
+            host += P_max / shard * training.param_bytes * hw.gpus_per_node
+    fits = (peak_stage.total_bytes + knobs.memory_headroom_bytes <= hw.gpu_memory_bytes
+            and host <= hw.host_memory_bytes_per_node)
+
+    # ---- totals --------------------------------------------------------------------------------------
+    B = training.global_batch_size
+    step = pipe + p2p + dp_exposed + optimizer + offload
+    mflops = model_flops_per_step(model, global_batch_size=B, seq_length=s, vocab_size=V)
+    hflops = hardware_flops_per_step(model, global_batch_size=B, seq_length=s, recompute=layout.recompute,
+                                     vocab_size=V)
+    if layout.recompute_layers_per_stage is not None:  # per-stage recompute (the ILP's choice)
+        hflops = hardware_flops_per_step(model, global_batch_size=B, seq_length=s, recompute=policy, vocab_size=V)
+        extra = (recompute_extra_forward_flops(model, tokens=B * s, seq_length=s, recompute="full")
+                 - recompute_extra_forward_flops(model, tokens=B * s, seq_length=s, recompute=policy))
+        hflops += sum(full_layers) * extra
+    n_gpus = t * p * d
+    i = bottleneck
+    compute = m * (stage_f[i] + stage_b[i])
+    time = TimeBreakdown(
+        compute_seconds=compute,
+        recompute_seconds=m * stage_rec[i],
+        tp_comm_seconds=m * stage_tp[i],
+        pipeline_bubble_seconds=bubble,
+        pp_p2p_seconds=p2p,
+        dp_comm_seconds=dp_exposed,
+        optimizer_seconds=optimizer,
+        offload_seconds=offload,
+        dp_comm_total_seconds=dp_total,
+        tp_comm_total_seconds=m * (split[i] * 4 + full_layers[i] * 2) * t_ar,
+    )
+    tokens_step = B * s
+    return StepEstimate(
+        step_seconds=step,
+        tokens_per_second=tokens_step / step,
+        tokens_per_second_per_gpu=tokens_step / step / n_gpus,
+        model_flops_per_step=mflops,
+        hardware_flops_per_step=hflops,
+        mfu=mflops / (step * n_gpus * peak),
+        hfu=hflops / (step * n_gpus * peak),
+        peak_memory_bytes=peak_stage.total_bytes,
+        peak_stage=peak_stage.stage,
+        gpu_memory_bytes=hw.gpu_memory_bytes,
+        host_memory_bytes_per_node=host,
+        host_memory_capacity_bytes=hw.host_memory_bytes_per_node,
+        fits=fits,
+        stages=tuple(stages),
+        time=time,
+        stage_seconds=tuple(stage_t),
+        matmul_efficiency=eff,
+        padded_vocab_size=V,
+    )

@@ -1,0 +1,112 @@
+"""Plain, immutable inputs of the cost models (standard library only, SI units in every name).
+
+The planner's pydantic specs convert themselves into these once (`to_cost_model()`), so the cost
+functions stay pure, cheap to call, and importable without pydantic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A point-to-point path: achievable bandwidth per direction and per-message latency."""
+
+    bandwidth_bytes_per_second: float
+    latency_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """One GPU type and the topology around it (the cost-model view of a cluster spec)."""
+
+    gpu_name: str
+    gpu_memory_bytes: float
+    peak_flops_per_second: float  # dense, for the training precision
+    matmul_efficiency: float  # achievable fraction of peak for large GEMMs (MAMF / peak)
+    hbm_bytes_per_second: float
+    num_nodes: int
+    gpus_per_node: int
+    intra_node: Link | None  # achievable per-GPU bandwidth inside a node; None for 1 GPU per node
+    intra_node_kind: str  # "nvlink" | "pcie" | "none"
+    nic: Link | None  # one NIC, achievable; None for a single node
+    nics_per_node: int
+    host_to_device: Link
+    host_memory_bytes_per_node: float
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class Transformer:
+    """A decoder-only transformer, GPT- or Llama-style."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    swiglu: bool
+    tied_embeddings: bool
+    rms_norm: bool
+    flash_attention: bool
+    learned_position_embeddings: bool
+    max_position_embeddings: int
+    bias: bool
+    dropout: bool
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(frozen=True, slots=True)
+class Training:
+    """What one optimizer step processes, and the bytes of each kind of state."""
+
+    global_batch_size: int  # sequences
+    seq_length: int
+    activation_bytes: int  # 2 for bf16/fp16, 4 for fp32
+    param_bytes: int  # working (compute) copy of a parameter
+    grad_bytes: int  # gradient buffer element (4 with fp32 main grads, Megatron's default for bf16)
+    optimizer_bytes: int  # per parameter: fp32 master copy (if any) + optimizer moments
+    grad_reduce_bytes: int  # element size of the DP gradient reduction
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How the training runs: the parallel degrees and the per-step choices."""
+
+    dp: int
+    tp: int
+    pp: int
+    zero_stage: int = 0
+    offload: str = "none"  # none | optimizer | optimizer+params
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    recompute: str = "none"  # none | selective | full
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved_1f1b | zero_bubble | pipedream_async
+    virtual_stages: int = 1
+    layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible
+    recompute_layers_per_stage: tuple[int, ...] | None = None  # full-recompute layers per stage (ILP)
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """Modelling assumptions a user may override; every default is documented in docs/cost-model.md."""
+
+    dp_overlap_fraction: float = 0.5  # share of DP/ZeRO traffic hidden behind backward compute
+    pp_overlap_fraction: float = 0.5  # share of steady-state PP send/recv hidden behind compute
+    tp_overlap_fraction: float = 0.0  # TP all-reduces sit on the critical path (no tp-comm-overlap)
+    per_process_overhead_bytes: float = 2.5 * 2**30  # CUDA context + NCCL buffers + allocator slack [U]
+    matmul_half_efficiency_gflop: float = 2.0  # per-GEMM size at which efficiency is half its maximum
+    end_to_end_efficiency: float = 0.80  # non-GEMM kernels, launch gaps, data loading (fit: docs/validation.md)
+    optimizer_bytes_per_second_factor: float = 16.0  # optimizer step reads+writes ~16 B per local param [D]
+    memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
+    bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
+    extra: dict = field(default_factory=dict)

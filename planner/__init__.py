@@ -1,0 +1,4 @@
+"""planner: plan, predict and check the parallel layout of large transformer training."""
+
+__version__ = "0.1.0"
+SCHEMA_VERSION = "1.0"

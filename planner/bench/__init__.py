@@ -1,0 +1,1 @@
+"""The torch.distributed benchmark (torch imported lazily, only here)."""

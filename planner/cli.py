@@ -1,0 +1,296 @@
+"""The `planner` command line. Each command is thin: parse -> library call -> render.
+
+Heavy imports (pydantic models, pulp, torch) happen inside commands, so `planner --help` stays fast and
+never imports torch or pulp. With --json, stdout holds exactly one JSON document; everything else goes to
+stderr. `main()` is the one place that maps errors to exit codes (listed in planner/errors.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from planner import SCHEMA_VERSION, __version__
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Plan, predict and check the parallel layout of large transformer training.")
+clusters_app = typer.Typer(no_args_is_help=True, help="Cluster presets.")
+models_app = typer.Typer(no_args_is_help=True, help="Model presets and model files.")
+app.add_typer(clusters_app, name="clusters")
+app.add_typer(models_app, name="models")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Write exactly one JSON document to stdout.")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster preset name or YAML/JSON file.")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", "-n", help="Scale the cluster to this many nodes.")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset, model YAML/JSON, or HF config.json.")]
+BatchOpt = Annotated[int, typer.Option("--global-batch-size", "-b", help="Sequences per optimizer step.")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32.")]
+HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
+CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
+
+
+def _stdout():
+    from rich.console import Console
+
+    return Console()
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _emit_json(doc) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(obj):
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def version_callback(value: bool):
+    if value:
+        print(f"planner {__version__} (schema {SCHEMA_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
+                                               help="Print the version and exit.")] = False):
+    """Plan, predict and check DP x TP x PP x ZeRO layouts for transformer training."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# clusters / models
+# ---------------------------------------------------------------------------------------------------
+
+
+@clusters_app.command("list")
+def clusters_list(as_json: JsonOpt = False):
+    """List the cluster presets."""
+    from cluster_specs import cluster_names, load_cluster
+
+    specs = [load_cluster(n) for n in cluster_names()]
+    if as_json:
+        _emit_json([{"name": s.name, "description": s.description, "gpu": s.gpu, "gpus_per_node": s.gpus_per_node}
+                    for s in specs])
+        return
+    from rich.table import Table
+
+    table = Table(title="Cluster presets (scale any with --nodes N)")
+    for col in ("name", "GPU", "GPUs/node", "inside a node", "between nodes"):
+        table.add_column(col)
+    for s in specs:
+        net = s.inter_node
+        table.add_row(s.name, str(s.gpu), str(s.gpus_per_node), f"{s.intra_node.kind} {s.intra_node.gb_per_s:g} GB/s",
+                      f"{net.nics_per_node} x {net.nic_gbit_per_s:g} Gb/s {net.kind}" if net.nics_per_node else "-")
+    _stdout().print(table)
+
+
+@clusters_app.command("show")
+def clusters_show(name: str, nodes: NodesOpt = None, as_json: JsonOpt = False):
+    """Show a cluster preset or file, with derived totals."""
+    from cluster_specs import load_cluster
+
+    spec = load_cluster(name, nodes=nodes)
+    gpu = spec.gpu_spec()
+    hw = spec.to_cost_model()
+    doc = {"cluster": spec.model_dump(mode="json"), "gpu": gpu.model_dump(mode="json"),
+           "derived": {"num_gpus": spec.num_gpus, "gpu_memory_bytes": gpu.memory_bytes,
+                       "intra_node_bytes_per_second": hw.intra_node.bandwidth_bytes_per_second if hw.intra_node else None,
+                       "node_network_bytes_per_second": hw.nic.bandwidth_bytes_per_second * hw.nics_per_node if hw.nic else None}}
+    if as_json:
+        _emit_json(doc)
+        return
+    from planner.report import kv_table
+
+    net = spec.inter_node
+    _stdout().print(kv_table(f"{spec.name}: {spec.description}", [
+        ("GPUs", f"{spec.num_nodes} nodes x {spec.gpus_per_node} {gpu.name} = {spec.num_gpus}"),
+        ("GPU memory", f"{gpu.memory_gib:g} GiB"),
+        ("dense peak", ", ".join(f"{k} {v:g} TFLOP/s" for k, v in gpu.tflops.items())),
+        ("inside a node", f"{spec.intra_node.kind}, {spec.intra_node.gb_per_s:g} GB/s per GPU per direction "
+                          f"(x{spec.intra_node.efficiency:g} achievable)"),
+        ("between nodes", f"{net.nics_per_node} x {net.nic_gbit_per_s:g} Gb/s {net.kind} (x{net.efficiency:g})"
+         if net.nics_per_node else "none"),
+        ("host memory", f"{spec.host_memory_gib:g} GiB per node"),
+    ]))
+
+
+@models_app.command("list")
+def models_list(as_json: JsonOpt = False):
+    """List the model presets with their derived parameter counts."""
+    from planner.models import load_model, model_names
+
+    specs = [load_model(n) for n in model_names()]
+    if as_json:
+        _emit_json([{"name": s.name, "parameters": s.parameter_counts()["total"], "source": s.source} for s in specs])
+        return
+    from rich.table import Table
+
+    from planner.report import count
+
+    table = Table(title="Model presets")
+    for col in ("name", "parameters", "layers", "hidden", "heads (kv)", "vocab"):
+        table.add_column(col)
+    for s in specs:
+        table.add_row(s.name, count(s.parameter_counts()["total"]), str(s.num_layers), str(s.hidden_size),
+                      f"{s.num_attention_heads} ({s.kv_heads})", str(s.vocab_size))
+    _stdout().print(table)
+
+
+@models_app.command("show")
+def models_show(name: str, as_json: JsonOpt = False):
+    """Show a model (preset, spec file or HF config.json) and its parameter count per part."""
+    from planner.models import load_model
+
+    spec = load_model(name)
+    counts = spec.parameter_counts()
+    if as_json:
+        _emit_json({"model": spec.model_dump(mode="json"), "parameters": counts})
+        return
+    from planner.report import count, kv_table
+
+    rows = [("parameters", f"{counts['total']:,} ({counts['total'] / 1e9:.2f}e9)"),
+            ("shape", f"{spec.num_layers} layers, h={spec.hidden_size}, {spec.num_attention_heads} heads "
+                      f"({spec.kv_heads} KV), ffn={spec.ffn}, vocab={spec.vocab_size}"),
+            ("kind", f"{spec.mlp} MLP, {spec.norm}, {spec.attention} attention, {spec.position_embedding} positions, "
+                     f"{'tied' if spec.tied_embeddings else 'untied'} embeddings")]
+    rows += [(k.replace("_", " "), count(v)) for k, v in counts.items() if k != "total"]
+    if spec.source:
+        rows.append(("source", spec.source))
+    _stdout().print(kv_table(spec.name, rows))
+
+
+# ---------------------------------------------------------------------------------------------------
+# estimate
+# ---------------------------------------------------------------------------------------------------
+
+
+def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size: int, seq_len: int,
+                  precision: str = "bf16", headroom_gib: float | None = None, calibration: Path | None = None):
+    from pydantic import ValidationError
+
+    from cluster_specs import load_cluster
+    from cluster_specs.errors import from_pydantic
+    from planner.estimate import DEFAULT_HEADROOM_GIB, Problem
+    from planner.models import load_model
+    from planner.specs import TrainingSpec
+
+    cl = load_cluster(cluster, nodes=nodes)
+    md = load_model(model)
+    try:
+        tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision)
+    except ValidationError as exc:
+        raise from_pydantic(exc, source="training setup") from None
+    knobs_kw = {}
+    if calibration is not None:
+        from planner.calibration import apply_calibration
+
+        cl, knobs_kw = apply_calibration(cl, calibration)
+    from cost_models.types import Knobs
+
+    headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
+    if headroom < 0:
+        from cluster_specs import SpecError
+
+        raise SpecError(f"--headroom-gib: {headroom} -> must be >= 0")
+    knobs = Knobs(memory_headroom_bytes=headroom * 2**30, **knobs_kw)
+    return Problem(md, tr, cl, knobs)
+
+
+def inputs_json(problem) -> dict:
+    return {"cluster": problem.cluster.model_dump(mode="json"), "model": problem.model.model_dump(mode="json"),
+            "training": problem.training.model_dump(mode="json")}
+
+
+def load_layout_arg(layout: str, problem) -> dict:
+    """--layout is a key=value string or a plan JSON file (its `layout` object is used)."""
+    from planner.layout_string import parse_layout_string
+
+    p = Path(layout)
+    if p.suffix.lower() == ".json" or (p.exists() and p.is_file()):
+        from cluster_specs import SpecError, read_structured_file
+
+        doc = read_structured_file(p)
+        if not isinstance(doc, dict) or not isinstance(doc.get("layout"), dict):
+            raise SpecError("expected a plan JSON with a 'layout' object", source=str(p))
+        return dict(doc["layout"])
+    return parse_layout_string(layout)
+
+
+@app.command()
+def estimate(
+    cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
+    layout: Annotated[str, typer.Option("--layout", "-l", help="e.g. 'tp=8,pp=8,dp=16,zero=1,mbs=1,recompute=selective,"
+                                                            "schedule=1f1b', or a plan JSON file.")],
+    nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
+    allow_tp_across_nodes: Annotated[bool, typer.Option(help="Allow TP groups larger than a node.")] = False,
+    calibration: CalibrationOpt = None, as_json: JsonOpt = False,
+):
+    """Predict step time, throughput, MFU and memory per GPU for one layout."""
+    from planner.estimate import complete_layout, estimate_layout, memory_breakdown_json, predicted_json, time_breakdown_json
+
+    problem = build_problem(cluster, nodes, model, global_batch_size, seq_len, precision, headroom_gib, calibration)
+    lay = complete_layout(load_layout_arg(layout, problem), problem.model, problem.training, problem.cluster)
+    est = estimate_layout(problem, lay, allow_tp_across_nodes=allow_tp_across_nodes)
+    doc = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "inputs": inputs_json(problem),
+           "layout": lay.model_dump(mode="json"),
+           "predicted": predicted_json(est, problem.knobs.memory_headroom_bytes),
+           "memory_breakdown": memory_breakdown_json(est), "time_breakdown": time_breakdown_json(est)}
+    if as_json:
+        _emit_json(doc)
+        return
+    from planner.report import render_estimate
+
+    render_estimate(_stdout(), title=f"{problem.model.name} on {problem.cluster.num_gpus} x {problem.hardware.gpu_name}",
+                    layout=lay, predicted=doc["predicted"], memory=doc["memory_breakdown"], time=doc["time_breakdown"])
+
+
+def main() -> None:
+    from planner.errors import exit_code_for
+
+    try:
+        app()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # the one place errors become exit codes
+        code = exit_code_for(exc)
+        if code is None:
+            raise
+        problems = getattr(exc, "problems", None) or [str(exc)]
+        source = getattr(exc, "source", None)
+        for line in problems:
+            print(f"error: {source + ': ' if source else ''}{line}", file=sys.stderr)
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

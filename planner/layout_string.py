@@ -1,0 +1,52 @@
+"""Parse `--layout "tp=8,pp=8,dp=16,zero=1,mbs=1,recompute=selective,schedule=1f1b"` into layout fields."""
+
+from __future__ import annotations
+
+from cluster_specs import SpecError
+
+ALIASES = {
+    "tp": "tp", "tensor_parallel": "tp", "pp": "pp", "pipeline_parallel": "pp", "dp": "dp", "data_parallel": "dp",
+    "zero": "zero_stage", "zero_stage": "zero_stage", "offload": "offload", "mbs": "micro_batch_size",
+    "micro_batch_size": "micro_batch_size", "m": "num_micro_batches", "num_micro_batches": "num_micro_batches",
+    "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
+    "schedule": "schedule", "vpp": "virtual_stages", "virtual_stages": "virtual_stages",
+    "layers_per_stage": "layers_per_stage", "recompute_layers_per_stage": "recompute_layers_per_stage",
+}
+INT_FIELDS = {"tp", "pp", "dp", "zero_stage", "micro_batch_size", "num_micro_batches", "virtual_stages"}
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off"}
+
+
+def parse_layout_string(text: str) -> dict:
+    """Return the given layout fields; missing keys are left for the caller's defaults."""
+    fields: dict = {}
+    problems = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            problems.append(f"layout: {part!r} -> expected key=value")
+            continue
+        key, value = (x.strip() for x in part.split("=", 1))
+        name = ALIASES.get(key.lower())
+        if name is None:
+            problems.append(f"layout key {key!r} -> allowed: {', '.join(sorted(k for k in ALIASES if len(k) <= 8))}")
+            continue
+        if name in INT_FIELDS:
+            try:
+                fields[name] = int(value)
+            except ValueError:
+                problems.append(f"layout {key}: {value!r} -> must be an integer")
+        elif name == "sequence_parallel":
+            if value.lower() not in TRUE | FALSE:
+                problems.append(f"layout {key}: {value!r} -> must be true/false (or 1/0)")
+            else:
+                fields[name] = value.lower() in TRUE
+        elif name in ("layers_per_stage", "recompute_layers_per_stage"):
+            try:
+                fields[name] = [int(x) for x in value.split("/")]
+            except ValueError:
+                problems.append(f"layout {key}: {value!r} -> integers separated by '/', e.g. 11/12/12/11")
+        else:
+            fields[name] = value
+    if problems:
+        raise SpecError(problems, source="--layout")
+    return fields
