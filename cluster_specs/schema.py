@@ -43,7 +43,10 @@ class GPUSpec(_Frozen):
     def peak_flops_per_second(self, dtype: str) -> float:
         if dtype not in self.tflops:
             known = ", ".join(sorted(self.tflops))
-            raise ValueError(f"{self.name or 'gpu'} has no {dtype} peak (has: {known})")
+            from cluster_specs.errors import SpecError
+
+            raise SpecError(f"precision: {dtype} -> {self.name or 'this GPU'} has no {dtype} tensor peak "
+                            f"(it has: {known}); use --precision {sorted(self.tflops)[0]}")
         return self.tflops[dtype] * 1e12
 
 

@@ -91,7 +91,9 @@ def recompute_extra_forward_flops(model: Transformer, *, tokens: int, seq_length
     """Hardware FLOPs added per layer by recomputation (and by flash attention's backward).
 
     full: one more forward of the layer (Narayanan Eq. 3, the 96 vs 72 coefficient).
-    selective: the attention core again, 4 T s q (Korthikanti et al. 2022 Eq. 8).
+    selective: one more forward of the attention core, 4 T s q. Korthikanti et al. 2022 Eq. 8 writes
+      1 + s/(3h), i.e. three times that (the core's forward and backward again); we keep Eq. 3's own
+      accounting (recompute = one extra forward) and record the difference (tests/test_cost_vectors.py).
     Flash attention's backward recomputes Q K^T once more, 2 T s q (FlashAttention §3.1; torchtitan's
     comment: "flash attention does 1 more matmul recomputation in the backward").
     """

@@ -92,7 +92,9 @@ def activation_bytes_per_layer(
     if recompute == "full":
         return 2 * sbh * scale / rep
     mask = 1 if model.dropout else 0
-    g_over_a = model.num_kv_heads / a
+    # K and V are g/a of Q's width; without flash attention they are expanded to all heads before Q K^T
+    # (Megatron's unfused path and the torch reference repeat_interleave them), so the saved copies are full width.
+    g_over_a = model.num_kv_heads / a if model.flash_attention else 1.0
     f_over_h = model.ffn_hidden_size / h
     # replicated across TP (sharded by SP): two norm inputs, QKV and FC1 inputs, two dropout masks
     replicated = (4 + 2 + 2) * scale + 2 * mask
@@ -163,7 +165,8 @@ def korthikanti_first_stage_activation_bytes(
         per = 34 / t + (0 if selective else 5 * a * s / (h * t))
     else:
         per = 10 + 24 / t + (0 if selective else 5 * a * s / (h * t))
-    return sbh * L * per * interleave_memory_factor(pp=pp, virtual_stages=virtual_stages)
+    factor = interleave_memory_factor(pp=pp, virtual_stages=virtual_stages) if virtual_stages > 1 else 1.0
+    return sbh * L * per * factor
 
 
 def vocab_padded(vocab_size: int, *, tp: int, divisible_by: int = 128) -> int:

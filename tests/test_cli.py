@@ -1,0 +1,99 @@
+"""The command line: outputs, JSON contract, exit codes, and what it imports at start-up."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner import errors
+
+
+def run(*args, check=False):
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_version():
+    out = run("--version", check=True).stdout
+    assert out.startswith("planner 0.1.0")
+
+
+def test_help_and_light_commands_import_neither_torch_nor_pulp():
+    code = (
+        "import sys\n"
+        "from planner import cli\n"
+        "for argv in (['--help'], ['models', 'list'], ['clusters', 'show', 'dgx-h100'], ['estimate', '--help']):\n"
+        "    sys.argv = ['planner', *argv]\n"
+        "    try:\n"
+        "        cli.main()\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('MODULES', 'torch' in sys.modules, 'pulp' in sys.modules, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "MODULES False False" in proc.stderr
+
+
+def test_models_show_json():
+    doc = json.loads(run("models", "show", "gpt3-175b", "--json", check=True).stdout)
+    assert round(doc["parameters"]["total"] / 1e9, 1) == 174.6
+    doc = json.loads(run("models", "show", "llama3-8b", "--json", check=True).stdout)
+    assert round(doc["parameters"]["total"] / 1e9, 2) == 8.03
+
+
+def test_clusters_json():
+    doc = json.loads(run("clusters", "show", "dgx-h100", "--nodes", "4", "--json", check=True).stdout)
+    assert doc["derived"]["num_gpus"] == 32
+    names = [c["name"] for c in json.loads(run("clusters", "list", "--json", check=True).stdout)]
+    assert "dgx-a100-80gb" in names
+
+
+def test_estimate_json_keys():
+    proc = run("estimate", "-c", "dgx-a100-80gb", "-n", "8", "-m", "gpt3-175b", "-b", "64", "-s", "2048",
+               "--layout", "tp=8,pp=8,mbs=1,recompute=selective", "--json", check=True)
+    doc = json.loads(proc.stdout)
+    for key in ("step_time_seconds", "tokens_per_second", "mfu", "peak_memory_bytes_per_gpu", "fits"):
+        assert key in doc["predicted"]
+    assert doc["layout"]["dp"] == 1 and doc["layout"]["num_micro_batches"] == 64
+    assert "stages" in doc["memory_breakdown"] and "compute_seconds" in doc["time_breakdown"]
+
+
+@pytest.mark.parametrize(
+    "args,code,needle",
+    [
+        (["models", "show", "llama3-8"], errors.EXIT_INPUT, "did you mean llama3-8b"),
+        (["clusters", "show", "nope"], errors.EXIT_INPUT, "unknown cluster"),
+        (["estimate", "-c", "dgx-h100", "-m", "gpt3-175b", "-b", "8", "-s", "2048", "--layout", "tp=3,dp=1"],
+         errors.EXIT_INPUT, "tp: 3 -> must divide num_attention_heads"),
+        (["estimate", "-c", "dgx-h100", "-m", "gpt3-175b", "-b", "0", "-s", "2048", "--layout", "tp=8"],
+         errors.EXIT_INPUT, "global_batch_size"),
+        (["estimate", "-c", "dgx-h100", "-m", "gpt3-175b", "-b", "8", "-s", "2048", "--layout", "tp=8,colour=red"],
+         errors.EXIT_INPUT, "layout key 'colour'"),
+        (["estimate", "-c", "dgx-h100", "--nodes", "0", "-m", "gpt3-175b", "-b", "8", "-s", "2048", "--layout", "tp=8"],
+         errors.EXIT_INPUT, "--nodes"),
+        (["estimate", "--bogus"], errors.EXIT_USAGE, ""),
+    ],
+)
+def test_bad_input_exit_codes(args, code, needle):
+    proc = run(*args)
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert needle in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_malformed_files(tmp_path):
+    bad_yaml = tmp_path / "c.yaml"
+    bad_yaml.write_text("gpu: [unclosed\n")
+    proc = run("clusters", "show", str(bad_yaml))
+    assert proc.returncode == errors.EXIT_INPUT and "malformed YAML" in proc.stderr and "Traceback" not in proc.stderr
+    missing = tmp_path / "m.yaml"
+    missing.write_text("num_layers: -1\nhidden_size: 64\nbogus: 1\n")
+    proc = run("models", "show", str(missing))
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert proc.returncode == errors.EXIT_INPUT
+    assert any("num_layers" in l for l in lines) and any("bogus" in l and "unknown field" in l for l in lines)
+    assert any("num_attention_heads" in l and "missing" in l for l in lines)

@@ -1,0 +1,155 @@
+"""Specs, presets, loaders and the one layout validator."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cluster_specs import SpecError, cluster_names, gpu_names, load_cluster, load_gpu
+from planner.models import hf_config_to_spec, load_model, model_names
+from planner.specs import LayoutSpec, ModelSpec, TrainingSpec, layout_problems
+
+GIB = 2**30
+
+
+def test_catalog_has_required_gpus():
+    required = {"V100-SXM2-16GB", "V100-SXM2-32GB", "A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM", "H100-PCIe",
+                "H200", "B200", "L40S", "RTX-4090", "A10"}
+    assert required <= set(gpu_names())
+    # dense peaks, not sparse (cost-models.md §0.4, §6.1)
+    assert load_gpu("H100-SXM").tflops["bf16"] == 989.0
+    assert load_gpu("A100-SXM4-80GB").tflops["bf16"] == 312.0
+    assert load_gpu("B200").tflops["bf16"] == 2250.0
+    assert "bf16" not in load_gpu("V100-SXM2-32GB").tflops
+    for name in gpu_names():
+        assert load_gpu(name).source
+
+
+def test_cluster_presets():
+    required = {"dgx-a100-80gb", "dgx-a100-40gb", "dgx-h100", "dgx-h200", "pcie-l40s-10gbe", "v100-10gbe",
+                "single-a100-40gb", "single-rtx4090"}
+    assert required <= set(cluster_names())
+    c = load_cluster("dgx-a100-80gb", nodes=280)
+    assert c.num_gpus == 2240
+    hw = c.to_cost_model()
+    assert hw.nic.bandwidth_bytes_per_second == pytest.approx(25e9 * 0.9)  # HDR 200 Gb/s = 25 GB/s, x0.9
+    assert hw.intra_node.bandwidth_bytes_per_second == pytest.approx(230.1e9, rel=1e-3)  # ~230 GB/s busbw
+    assert load_cluster("v100-10gbe", nodes=4).to_cost_model("fp16").nic.bandwidth_bytes_per_second == pytest.approx(1.0e9)
+
+
+def test_unknown_preset_suggests_names():
+    with pytest.raises(SpecError) as err:
+        load_cluster("dgx-a100-80")
+    assert "dgx-a100-80gb" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        load_model("llama3-8")
+    assert "llama3-8b" in str(err.value)
+
+
+def test_precision_the_gpu_lacks_is_an_input_error():
+    with pytest.raises(SpecError, match="--precision fp16"):
+        load_cluster("v100-10gbe").to_cost_model("bf16")
+
+
+def test_single_gpu_cluster_cannot_scale_without_network():
+    with pytest.raises(SpecError) as err:
+        load_cluster("single-a100-40gb", nodes=2)
+    assert "inter_node" in str(err.value)
+
+
+def test_all_model_presets_load_with_sources():
+    for name in model_names():
+        spec = load_model(name)
+        assert spec.source and spec.parameter_counts()["total"] > 0
+
+
+@pytest.mark.parametrize("name,billions", [("llama3-70b", 70.55), ("llama3-405b", 405.85), ("llama2-7b", 6.74),
+                                           ("llama2-70b", 68.98), ("gpt-neox-20b", 20.55), ("bloom-176b", 176.25)])
+def test_parameter_counts_known_models(name, billions):
+    # published parameter counts (model cards and papers; BLOOM 176,247M per its model card)
+    assert load_model(name).parameter_counts()["total"] / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def test_hf_config(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = load_model(str(path))
+    assert spec.parameter_counts()["total"] == load_model("llama3-8b").parameter_counts()["total"]
+    gpt2 = hf_config_to_spec({"model_type": "gpt2", "n_embd": 1600, "n_layer": 48, "n_head": 25, "vocab_size": 50257,
+                              "n_positions": 1024})
+    assert ModelSpec.model_validate(gpt2).parameter_counts()["total"] == 1_557_611_200  # GPT-2 XL, 1.5B
+    with pytest.raises(SpecError, match="model_type"):
+        hf_config_to_spec({"model_type": "t5"})
+
+
+def _gpt3():
+    return load_model("gpt3-175b")
+
+
+def test_layout_rules_report_every_problem():
+    model = _gpt3()
+    training = TrainingSpec(global_batch_size=1536, seq_length=2048)
+    cluster = load_cluster("dgx-a100-80gb", nodes=128)
+    ok = LayoutSpec(tp=8, pp=8, dp=16, micro_batch_size=1, num_micro_batches=96)
+    assert layout_problems(ok, model, training, cluster) == []
+    bad = LayoutSpec(tp=7, pp=200, dp=3, micro_batch_size=1, num_micro_batches=5, schedule="interleaved_1f1b",
+                     sequence_parallel=True)
+    problems = layout_problems(bad, model, training, cluster)
+    text = "\n".join(problems)
+    for needle in ["dp*tp*pp", "num_attention_heads", "must divide gpus_per_node", "num_layers (96)", "global_batch_size",
+                   "virtual_stages: 1", "multiple of pp", "seq_length"]:
+        assert needle in text, needle
+
+
+def test_gqa_rule():
+    model = load_model("llama3-70b")  # 64 heads, 8 KV heads
+    training = TrainingSpec(global_batch_size=16, seq_length=8192)
+    for tp, ok in [(8, True), (16, True), (4, True), (32, True), (3, False)]:
+        problems = layout_problems(LayoutSpec(tp=tp, dp=1, micro_batch_size=1, num_micro_batches=16), model, training)
+        assert (not any("num_kv_heads" in p or "num_attention_heads" in p for p in problems)) == ok, tp
+
+
+# ---- property-based: loaders return a valid spec or raise SpecError, nothing else -------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=20,
+)
+MODEL_KEYS = ["num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "mlp",
+              "vocab_size", "tied_embeddings", "norm", "attention", "model_type", "n_embd"]
+CLUSTER_KEYS = ["gpu", "num_nodes", "gpus_per_node", "intra_node", "inter_node", "host_to_device", "host_memory_gib"]
+
+
+def _mapping(keys):
+    return st.dictionaries(st.sampled_from(keys + ["bogus"]), json_values | st.integers(1, 4096), max_size=len(keys))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(_mapping(MODEL_KEYS), json_values))
+def test_model_loader_never_crashes(tmp_path, data):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(data, allow_nan=True))
+    try:
+        spec = load_model(str(path))
+    except SpecError as exc:
+        assert exc.problems and all(isinstance(p, str) and p for p in exc.problems)
+    else:
+        assert isinstance(spec, ModelSpec)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(_mapping(CLUSTER_KEYS), json_values), raw=st.binary(max_size=40))
+def test_cluster_loader_never_crashes(tmp_path, data, raw):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps(data, allow_nan=True))
+    bad = tmp_path / "garbage.yaml"
+    bad.write_bytes(raw)
+    for p in (path, bad):
+        try:
+            load_cluster(str(p))
+        except SpecError as exc:
+            assert exc.problems
