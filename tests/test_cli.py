@@ -67,7 +67,7 @@ def test_estimate_json_keys():
         (["models", "show", "llama3-8"], errors.EXIT_INPUT, "did you mean llama3-8b"),
         (["clusters", "show", "nope"], errors.EXIT_INPUT, "unknown cluster"),
         (["estimate", "-c", "dgx-h100", "-m", "gpt3-175b", "-b", "8", "-s", "2048", "--layout", "tp=3,dp=1"],
-         errors.EXIT_INPUT, "tp: 3 -> must divide num_attention_heads"),
+         errors.EXIT_INPUT, "tp: 3 -> must divide gpus_per_node"),
         (["estimate", "-c", "dgx-h100", "-m", "gpt3-175b", "-b", "0", "-s", "2048", "--layout", "tp=8"],
          errors.EXIT_INPUT, "global_batch_size"),
         (["estimate", "-c", "dgx-h100", "-m", "gpt3-175b", "-b", "8", "-s", "2048", "--layout", "tp=8,colour=red"],
