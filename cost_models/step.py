@@ -143,7 +143,13 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
     eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
     rate = peak * eff
-    t_layer_f = (gemm + core) / t / rate
+    # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
+    # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
+    act_traffic = activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
+                                             sequence_parallel=layout.sequence_parallel, recompute="none",
+                                             activation_bytes=act_b, fused_swiglu=fused_swiglu)
+    t_layer_mem = knobs.elementwise_traffic_factor * act_traffic / hw.hbm_bytes_per_second / 3  # per forward pass
+    t_layer_f = (gemm + core) / t / rate + t_layer_mem
     t_rec_policy = recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate
     t_rec_full = recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute="full") / t / rate
     tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s, hidden_size=h, tp=t,
@@ -270,6 +276,7 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
     out_act = output_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
                                       sequence_parallel=layout.sequence_parallel, activation_bytes=act_b)
     largest_layer = layer_sharded
+    largest_module = max(h * model.ffn_hidden_size, h * (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim) / t
     stages = []
     for i, n in enumerate(split):
         P = stage_params[i]
@@ -294,7 +301,9 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
         if r > 0:
             transient += act_none  # the layer being recomputed is materialised whole during backward
         if z >= 3 or layout.offload == "optimizer+params":
-            transient += largest_layer * (2 * training.param_bytes + training.grad_bytes)  # gathered + prefetched
+            # the gathered unit (and the prefetched next one) plus its unsharded gradient before reduce-scatter
+            unit = largest_layer if knobs.zero3_gather == "layer" else largest_module
+            transient += unit * (2 * training.param_bytes + training.grad_bytes)
         if offload_opt:
             transient += min(P / shard, 5e8) * training.grad_bytes  # one reduce bucket (DeepSpeed 5e8 elements)
         if sched == "pipedream_async":

@@ -271,6 +271,33 @@ def estimate(
                     layout=lay, predicted=doc["predicted"], memory=doc["memory_breakdown"], time=doc["time_breakdown"])
 
 
+@app.command()
+def validate(
+    runs: Annotated[Path, typer.Option("--runs", help="published_runs.json")] = Path("../shared/validation/published_runs.json"),
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the markdown report here.")] = None,
+    with_planner: Annotated[bool, typer.Option(help="Also rank each published layout among the planner's.")] = True,
+    as_json: JsonOpt = False,
+):
+    """Predict every published run the models can represent and compare with what was measured."""
+    from planner.validation import load_rows, render_markdown, run_validation, summary
+
+    report = run_validation(load_rows(runs))
+    section = ""
+    if with_planner:
+        from planner.planning import published_layout_ranks
+
+        section = published_layout_ranks(report)
+    if output is not None:
+        write_atomically(output, render_markdown(report, runs_path=str(runs), planner_section=section))
+    s = summary(report)
+    if as_json:
+        _emit_json(s)
+        return
+    _stderr().print(f"{s['rows_evaluated']} rows: median |error| {s['median_abs_error']:.1%}, "
+                    f"90th pct {s['p90_abs_error']:.1%}, held-out median {s['held_out_median_abs_error']:.1%}, "
+                    f"false OOM {s['false_out_of_memory']}" + (f"; wrote {output}" if output else ""))
+
+
 def main() -> None:
     from planner.errors import exit_code_for
 
