@@ -123,6 +123,92 @@ def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float
     return hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop) * knobs.end_to_end_efficiency
 
 
+@dataclass(frozen=True, slots=True)
+class LayerCosts:
+    """Per-layer, per-micro-batch, per-GPU quantities of a layout: the linear coefficients from which every
+    stage's time and memory are assembled (estimate_step, and the planner's split DP and ILP)."""
+
+    t_layer_forward: float  # seconds, GEMMs + memory-bound kernels
+    t_recompute_policy: float  # extra seconds per layer under the layout's recompute policy
+    t_recompute_full: float  # extra seconds per layer under full recompute
+    t_tp_all_reduce: float  # one TP all-reduce of b s h
+    tp_expose: float
+    t_logits_forward: float
+    gemm_flops_per_gpu: float  # forward GEMM FLOPs of one layer on one GPU (weight-gradient work, ZB's W)
+    rate_flops_per_second: float
+    act_policy_bytes: float
+    act_full_bytes: float
+    act_none_bytes: float
+    embedding_act_bytes: float
+    output_act_bytes: float
+    layer_params: float  # parameters of one layer on one GPU (TP-sharded; norms replicated)
+    embedding_params: float
+    output_params: float
+    final_norm_params: float
+    largest_module_params: float
+    matmul_efficiency: float
+    padded_vocab: int
+    policy: str
+
+
+def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs,
+                *, fused_swiglu: bool = False) -> LayerCosts:
+    h, t = model.hidden_size, layout.tp
+    b, s = layout.micro_batch_size, training.seq_length
+    act_b = training.activation_bytes
+    V = vocab_padded(model.vocab_size, tp=t)
+    policy = "none" if layout.recompute == "full" else layout.recompute
+    tokens = b * s
+    peak = hw.peak_flops_per_second
+    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
+    eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
+    rate = peak * eff
+    sp = layout.sequence_parallel
+
+    def act(rec):
+        return activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t, sequence_parallel=sp,
+                                          recompute=rec, activation_bytes=act_b, fused_swiglu=fused_swiglu)
+
+    act_none = act("none")
+    # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
+    # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
+    t_layer_mem = knobs.elementwise_traffic_factor * act_none / hw.hbm_bytes_per_second / 3  # per forward pass
+    tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s, hidden_size=h, tp=t,
+                                                   activation_bytes=act_b)
+    t_ar = 0.0
+    if t > 1:
+        t_ar = all_reduce_seconds(message_bytes=tp_msg, group_size=t, link=group_link(hw, group_size=t, stride=1).link)
+    logits_gemm = 2 * tokens * h * V / t
+    pc = parameter_counts(model)
+    return LayerCosts(
+        t_layer_forward=(gemm + core) / t / rate + t_layer_mem,
+        t_recompute_policy=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate,
+        t_recompute_full=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute="full") / t / rate
+        + t_layer_mem,
+        t_tp_all_reduce=t_ar,
+        tp_expose=1 - knobs.tp_overlap_fraction,
+        t_logits_forward=logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm)),
+        gemm_flops_per_gpu=gemm / t,
+        rate_flops_per_second=rate,
+        act_policy_bytes=act(policy),
+        act_full_bytes=act("full"),
+        act_none_bytes=act_none,
+        embedding_act_bytes=embedding_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, tp=t,
+                                                       sequence_parallel=sp, dropout=model.dropout),
+        output_act_bytes=output_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
+                                                 sequence_parallel=sp, activation_bytes=act_b),
+        layer_params=(pc.per_layer - pc.per_layer_norms) / t + pc.per_layer_norms,
+        embedding_params=V * h / t + pc.position_embedding,
+        output_params=V * h / t if (not model.tied_embeddings or layout.pp > 1) else 0.0,
+        final_norm_params=pc.final_norm,
+        largest_module_params=max(h * model.ffn_hidden_size,
+                                  h * (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim) / t,
+        matmul_efficiency=eff,
+        padded_vocab=V,
+        policy=policy,
+    )
+
+
 def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs | None = None,
                   *, fused_swiglu: bool = False) -> StepEstimate:
     knobs = knobs or Knobs()
@@ -131,34 +217,17 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
     b, m, s = layout.micro_batch_size, layout.num_micro_batches, training.seq_length
     v = layout.virtual_stages if layout.schedule == "interleaved_1f1b" else 1
     act_b = training.activation_bytes
-    V = vocab_padded(model.vocab_size, tp=t)
     split = layout.layers_per_stage or stage_split(L, p)
     full_layers = layout.recompute_layers_per_stage or (
         split if layout.recompute == "full" else (0,) * p)
-    policy = "none" if layout.recompute == "full" else layout.recompute  # policy of the layers not fully recomputed
-
-    # ---- per layer, per micro-batch, per GPU -------------------------------------------------------
-    tokens = b * s
+    lc = layer_costs(model, training, hw, layout, knobs, fused_swiglu=fused_swiglu)
+    policy = lc.policy
+    V = lc.padded_vocab
     peak = hw.peak_flops_per_second
-    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
-    eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
-    rate = peak * eff
-    # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
-    # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
-    act_traffic = activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
-                                             sequence_parallel=layout.sequence_parallel, recompute="none",
-                                             activation_bytes=act_b, fused_swiglu=fused_swiglu)
-    t_layer_mem = knobs.elementwise_traffic_factor * act_traffic / hw.hbm_bytes_per_second / 3  # per forward pass
-    t_layer_f = (gemm + core) / t / rate + t_layer_mem
-    t_rec_policy = recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate
-    t_rec_full = recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute="full") / t / rate
-    tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s, hidden_size=h, tp=t,
-                                                   activation_bytes=act_b)
-    tp_place = group_link(hw, group_size=t, stride=1)
-    t_ar = all_reduce_seconds(message_bytes=tp_msg, group_size=t, link=tp_place.link) if t > 1 else 0.0
-    tp_expose = 1 - knobs.tp_overlap_fraction
-    logits_gemm = 2 * tokens * h * V / t
-    t_logits_f = logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm))
+    eff, rate = lc.matmul_efficiency, lc.rate_flops_per_second
+    t_layer_f, t_rec_policy, t_rec_full = lc.t_layer_forward, lc.t_recompute_policy, lc.t_recompute_full
+    t_ar, tp_expose, t_logits_f = lc.t_tp_all_reduce, lc.tp_expose, lc.t_logits_forward
+    gemm_per_gpu = lc.gemm_flops_per_gpu
 
     # ---- per stage time per micro-batch --------------------------------------------------------------
     stage_f, stage_b, stage_rec, stage_tp, stage_w = [], [], [], [], []
@@ -172,7 +241,7 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
         stage_b.append(2 * f)
         stage_rec.append(rec)
         stage_tp.append(tp_comm)
-        stage_w.append(n * gemm / t / rate + (t_logits_f if last else 0.0))  # weight-gradient GEMMs (ZB's W)
+        stage_w.append(n * gemm_per_gpu / rate + (t_logits_f if last else 0.0))  # weight-gradient GEMMs (ZB's W)
     stage_t = [stage_f[i] + stage_b[i] + stage_rec[i] + stage_tp[i] for i in range(p)]
     bottleneck = max(range(p), key=lambda i: stage_t[i])
     t_max = stage_t[bottleneck]
@@ -202,17 +271,14 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
         p2p = 2 * (p - 1) * one + steady
 
     # ---- parameters per stage, data-parallel traffic ---------------------------------------------------
-    pc = parameter_counts(model)
-    layer_sharded = (pc.per_layer - pc.per_layer_norms) / t + pc.per_layer_norms
-    emb_local = V * h / t + pc.position_embedding
-    out_local = V * h / t if (not model.tied_embeddings or p > 1) else 0.0
+    layer_sharded, emb_local, out_local = lc.layer_params, lc.embedding_params, lc.output_params
     stage_params = []
     for i, n in enumerate(split):
         params = n * layer_sharded
         if i == 0:
             params += emb_local
         if i == p - 1:
-            params += out_local + pc.final_norm
+            params += out_local + lc.final_norm_params
         stage_params.append(params)
 
     z = layout.zero_stage
@@ -234,9 +300,12 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
                 comm = (m * reduce_scatter_seconds(message_bytes=grad_msg, group_size=n_dp, link=link)
                         + all_gather_seconds(message_bytes=param_msg, group_size=n_dp, link=link))
                 window = m * stage_b[i]
-            else:
-                comm = m * (2 * all_gather_seconds(message_bytes=param_msg, group_size=n_dp, link=link)
-                            + reduce_scatter_seconds(message_bytes=grad_msg, group_size=n_dp, link=link))
+            else:  # ZeRO-3 / FSDP: per layer, an all-gather forward, one backward, a reduce-scatter (ZeRO §7: 1.5x DP),
+                # so the ring latency is paid once per layer per collective
+                units = max(1, split[i])
+                comm = m * units * (
+                    2 * all_gather_seconds(message_bytes=param_msg / units, group_size=n_dp, link=link)
+                    + reduce_scatter_seconds(message_bytes=grad_msg / units, group_size=n_dp, link=link))
                 window = m * (stage_f[i] + stage_b[i])
         else:
             comm = window = 0.0
@@ -262,21 +331,9 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
             offload += max(0.0, stream - knobs.dp_overlap_fraction * m * (max(stage_f) + max(stage_b)))
 
     # ---- memory per stage ----------------------------------------------------------------------------
-    act_policy = activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
-                                            sequence_parallel=layout.sequence_parallel, recompute=policy,
-                                            activation_bytes=act_b, fused_swiglu=fused_swiglu)
-    act_full = activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
-                                          sequence_parallel=layout.sequence_parallel, recompute="full",
-                                          activation_bytes=act_b)
-    act_none = activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
-                                          sequence_parallel=layout.sequence_parallel, recompute="none",
-                                          activation_bytes=act_b, fused_swiglu=fused_swiglu)
-    emb_act = embedding_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, tp=t,
-                                         sequence_parallel=layout.sequence_parallel, dropout=model.dropout)
-    out_act = output_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
-                                      sequence_parallel=layout.sequence_parallel, activation_bytes=act_b)
-    largest_layer = layer_sharded
-    largest_module = max(h * model.ffn_hidden_size, h * (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim) / t
+    act_policy, act_full, act_none = lc.act_policy_bytes, lc.act_full_bytes, lc.act_none_bytes
+    emb_act, out_act = lc.embedding_act_bytes, lc.output_act_bytes
+    largest_layer, largest_module = lc.layer_params, lc.largest_module_params
     stages = []
     for i, n in enumerate(split):
         P = stage_params[i]

@@ -253,7 +253,13 @@ def estimate(
     calibration: CalibrationOpt = None, as_json: JsonOpt = False,
 ):
     """Predict step time, throughput, MFU and memory per GPU for one layout."""
-    from planner.estimate import complete_layout, estimate_layout, memory_breakdown_json, predicted_json, time_breakdown_json
+    from planner.estimate import (
+        complete_layout,
+        estimate_layout,
+        memory_breakdown_json,
+        predicted_json,
+        time_breakdown_json,
+    )
 
     problem = build_problem(cluster, nodes, model, global_batch_size, seq_len, precision, headroom_gib, calibration)
     lay = complete_layout(load_layout_arg(layout, problem), problem.model, problem.training, problem.cluster)
