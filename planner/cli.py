@@ -278,6 +278,89 @@ def estimate(
 
 
 @app.command()
+def plan(
+    cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
+    nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
+    top: Annotated[int, typer.Option("--top", "-k", help="How many runners-up to show.")] = 5,
+    objective: Annotated[str, typer.Option(help="throughput (max tokens/s), memory (min peak memory per GPU), "
+                                                "or min-gpus (fewest nodes meeting --target-tokens-per-second).")] = "throughput",
+    target_tokens_per_second: Annotated[float | None, typer.Option(help="For --objective min-gpus.")] = None,
+    compare: Annotated[list[str] | None, typer.Option("--compare", help="Also estimate this layout (key=value string, "
+                                                                         "repeatable) and show it beside the pick.")] = None,
+    allow_tp_across_nodes: Annotated[bool, typer.Option(help="Search TP groups larger than a node.")] = False,
+    allow_async: Annotated[bool, typer.Option(help="Also search PipeDream's asynchronous 1F1B (stale weights).")] = False,
+    no_solver: Annotated[bool, typer.Option("--no-solver", help="Skip the ILP refinement.")] = False,
+    solver_time_limit: Annotated[float, typer.Option(help="Seconds per ILP solve.")] = 10.0,
+    no_schedule: Annotated[bool, typer.Option("--no-schedule", help="Do not draw the pick's pipeline schedule.")] = False,
+    calibration: CalibrationOpt = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan JSON here (atomically).")] = None,
+    as_json: JsonOpt = False,
+):
+    """Choose the layout to run: search, solve, explain."""
+    from cluster_specs import SpecError
+    from planner.planning import PlanOptions
+    from planner.planning import plan as make_plan
+
+    if objective not in ("throughput", "memory", "min-gpus"):
+        raise SpecError(f"--objective: {objective!r} -> allowed: throughput, memory, min-gpus")
+    if top < 0:
+        raise SpecError(f"--top: {top} -> must be >= 0")
+    problem = build_problem(cluster, nodes, model, global_batch_size, seq_len, precision, headroom_gib, calibration)
+    opts = PlanOptions(top_k=top, objective="throughput" if objective == "min-gpus" else objective,
+                       allow_tp_across_nodes=allow_tp_across_nodes, allow_async=allow_async, use_solver=not no_solver,
+                       solver_time_limit_seconds=solver_time_limit, progress=not as_json and sys.stderr.isatty())
+    min_gpus_note = None
+    if objective == "min-gpus":
+        from planner.planning import plan_min_gpus
+
+        if not target_tokens_per_second or target_tokens_per_second <= 0:
+            raise SpecError("--target-tokens-per-second: required (> 0) with --objective min-gpus")
+        problem, min_gpus_note = plan_min_gpus(problem, opts, target_tokens_per_second)
+    result = make_plan(problem, opts)
+    doc = plan_document(problem, result, objective, compare or [], min_gpus_note)
+    if output is not None:
+        write_atomically(output, json.dumps(doc, indent=2) + "\n")
+    if as_json:
+        _emit_json(doc)
+        return
+    from planner.report import render_plan
+
+    render_plan(_stdout(), problem, result, doc, show_schedule=not no_schedule)
+    if output is not None:
+        _stderr().print(f"wrote {output}")
+
+
+def plan_document(problem, result, objective: str, compare: list[str], min_gpus_note: str | None) -> dict:
+    from planner.estimate import complete_layout
+    from planner.layout_string import parse_layout_string
+    from planner.planning import Candidate, candidate_json, reason
+
+    pick = result.pick
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "kind": "plan",
+        "objective": objective,
+        "inputs": inputs_json(problem),
+        **{k: v for k, v in candidate_json(problem, pick, result.reasons[id(pick)]).items()},
+        "alternatives": [candidate_json(problem, c, result.reasons[id(c)]) for c in result.alternatives],
+        "decision": result.decision.as_json(),
+        "search": result.stats.as_json(),
+        "compared": [],
+    }
+    if min_gpus_note:
+        doc["decision"]["reasons"].append(min_gpus_note)
+    for text in compare:
+        lay = complete_layout(parse_layout_string(text), problem.model, problem.training, problem.cluster)
+        from planner.specs import validate_layout
+
+        validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
+        cand = Candidate(lay, problem.estimate(lay), "compared")
+        doc["compared"].append(candidate_json(problem, cand, reason(problem, cand, pick)))
+    return doc
+
+
+@app.command()
 def validate(
     runs: Annotated[Path, typer.Option("--runs", help="published_runs.json")] = Path("../shared/validation/published_runs.json"),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the markdown report here.")] = None,

@@ -67,3 +67,52 @@ def render_estimate(console: Console, *, title: str, layout, predicted: dict, me
     tim.add_row("[bold]total[/bold]", seconds(time["total_seconds"]), "100%")
     console.print(mem)
     console.print(tim)
+
+
+def render_plan(console: Console, problem, result, doc: dict, *, show_schedule: bool = True) -> None:
+    pick = result.pick
+    render_estimate(console, title=f"Plan: {problem.model.name} on {problem.cluster.num_gpus} x "
+                                   f"{problem.hardware.gpu_name} ({problem.cluster.num_nodes} nodes)",
+                    layout=pick.layout, predicted=doc["predicted"], memory=doc["memory_breakdown"],
+                    time=doc["time_breakdown"])
+    if pick.layout.layers_per_stage:
+        console.print(f"[bold]layers per stage[/bold] {pick.layout.layers_per_stage}"
+                      + (f"; fully recomputed layers per stage {pick.layout.recompute_layers_per_stage}"
+                         if pick.layout.recompute_layers_per_stage else "") + f" ({pick.origin})")
+    console.print(f"[bold]why[/bold] {result.reasons[id(pick)]}")
+    d = doc["decision"]
+    console.print(f"\n[bold]Decision table[/bold] row {d['row']}: {d['scenario']} -> {d['recommendation']} "
+                  f"({'agrees' if d['agrees'] else '[yellow]the pick differs[/yellow]'})")
+    for line in d["reasons"]:
+        console.print(f"  - {line}")
+    rows = result.alternatives
+    if rows or doc["compared"]:
+        table = Table(title="Runners-up and compared layouts", title_justify="left")
+        for col in ("#", "layout", "step", "tokens/s", "MFU", "peak GiB"):
+            table.add_column(col, overflow="fold")
+        notes = []
+        for i, c in enumerate(rows, 1):
+            e = c.estimate
+            table.add_row(str(i), c.layout.short(), seconds(e.step_seconds), f"{e.tokens_per_second:,.0f}",
+                          f"{e.mfu:.1%}", f"{e.peak_memory_bytes / GIB:.1f}")
+            notes.append(f"{i}. {result.reasons[id(c)]}")
+        for j, c in enumerate(doc["compared"], len(rows) + 1):
+            p = c["predicted"]
+            lay = c["layout"]
+            short = (f"[cyan]compared[/cyan] tp={lay['tp']},pp={lay['pp']},dp={lay['dp']},zero={lay['zero_stage']},"
+                     f"mbs={lay['micro_batch_size']},recompute={lay['recompute']},schedule={lay['schedule']}")
+            table.add_row(str(j), short, seconds(p["step_time_seconds"]), f"{p['tokens_per_second']:,.0f}",
+                          f"{p['mfu']:.1%}",
+                          f"{p['peak_memory_bytes_per_gpu'] / GIB:.1f}" + ("" if p["fits"] else " [red](no fit)[/red]"))
+            notes.append(f"{j}. {c['reason']}")
+        console.print(table)
+        for n in notes:
+            console.print(f"  {n}")
+    s = doc["search"]
+    console.print(f"[dim]searched {s['candidates_considered']:,} candidates, evaluated {s['candidates_evaluated']:,}, "
+                  f"{s['solver_runs']} ILP solves ({s['solver_seconds']:.2f} s; {', '.join(s['solver_statuses']) or 'none'}), "
+                  f"{s['total_seconds']:.2f} s in all[/dim]")
+    if show_schedule and pick.layout.pp > 1:
+        from planner.schedule_view import render_layout_schedule
+
+        render_layout_schedule(console, pick)

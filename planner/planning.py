@@ -1,0 +1,581 @@
+"""`planner plan`: search DP x TP x PP x ZeRO x offload x micro-batch x recompute x schedule, refine the best
+with the exact split and the ILP, classify into the decision table, and explain.
+
+Search order and pruning (each rule is a dominance argument in the cost model, or a layout rule):
+- degrees: tp divides the node (unless TP across nodes is allowed) and the heads/KV heads/FFN; pp <= layers;
+  dp = GPUs / (tp pp) divides the global batch; micro-batch sizes are the divisors of B/dp up to 128;
+- ZeRO 2/3 only without pipelining (layout rule); ZeRO stages are skipped when dp = 1 (nothing to shard);
+- sequence parallelism whenever tp > 1: same traffic as TP, less memory (Korthikanti §4.2.2), never slower here;
+- recompute ladder none -> selective -> full: once one fits, the next is only slower, so it is not evaluated;
+- schedules: 1F1B, interleaved 1F1B (v = 2..8 where the layers and micro-batches divide), ZB-H1. GPipe has
+  1F1B's time and more memory and naive is slower still, so both are dominated; PipeDream's asynchronous 1F1B
+  changes the optimisation (stale weights) and is searched only with --allow-async;
+- offload is a fallback: searched only when nothing fits on the GPUs;
+- a candidate whose model states alone cannot fit is counted but not evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+from cost_models.step import StepEstimate, estimate_step, layer_costs, stage_split
+from cost_models.types import Layout
+from planner.decision import ROWS, Decision, classify, matches_row, network_bytes_per_second_per_gpu
+from planner.errors import InfeasibleError
+from planner.estimate import Problem
+from planner.specs import LayoutSpec, layout_problems
+
+GIB = 2**30
+MAX_MICRO_BATCH_SIZE = 128
+
+
+@dataclass
+class PlanOptions:
+    top_k: int = 5
+    objective: str = "throughput"  # throughput | memory | min-gpus
+    target_tokens_per_second: float | None = None
+    allow_tp_across_nodes: bool = False
+    allow_async: bool = False
+    use_solver: bool = True
+    solver_time_limit_seconds: float = 10.0
+    solver_candidates: int = 3
+    progress: bool = False
+
+
+@dataclass
+class Candidate:
+    layout: LayoutSpec
+    estimate: StepEstimate
+    origin: str = "search"  # search | split | ilp
+
+    @property
+    def step_seconds(self) -> float:
+        return self.estimate.step_seconds
+
+
+@dataclass
+class SearchStats:
+    candidates_considered: int = 0
+    candidates_evaluated: int = 0
+    solver_runs: int = 0
+    solver_seconds: float = 0.0
+    solver_statuses: list[str] = field(default_factory=list)
+    search_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    def as_json(self) -> dict:
+        return {"candidates_considered": self.candidates_considered, "candidates_evaluated": self.candidates_evaluated,
+                "solver_runs": self.solver_runs, "solver_seconds": self.solver_seconds,
+                "solver_statuses": self.solver_statuses, "search_seconds": self.search_seconds,
+                "total_seconds": self.total_seconds}
+
+
+@dataclass
+class PlanResult:
+    pick: Candidate
+    alternatives: list[Candidate]
+    ranked: list[Candidate]  # every fitting candidate, best first
+    decision: Decision
+    reasons: dict[int, str]  # id(candidate) -> one-line reason
+    stats: SearchStats
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _fits(problem: Problem, est: StepEstimate) -> bool:
+    return est.fits and est.peak_memory_bytes + problem.knobs.memory_headroom_bytes <= est.gpu_memory_bytes
+
+
+def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero: int, offload: str) -> float:
+    """Model states of an average stage: no stage holds less, so above capacity the layout cannot fit."""
+    params = problem.model.parameter_counts()["total"] / (tp * pp)
+    tr = problem.cm_training
+    if offload == "optimizer+params":
+        return 0.0
+    per = tr.param_bytes / (dp if zero >= 3 else 1)
+    if offload == "none":
+        per += tr.grad_bytes / (dp if zero >= 2 else 1) + tr.optimizer_bytes / (dp if zero >= 1 else 1)
+    return params * per + problem.knobs.per_process_overhead_bytes
+
+
+def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool):
+    """Yield layout field dicts without recompute (the ladder is applied by the caller)."""
+    model, cl = problem.model, problem.cluster
+    n, g, L = cl.num_gpus, cl.gpus_per_node, model.num_layers
+    B = problem.training.global_batch_size
+    tps = [t for t in divisors(n) if (t <= g and g % t == 0) or (opts.allow_tp_across_nodes and t % g == 0)]
+    tps = [t for t in tps if model.num_attention_heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0)
+           and model.ffn % t == 0 and model.hidden_size % t == 0]
+    for tp in tps:
+        for pp in divisors(n // tp):
+            if pp > L:
+                continue
+            dp = n // (tp * pp)
+            if B % dp:
+                continue
+            per_dp = B // dp
+            zeros = [0, 1] if pp > 1 else [0, 1, 2, 3]
+            if dp == 1:
+                zeros = [1, 3] if offload else [0]
+            offloads = ["none"]
+            if offload:
+                offloads = ["optimizer", "optimizer+params"]
+            schedules: list[tuple[str, int]] = [("1f1b", 1)]
+            if pp > 1:
+                schedules.append(("zero_bubble", 1))
+                if opts.allow_async:
+                    schedules.append(("pipedream_async", 1))
+            for mbs in (d for d in divisors(per_dp) if d <= MAX_MICRO_BATCH_SIZE):
+                m = per_dp // mbs
+                sched = list(schedules)
+                if pp > 1 and m % pp == 0:
+                    sched += [("interleaved_1f1b", v) for v in range(2, 9) if L % (pp * v) == 0]
+                for zero in zeros:
+                    for off in offloads:
+                        if off == "optimizer" and zero == 0:
+                            continue
+                        if off == "optimizer+params" and zero != 3:
+                            continue
+                        for schedule, v in sched:
+                            yield {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "offload": off,
+                                   "micro_batch_size": mbs, "num_micro_batches": m, "sequence_parallel": tp > 1,
+                                   "schedule": schedule, "virtual_stages": v}
+
+
+def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: bool) -> tuple[list[Candidate], float]:
+    """All fitting candidates, and the least peak memory seen (for the infeasibility message)."""
+    fitting: list[Candidate] = []
+    least_peak = math.inf
+    cap = problem.hardware.gpu_memory_bytes - problem.knobs.memory_headroom_bytes
+    cm_model, cm_training, hw, knobs = problem.cm_model, problem.cm_training, problem.hardware, problem.knobs
+    bases = list(enumerate_bases(problem, opts, offload=offload))
+    progress = None
+    if opts.progress and len(bases) > 500:
+        from rich.progress import Progress
+
+        progress = Progress(transient=True, console=_stderr_console())
+        task = progress.add_task("searching layouts", total=len(bases))
+        progress.start()
+    try:
+        for base in bases:
+            if progress is not None:
+                progress.advance(task)
+            ladder = ["none", "selective", "full"]
+            stats.candidates_considered += len(ladder)
+            lb = _states_lower_bound_bytes(problem, base["tp"], base["pp"], base["dp"], base["zero_stage"], base["offload"])
+            if lb > cap:
+                least_peak = min(least_peak, lb)
+                continue
+            for rec in ladder:
+                layout = LayoutSpec.model_construct(**base, recompute=rec, layers_per_stage=None,
+                                                    recompute_layers_per_stage=None)
+                est = estimate_step(cm_model, cm_training, hw, layout.to_cost_model(), knobs)
+                stats.candidates_evaluated += 1
+                least_peak = min(least_peak, est.peak_memory_bytes)
+                if _fits(problem, est):
+                    fitting.append(Candidate(layout, est))
+                    break  # the rest of the ladder is slower
+    finally:
+        if progress is not None:
+            progress.stop()
+    return fitting, least_peak
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+TIE_RELATIVE = 1e-3  # step times within 0.1% count as a tie
+
+
+def _simplicity(lay: LayoutSpec) -> tuple:
+    """Among ties, prefer what is simpler to run: no offload, lower ZeRO stage, fewer model-parallel GPUs,
+    the plain 1F1B schedule, no recomputation."""
+    return (lay.offload != "none", lay.zero_stage, lay.tp * lay.pp, lay.schedule != "1f1b", lay.recompute != "none")
+
+
+def _objective_key(opts: PlanOptions):
+    def bucket(x: float) -> int:
+        return int(math.log(x) / math.log1p(TIE_RELATIVE)) if x > 0 else 0
+
+    if opts.objective == "memory":
+        return lambda c: (bucket(c.estimate.peak_memory_bytes), c.step_seconds, _simplicity(c.layout))
+    return lambda c: (bucket(c.step_seconds), _simplicity(c.layout), c.estimate.peak_memory_bytes)
+
+
+# ---- refinement: exact uneven split, then the ILP ------------------------------------------------------
+
+
+def _stage_coefficients(problem: Problem, layout: LayoutSpec, base_policy: str):
+    """Per-stage linear coefficients for the split DP and the ILP (from cost_models.step.layer_costs)."""
+    from planner.solver import StageCoefficients
+
+    cm_layout = replace(layout.to_cost_model(), recompute=base_policy, layers_per_stage=None,
+                        recompute_layers_per_stage=None)
+    lc = layer_costs(problem.cm_model, problem.cm_training, problem.hardware, cm_layout, problem.knobs)
+    tr, knobs = problem.cm_training, problem.knobs
+    p, d, z, m = layout.pp, layout.dp, layout.zero_stage, layout.num_micro_batches
+    from cost_models.memory import in_flight_micro_batches
+
+    ar = lc.t_tp_all_reduce * lc.tp_expose
+    per_layer = 3 * lc.t_layer_forward + lc.t_recompute_policy + 4 * ar
+    per_recompute = lc.t_recompute_full - lc.t_recompute_policy + 2 * ar
+    bytes_per_param = tr.param_bytes + tr.grad_bytes / (d if z >= 2 else 1) + tr.optimizer_bytes / (d if z >= 1 else 1)
+    cap = problem.hardware.gpu_memory_bytes - knobs.memory_headroom_bytes
+    out = []
+    for i in range(p):
+        flight = in_flight_micro_batches(schedule=layout.schedule, stage=i, pp=p, num_micro_batches=m)
+        extra_t = 3 * lc.t_logits_forward if i == p - 1 else 0.0
+        fixed = knobs.per_process_overhead_bytes + knobs.bucket_bytes + lc.act_none_bytes
+        if i == 0:
+            fixed += lc.embedding_params * bytes_per_param + lc.embedding_act_bytes * flight
+        if i == p - 1:
+            fixed += (lc.output_params + lc.final_norm_params) * bytes_per_param + lc.output_act_bytes * flight
+        out.append(StageCoefficients(per_layer, per_recompute, extra_t, lc.layer_params * bytes_per_param,
+                                     lc.act_policy_bytes * flight, lc.act_full_bytes * flight, fixed, cap))
+    return out
+
+
+def refine_split(problem: Problem, cand: Candidate) -> Candidate | None:
+    """Move layers off the first and last stages when their embedding/output layer makes them slowest."""
+    from planner.split import best_split_uniform
+
+    layout = cand.layout
+    if layout.pp < 3 or layout.schedule == "interleaved_1f1b" or layout.recompute == "full":
+        return None
+    coeffs = _stage_coefficients(problem, layout, layout.recompute)
+    c = coeffs[0].layer_seconds
+    caps = [max(0, int((st.capacity_bytes - st.fixed_bytes) // (st.layer_state_bytes + st.layer_act_policy_bytes)))
+            for st in coeffs]
+    best = best_split_uniform(problem.model.num_layers, c, [st.extra_seconds for st in coeffs], caps)
+    if best is None:
+        return None
+    _, counts = best
+    if tuple(counts) == stage_split(problem.model.num_layers, layout.pp):
+        return None
+    new = layout.model_copy(update={"layers_per_stage": counts})
+    est = problem.estimate(new)
+    if _fits(problem, est) and est.step_seconds < cand.step_seconds:
+        return Candidate(new, est, "split")
+    return None
+
+
+def refine_ilp(problem: Problem, cand: Candidate, opts: PlanOptions, stats: SearchStats) -> Candidate | None:
+    """Joint per-stage layer counts and full-recompute counts (see planner/solver.py)."""
+    from planner.solver import solve_stage_recompute
+
+    layout = cand.layout
+    if layout.pp < 2 or layout.schedule == "interleaved_1f1b" or layout.recompute == "none":
+        return None
+    base_policy = "selective" if layout.recompute == "full" else "none"
+    coeffs = _stage_coefficients(problem, layout, base_policy)
+    res = solve_stage_recompute(coeffs, problem.model.num_layers, time_limit_seconds=opts.solver_time_limit_seconds)
+    stats.solver_runs += 1
+    stats.solver_seconds += res.seconds
+    stats.solver_statuses.append(f"{res.solver}: {res.status}")
+    if res.layers_per_stage is None:
+        return None
+    new = layout.model_copy(update={"recompute": base_policy, "layers_per_stage": res.layers_per_stage,
+                                    "recompute_layers_per_stage": res.recompute_layers_per_stage})
+    if layout_problems(new, problem.model, problem.training, problem.cluster,
+                       allow_tp_across_nodes=opts.allow_tp_across_nodes):
+        return None
+    est = problem.estimate(new)
+    if _fits(problem, est) and est.step_seconds < cand.step_seconds:
+        return Candidate(new, est, "ilp" + ("" if res.optimal else " (time limit: feasible, not proven optimal)"))
+    return None
+
+
+# ---- explanations ----------------------------------------------------------------------------------------
+
+
+def reason(problem: Problem, c: Candidate, pick: Candidate | None = None) -> str:
+    """One line: what dominates this layout's cost beyond compute, in numbers."""
+    lay, est, t = c.layout, c.estimate, c.estimate.time
+    step = est.step_seconds
+    g = problem.cluster.gpus_per_node
+    parts = []
+    if pick is not None and c is not pick:
+        parts.append(f"{(step / pick.step_seconds - 1) * 100:+.1f}% step time vs the pick")
+    facts = []
+    if lay.pp > 1:
+        share = t.pipeline_bubble_seconds / step
+        txt = f"pp={lay.pp}: bubble {share:.1%} with {lay.num_micro_batches} micro-batches"
+        if lay.schedule != "1f1b":
+            txt += f" ({lay.schedule}{f', v={lay.virtual_stages}' if lay.virtual_stages > 1 else ''})"
+        if lay.num_micro_batches < 4 * lay.pp and lay.schedule in ("1f1b", "gpipe"):
+            txt += f"; m < 4p ({lay.num_micro_batches} < {4 * lay.pp}) leaves a large bubble"
+        facts.append((t.pipeline_bubble_seconds, txt))
+    if lay.tp > 1:
+        where = "crosses nodes" if lay.tp > g else "inside the node"
+        facts.append((t.tp_comm_seconds, f"tp={lay.tp} ({where}): TP all-reduces {t.tp_comm_seconds / step:.1%} of the step"))
+    if lay.dp > 1:
+        facts.append((t.dp_comm_seconds, f"dp={lay.dp}, zero={lay.zero_stage}: {t.dp_comm_total_seconds:.3g} s of "
+                                         f"gradient/parameter traffic, {t.dp_comm_seconds:.3g} s exposed"))
+    if t.recompute_seconds > 0:
+        facts.append((t.recompute_seconds, f"recompute={lay.recompute}: +{t.recompute_seconds / step:.1%} of the step "
+                                           "recomputing activations"))
+    if t.offload_seconds + (t.optimizer_seconds if lay.offload != "none" else 0) > 0:
+        facts.append((t.offload_seconds + t.optimizer_seconds, f"offload={lay.offload}: CPU optimizer and PCIe "
+                                                               f"traffic {(t.offload_seconds + t.optimizer_seconds):.3g} s"))
+    facts.sort(key=lambda f: -f[0])
+    if facts:
+        parts.append(facts[0][1])
+    mem = est.peak_memory_bytes / GIB
+    parts.append(f"{mem:.1f}/{est.gpu_memory_bytes / GIB:.0f} GiB on stage {est.peak_stage}")
+    if c.origin not in ("search", "compared") and lay.layers_per_stage:
+        parts.append(f"layers per stage {lay.layers_per_stage} from the {c.origin}")
+    return "; ".join(parts)
+
+
+def _fits_one_card(problem: Problem) -> bool:
+    one = LayoutSpec.model_construct(tp=1, pp=1, dp=1, zero_stage=0, offload="none", micro_batch_size=1,
+                                     num_micro_batches=1, recompute="full", sequence_parallel=False, schedule="1f1b",
+                                     virtual_stages=1, layers_per_stage=None, recompute_layers_per_stage=None)
+    est = problem.estimate(one)
+    return _fits(problem, est)
+
+
+def decide(problem: Problem, ranked: list[Candidate], pick: Candidate) -> Decision:
+    hw = problem.hardware
+    row = classify(num_gpus=hw.num_gpus, num_nodes=hw.num_nodes, fits_one_card=_fits_one_card(problem),
+                   network_per_gpu=network_bytes_per_second_per_gpu(hw))
+    scenario, rec = ROWS[row]
+    g = hw.gpus_per_node
+    agrees = matches_row(row, pick.layout, g)
+    reasons = [f"{scenario}: the table recommends {rec}."]
+    if agrees:
+        reasons.append(f"The pick ({pick.layout.short()}) follows it.")
+    else:
+        alt = next((c for c in ranked if matches_row(row, c.layout, g)), None)
+        if alt is None:
+            reasons.append(f"No layout of the recommended kind fits in {hw.gpu_memory_bytes / GIB:.0f} GiB per GPU; "
+                           f"the pick ({pick.layout.short()}) is the fastest that does.")
+        else:
+            ta, tp_ = alt.estimate.time, pick.estimate.time
+            diffs = {
+                "pipeline bubble": ta.pipeline_bubble_seconds - tp_.pipeline_bubble_seconds,
+                "exposed TP all-reduces": ta.tp_comm_seconds - tp_.tp_comm_seconds,
+                "exposed gradient/parameter traffic": ta.dp_comm_seconds - tp_.dp_comm_seconds,
+                "recomputation": ta.recompute_seconds - tp_.recompute_seconds,
+                "compute": ta.compute_seconds - tp_.compute_seconds,
+                "pipeline send/recv": ta.pp_p2p_seconds - tp_.pp_p2p_seconds,
+                "offload": ta.offload_seconds - tp_.offload_seconds,
+            }
+            what, delta = max(diffs.items(), key=lambda kv: kv[1])
+            if alt.step_seconds <= pick.step_seconds * (1 + 5e-3):
+                reasons.append(f"The best layout of the recommended kind, {alt.layout.short()}, ties with the pick "
+                               f"({alt.step_seconds:.3g} s against {pick.step_seconds:.3g} s per step, within 0.5%); "
+                               "either is a sound choice.")
+                return Decision(row, scenario, rec, agrees, reasons)
+            reasons.append(
+                f"The best layout of the recommended kind, {alt.layout.short()}, takes {alt.step_seconds:.3g} s per "
+                f"step against the pick's {pick.step_seconds:.3g} s ({alt.step_seconds / pick.step_seconds - 1:+.1%}): "
+                f"mostly {what}, {delta:.3g} s more per step "
+                f"({_component(ta, what):.3g} s against {_component(tp_, what):.3g} s, with "
+                f"{alt.estimate.time.compute_seconds:.3g} s of compute).")
+    return Decision(row, scenario, rec, agrees, reasons)
+
+
+def _component(t, what: str) -> float:
+    return {"pipeline bubble": t.pipeline_bubble_seconds, "exposed TP all-reduces": t.tp_comm_seconds,
+            "exposed gradient/parameter traffic": t.dp_comm_seconds, "recomputation": t.recompute_seconds,
+            "compute": t.compute_seconds, "pipeline send/recv": t.pp_p2p_seconds, "offload": t.offload_seconds}[what]
+
+
+# ---- the whole plan ---------------------------------------------------------------------------------------
+
+
+def plan(problem: Problem, opts: PlanOptions | None = None) -> PlanResult:
+    opts = opts or PlanOptions()
+    stats = SearchStats()
+    start = time.perf_counter()
+    fitting, least = search(problem, opts, stats, offload=False)
+    if not fitting:
+        more, least_off = search(problem, opts, stats, offload=True)
+        fitting, least = more, min(least, least_off)
+    stats.search_seconds = time.perf_counter() - start
+    if not fitting:
+        raise infeasible(problem, least, opts)
+    key = _objective_key(opts)
+    fitting.sort(key=key)
+    # refine the best few distinct layouts: exact split, then the ILP (recompute per stage)
+    extra = []
+    for cand in fitting[: max(opts.solver_candidates, 1)]:
+        better = refine_split(problem, cand)
+        if better is not None:
+            extra.append(better)
+    if opts.use_solver:
+        seen = set()
+        for cand in fitting:
+            k = (cand.layout.tp, cand.layout.pp, cand.layout.dp, cand.layout.zero_stage, cand.layout.micro_batch_size)
+            if cand.layout.recompute == "none" or cand.layout.pp < 2 or k in seen:
+                continue
+            seen.add(k)
+            better = refine_ilp(problem, cand, opts, stats)
+            if better is not None:
+                extra.append(better)
+            if len(seen) >= opts.solver_candidates:
+                break
+    ranked = sorted(fitting + extra, key=key)
+    pick = ranked[0]
+    alternatives = _distinct(ranked[1:], pick, opts.top_k)
+    reasons = {id(c): reason(problem, c, pick) for c in [pick, *alternatives]}
+    decision = decide(problem, ranked, pick)
+    stats.total_seconds = time.perf_counter() - start
+    return PlanResult(pick, alternatives, ranked, decision, reasons, stats)
+
+
+def _distinct(cands: list[Candidate], pick: Candidate, k: int) -> list[Candidate]:
+    """Runners-up that differ from the pick and from each other in more than the micro-batch size."""
+    out, seen = [], {_shape(pick.layout)}
+    for c in cands:
+        s = _shape(c.layout)
+        if s in seen:
+            continue
+        seen.add(s)
+        out.append(c)
+        if len(out) >= k:
+            break
+    return out
+
+
+def _shape(lay: LayoutSpec):
+    return (lay.tp, lay.pp, lay.dp, lay.zero_stage, lay.offload, lay.recompute, lay.schedule, lay.virtual_stages)
+
+
+def infeasible(problem: Problem, least_peak_bytes: float, opts: PlanOptions) -> InfeasibleError:
+    """Nothing fits: say the least memory per GPU any layout needs, and what would help, with numbers."""
+    cap = problem.hardware.gpu_memory_bytes / GIB
+    need = least_peak_bytes / GIB + problem.knobs.memory_headroom_bytes / GIB
+    lines = [f"no layout fits: the least any layout needs is {need:.1f} GiB per GPU (incl. "
+             f"{problem.knobs.memory_headroom_bytes / GIB:.1f} GiB headroom); a {problem.hardware.gpu_name} has "
+             f"{cap:.1f} GiB"]
+    helps = []
+    cl = problem.cluster
+    if cl.num_nodes > 1 or cl.inter_node.nic_link() is not None:
+        for factor in (2, 4, 8, 16, 32, 64):
+            bigger = Problem(problem.model, problem.training, cl.with_nodes(cl.num_nodes * factor), problem.knobs)
+            if _any_fits(bigger, opts):
+                helps.append(f"more GPUs: {cl.num_nodes * factor} nodes ({bigger.cluster.num_gpus} GPUs) fit")
+                break
+    s = problem.training.seq_length
+    while s > 128:
+        s //= 2
+        shorter = Problem(problem.model, problem.training.model_copy(update={"seq_length": s}), cl, problem.knobs)
+        if _any_fits(shorter, opts):
+            helps.append(f"a shorter sequence: {s} tokens fits")
+            break
+    helps.append(f"a GPU with at least {need:.0f} GiB of memory")
+    helps.append("offload (optimizer, or optimizer+params with ZeRO-3) was searched and did not fit either")
+    helps.append("a smaller global batch only helps when it allows a smaller micro-batch; mbs 1 was searched")
+    return InfeasibleError(lines[0], problems=lines + [f"would help: {h}" for h in helps])
+
+
+def plan_min_gpus(problem: Problem, opts: PlanOptions, target_tokens_per_second: float) -> tuple[Problem, str]:
+    """Fewest nodes (up to the cluster's) whose best plan meets the target throughput.
+
+    Sound under one assumption, stated in the output: the best throughput does not fall as nodes are added
+    (more GPUs only add layouts' data-parallel replicas). Binary search over node counts, then the smallest
+    passing count is verified by a full plan.
+    """
+    cl = problem.cluster
+
+    def best_rate(nodes: int) -> float:
+        p = Problem(problem.model, problem.training, cl.with_nodes(nodes), problem.knobs)
+        try:
+            return plan(p, replace(opts, use_solver=False, progress=False)).pick.estimate.tokens_per_second
+        except InfeasibleError:
+            return 0.0
+
+    hi = cl.num_nodes
+    if best_rate(hi) < target_tokens_per_second:
+        raise InfeasibleError(f"even {hi} nodes ({cl.num_gpus} GPUs) do not reach {target_tokens_per_second:,.0f} "
+                              "tokens/s; raise --nodes")
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if best_rate(mid) >= target_tokens_per_second:
+            hi = mid
+        else:
+            lo = mid + 1
+    smaller = Problem(problem.model, problem.training, cl.with_nodes(lo), problem.knobs)
+    note = (f"min-gpus: {lo} nodes ({smaller.cluster.num_gpus} GPUs) are the fewest that reach "
+            f"{target_tokens_per_second:,.0f} tokens/s (binary search over 1..{cl.num_nodes} nodes, assuming the best "
+            "throughput does not fall as nodes are added)")
+    return smaller, note
+
+
+def _any_fits(problem: Problem, opts: PlanOptions) -> bool:
+    stats = SearchStats()
+    for off in (False, True):
+        fitting, _ = search(problem, replace(opts, progress=False), stats, offload=off)
+        if fitting:
+            return True
+    return False
+
+
+# ---- JSON and the published-practice comparison --------------------------------------------------------
+
+
+def candidate_json(problem: Problem, c: Candidate, why: str | None) -> dict:
+    from planner.estimate import memory_breakdown_json, predicted_json, time_breakdown_json
+
+    return {"layout": c.layout.model_dump(mode="json"),
+            "predicted": predicted_json(c.estimate, problem.knobs.memory_headroom_bytes),
+            "memory_breakdown": memory_breakdown_json(c.estimate), "time_breakdown": time_breakdown_json(c.estimate),
+            "origin": c.origin, "reason": why}
+
+
+def published_layout_ranks(report) -> str:
+    """Markdown: where each published layout ranks among the planner's candidates, and the gap to the pick."""
+    from planner.validation import is_tuning  # noqa: F401  (same report object)
+
+    rows = []
+    done = {}
+    for r in report.results:
+        if r.layout is None or r.predicted_step_seconds is None:
+            continue
+        c = r.case
+        key = (c.model.model_dump_json(), c.cluster.model_dump_json(), c.training.model_dump_json(), str(c.knobs))
+        problem = Problem(c.model, c.training, c.cluster, c.knobs)
+        if key not in done:
+            try:
+                done[key] = plan(problem, PlanOptions(use_solver=False, top_k=3))
+            except Exception as exc:  # an infeasible or unusual row is reported, not fatal
+                done[key] = exc
+        res = done[key]
+        if isinstance(res, Exception):
+            rows.append((c.row_id, r.layout.short(), "-", "-", f"planner: {str(res).splitlines()[0][:80]}"))
+            continue
+        published = problem.estimate(r.layout)
+        rank = 1 + sum(1 for x in res.ranked if x.step_seconds < published.step_seconds * (1 - TIE_RELATIVE))
+        gap = res.pick.step_seconds / published.step_seconds - 1
+        rows.append((c.row_id, r.layout.short(), f"{rank} of {len(res.ranked)}", f"{gap:+.1%}", res.pick.layout.short()))
+    ranks = [int(x[2].split()[0]) for x in rows if x[2] != "-"]
+    faster = [float(x[3].rstrip("%")) for x in rows if x[3] != "-"]
+    out = ["## The planner against published layouts", "",
+           "For every evaluated row the planner plans the same model, batch and cluster (with the row's overlap "
+           "knobs), the published layout is estimated in the same model, and its rank among the planner's fitting "
+           "candidates is given (1 = the planner's pick; step times within 0.1% tie, and among ties the simpler layout "
+           "is picked). 'pick vs published' is the pick's predicted step time "
+           "relative to the published layout's (negative: the pick is predicted faster).", "",
+           f"- rows: {len(rows)}; published layout is the pick or ties it: {sum(1 for x in ranks if x == 1)}; "
+           f"in the top 10: {sum(1 for x in ranks if x <= 10)}; median predicted gain of the pick "
+           f"{_median(faster):+.1f}%; rows where the pick is predicted slower than the published layout by more than "
+           f"the {TIE_RELATIVE:.1%} tie tolerance: {sum(1 for f in faster if f > TIE_RELATIVE * 100)}.",
+           "", "| row | published layout | rank | pick vs published | planner's pick |", "|---|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
+    return "\n".join(out)
+
+
+def _median(xs):
+    import statistics
+
+    return statistics.median(xs) if xs else float("nan")

@@ -1,0 +1,70 @@
+"""`make bench`: planning speed over a ladder of cluster and model sizes, and the cost of one estimate.
+
+Prints, per case, candidates considered, candidates fully evaluated, solver time and total planning time
+(medians of several runs), then `planner plan` end to end as a process (start-up included), and the median
+time of one `estimate_step`. Speed is measured here, never asserted in tests (the machines are shared).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+import timeit
+
+LADDER = [
+    # (label, cluster, nodes, model, global batch, sequence)
+    ("8 GPUs / 1.3B", "dgx-a100-80gb", 1, "gpt3-1.3b", 512, 2048),
+    ("64 GPUs / 13B", "dgx-a100-80gb", 8, "llama2-13b", 1024, 4096),
+    ("1,024 GPUs / 175B", "dgx-a100-80gb", 128, "gpt3-175b", 1536, 2048),
+    ("2,240 GPUs / 530B", "dgx-a100-80gb", 280, "mt-nlg-530b", 1920, 2048),
+    ("16,384 GPUs / 405B", "dgx-h100", 2048, "llama3-405b", 2048, 8192),
+    ("65,536 GPUs / 1T", "dgx-h100", 8192, "megatron-1t", 8192, 2048),
+]
+REPEATS = 5
+
+
+def main() -> None:
+    from cluster_specs import load_cluster
+    from cost_models.step import estimate_step
+    from planner.estimate import Problem
+    from planner.models import load_model
+    from planner.planning import PlanOptions, plan
+    from planner.specs import LayoutSpec, TrainingSpec
+
+    print(f"{'case':<22}{'considered':>11}{'evaluated':>11}{'ILP runs':>9}{'solver s':>10}{'plan s':>9}  pick")
+    for label, cluster, nodes, model, batch, seq in LADDER:
+        problem = Problem(load_model(model), TrainingSpec(global_batch_size=batch, seq_length=seq),
+                          load_cluster(cluster, nodes=nodes))
+        totals, solver = [], []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            res = plan(problem, PlanOptions())
+            totals.append(time.perf_counter() - t0)
+            solver.append(res.stats.solver_seconds)
+        s = res.stats
+        print(f"{label:<22}{s.candidates_considered:>11,}{s.candidates_evaluated:>11,}{s.solver_runs:>9}"
+              f"{statistics.median(solver):>10.3f}{statistics.median(totals):>9.3f}  {res.pick.layout.short()}")
+
+    cmd = [sys.executable, "-m", "planner.cli", "plan", "-c", "dgx-h100", "-n", "2048", "-m", "llama3-405b",
+           "-b", "2048", "-s", "8192", "--json"]
+    walls = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, capture_output=True, check=True)
+        walls.append(time.perf_counter() - t0)
+    print(f"\n`planner plan` end to end (16,384 GPUs / 405B, process start included): median "
+          f"{statistics.median(walls):.2f} s over {REPEATS} runs (min {min(walls):.2f}, max {max(walls):.2f})")
+
+    problem = Problem(load_model("llama3-405b"), TrainingSpec(global_batch_size=2048, seq_length=8192),
+                      load_cluster("dgx-h100", nodes=2048))
+    layout = LayoutSpec(tp=8, pp=16, dp=128, micro_batch_size=1, num_micro_batches=16,
+                        sequence_parallel=True).to_cost_model()
+    runs = [timeit.timeit(lambda: estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout,
+                                                problem.knobs), number=500) / 500 for _ in range(REPEATS)]
+    print(f"one estimate (405B, tp8 pp16 dp128): median {statistics.median(runs) * 1e6:.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
