@@ -361,6 +361,135 @@ def plan_document(problem, result, objective: str, compare: list[str], min_gpus_
 
 
 @app.command()
+def export(
+    plan_file: Annotated[Path, typer.Argument(help="A plan JSON from `planner plan --json`/`-o`.")],
+    to: Annotated[str, typer.Option("--to", help="megatron, deepspeed, torchtitan or torchrun")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (atomically) instead of stdout.")] = None,
+    program: Annotated[str, typer.Option(help="torchrun: the program to launch.")] = "-m planner.bench",
+):
+    """Turn a plan into launch settings for Megatron-LM, DeepSpeed, torchtitan or torchrun."""
+    from cluster_specs import SpecError, read_structured_file
+    from planner.exports import EXPORTERS, to_torchrun
+
+    if to not in EXPORTERS:
+        raise SpecError(f"--to: {to!r} -> allowed: {', '.join(EXPORTERS)}")
+    doc = read_structured_file(plan_file)
+    if not isinstance(doc, dict):
+        raise SpecError("expected a plan JSON object", source=str(plan_file))
+    text = to_torchrun(doc, program=program, plan_path=str(plan_file)) if to == "torchrun" else EXPORTERS[to](doc)
+    if output is not None:
+        write_atomically(output, text)
+        _stderr().print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
+
+
+@app.command()
+def check(
+    config: Annotated[Path, typer.Argument(help="plan JSON, DeepSpeed JSON, torchtitan TOML, or a Megatron-LM args file")],
+    cluster: ClusterOpt, model: ModelOpt, nodes: NodesOpt = None,
+    global_batch_size: Annotated[int | None, typer.Option("--global-batch-size", "-b",
+                                                          help="When the config does not say.")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="When the config does not say.")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="DeepSpeed configs: the tensor-parallel degree.")] = None,
+    precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
+    allow_tp_across_nodes: Annotated[bool, typer.Option(help="Accept TP groups larger than a node.")] = False,
+    calibration: CalibrationOpt = None, as_json: JsonOpt = False,
+):
+    """Check a config in CI: degrees, divisibility, batch arithmetic, schedule rules, TP placement, memory."""
+    from cluster_specs import SpecError, load_cluster
+    from planner.check import check as run_check
+    from planner.check import read_config
+    from planner.estimate import predicted_json
+
+    cl = load_cluster(cluster, nodes=nodes)
+    view = read_config(config, gpus=cl.num_gpus)
+    if tp is not None and view.format == "deepspeed":
+        view.fields["tp"] = tp
+        view.fields["dp"] = max(1, cl.num_gpus // (tp * view.fields["pp"]))
+    batch = view.global_batch_size or global_batch_size
+    seq = view.seq_length or seq_len
+    if not batch or not seq:
+        missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
+        raise SpecError(f"{', '.join(missing)}: the config does not say; pass them")
+    problem = build_problem(cluster, nodes, model, batch, seq, precision, headroom_gib, calibration)
+    layout, violations, est = run_check(view, problem, allow_tp_across_nodes=allow_tp_across_nodes)
+    report = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "check", "config": str(config),
+              "format": view.format, "layout": layout.model_dump(mode="json") if layout else None,
+              "passed": not violations, "violations": violations,
+              "predicted": predicted_json(est, problem.knobs.memory_headroom_bytes) if est else None,
+              "notes": view.notes}
+    if as_json:
+        _emit_json(report)
+    else:
+        out = _stdout()
+        for v in violations:
+            out.print(f"[red]FAIL[/red] {v['message']}\n     fix: {v['hint']}", highlight=False)
+        for n in view.notes:
+            out.print(f"[dim]note: {n}[/dim]")
+        if est is not None:
+            out.print(f"predicted: {est.step_seconds:.3g} s/step, {est.tokens_per_second:,.0f} tokens/s, MFU {est.mfu:.1%}, "
+                      f"peak {est.peak_memory_bytes / 2**30:.1f} of {est.gpu_memory_bytes / 2**30:.1f} GiB per GPU "
+                      f"(stage {est.peak_stage})", highlight=False)
+        out.print("[green]PASS[/green]" if not violations else f"[red]{len(violations)} violation(s)[/red]")
+    if violations:
+        raise typer.Exit(1)
+
+
+@app.command()
+def schema(which: Annotated[str, typer.Argument(help="plan or check")] = "plan"):
+    """Print the JSON Schema of the plan document or of the check report."""
+    from cluster_specs import SpecError
+    from planner.schema import SCHEMAS, json_schema
+
+    if which not in SCHEMAS:
+        raise SpecError(f"schema: {which!r} -> allowed: {', '.join(SCHEMAS)}")
+    _emit_json(json_schema(which))
+
+
+@app.command()
+def schedule(
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 4,
+    micro_batches: Annotated[int, typer.Option("--micro-batches", "-m", help="Micro-batches per step.")] = 8,
+    schedule_name: Annotated[str, typer.Option("--schedule", help="naive, gpipe, 1f1b, interleaved_1f1b, zero_bubble, "
+                                                                  "pipedream_async")] = "1f1b",
+    virtual_stages: Annotated[int, typer.Option("--virtual-stages", "-v", help="For interleaved_1f1b.")] = 2,
+    compare: Annotated[str | None, typer.Option(help="Comma-separated schedules drawn one under another.")] = None,
+    width: Annotated[int | None, typer.Option(help="Columns for the timeline.")] = None,
+    svg: Annotated[Path | None, typer.Option("--svg", help="Also save the drawing as SVG (rich's export).")] = None,
+):
+    """Draw pipeline schedules per stage: forward, backward, idle, with the bubble share and peak in-flight."""
+    from rich.console import Console
+
+    from cluster_specs import SpecError
+    from planner.schedule_view import render_timeline, schedule_timeline
+    from planner.specs import SCHEDULES
+
+    names = [s.strip() for s in compare.split(",")] if compare else [schedule_name]
+    problems = [f"schedule: {n!r} -> allowed: {', '.join(SCHEDULES)}" for n in names if n not in SCHEDULES]
+    if pp < 1 or micro_batches < 1 or virtual_stages < 1:
+        problems.append("--pp, --micro-batches and --virtual-stages must be >= 1")
+    if "interleaved_1f1b" in names and micro_batches % pp:
+        problems.append(f"--micro-batches: {micro_batches} -> interleaved_1f1b needs a multiple of --pp ({pp})")
+    if pp * micro_batches * virtual_stages > 20_000:
+        problems.append("--pp x --micro-batches x --virtual-stages: too many operations to draw (max 20,000)")
+    if problems:
+        raise SpecError(problems)
+    console = Console(record=svg is not None)
+    for name in names:
+        v = virtual_stages if name == "interleaved_1f1b" else 1
+        tl = schedule_timeline(schedule=name, pp=pp, micro_batches=micro_batches, virtual_stages=v,
+                               t_weight=1.0 if name == "zero_bubble" else None)
+        extra = f", v={v}" if v > 1 else ""
+        render_timeline(console, tl, title=f"{name}: pp={pp}, {micro_batches} micro-batches{extra} "
+                                           "(forward 1, backward 2 time units)", width=width)
+        console.print()
+    if svg is not None:
+        console.save_svg(str(svg), title="planner schedule")
+        _stderr().print(f"wrote {svg}")
+
+
+@app.command()
 def validate(
     runs: Annotated[Path, typer.Option("--runs", help="published_runs.json")] = Path("../shared/validation/published_runs.json"),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the markdown report here.")] = None,

@@ -1,0 +1,146 @@
+"""The JSON contract with launch scripts: the plan document and the check report, as pydantic models.
+
+`planner schema` prints their JSON Schema; tests/test_schema.py holds it against docs/schema/*.json (so any
+change is deliberate; a change that breaks consumers bumps planner.SCHEMA_VERSION) and validates real outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from cluster_specs.schema import ClusterSpec
+from planner.specs import LayoutSpec, ModelSpec, TrainingSpec
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Predicted(_Strict):
+    step_time_seconds: float
+    tokens_per_second: float
+    tokens_per_second_per_gpu: float
+    mfu: float
+    hfu: float
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    peak_memory_bytes_per_gpu: float
+    peak_memory_stage: int
+    gpu_memory_bytes: float
+    memory_headroom_bytes: float
+    host_memory_bytes_per_node: float
+    fits: bool
+
+
+class StageMemory(_Strict):
+    stage: int
+    layers: int
+    parameters: float
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+    overhead_bytes: float
+    total_bytes: float
+    in_flight_micro_batches: float
+
+
+class MemoryBreakdown(_Strict):
+    peak_stage: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+    overhead_bytes: float
+    total_bytes: float
+    stages: list[StageMemory]
+
+
+class TimeBreakdown(_Strict):
+    compute_seconds: float
+    recompute_seconds: float
+    tp_comm_exposed_seconds: float
+    pipeline_bubble_seconds: float
+    pp_p2p_exposed_seconds: float
+    dp_comm_exposed_seconds: float
+    optimizer_seconds: float
+    offload_seconds: float
+    dp_comm_total_seconds: float
+    tp_comm_total_seconds: float
+    total_seconds: float
+    matmul_efficiency: float
+
+
+class Candidate(_Strict):
+    layout: LayoutSpec
+    predicted: Predicted
+    memory_breakdown: MemoryBreakdown
+    time_breakdown: TimeBreakdown
+    origin: str
+    reason: str | None
+
+
+class Decision(_Strict):
+    row: int
+    scenario: str
+    recommendation: str
+    agrees: bool
+    reasons: list[str]
+
+
+class Search(_Strict):
+    candidates_considered: int
+    candidates_evaluated: int
+    solver_runs: int
+    solver_seconds: float
+    solver_statuses: list[str]
+    search_seconds: float
+    total_seconds: float
+
+
+class Inputs(_Strict):
+    cluster: ClusterSpec
+    model: ModelSpec
+    training: TrainingSpec
+
+
+class PlanDocument(Candidate):
+    schema_version: str
+    tool_version: str
+    kind: Literal["plan"]
+    objective: str
+    inputs: Inputs
+    alternatives: list[Candidate]
+    decision: Decision
+    search: Search
+    compared: list[Candidate]
+
+
+class Violation(_Strict):
+    rule: str
+    message: str
+    hint: str
+
+
+class CheckReport(_Strict):
+    schema_version: str
+    tool_version: str
+    kind: Literal["check"]
+    config: str
+    format: Literal["plan", "deepspeed", "torchtitan", "megatron"]
+    layout: LayoutSpec | None
+    passed: bool
+    violations: list[Violation]
+    predicted: Predicted | None
+    notes: list[str]
+
+
+SCHEMAS = {"plan": PlanDocument, "check": CheckReport}
+
+
+def json_schema(which: str) -> dict:
+    return SCHEMAS[which].model_json_schema()

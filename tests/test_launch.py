@@ -1,0 +1,235 @@
+"""Exports, config checks, the schema contract, and the schedule pictures."""
+
+import json
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from planner import errors
+from planner.check import megatron_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN_ARGS = ["-c", "dgx-a100-80gb", "-n", "16", "-m", "llama2-13b", "-b", "512", "-s", "4096"]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    proc = run("plan", *PLAN_ARGS, "--json", "-o", str(path))
+    assert proc.returncode == 0, proc.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def interleaved_plan(tmp_path_factory):
+    """A hand-written plan with pp, interleaving, recompute, ZeRO-1 and uneven stages, to exercise every flag."""
+    path = tmp_path_factory.mktemp("plan2") / "plan.json"
+    proc = run("estimate", "-c", "dgx-a100-80gb", "-n", "16", "-m", "llama2-13b", "-b", "512", "-s", "4096",
+               "--layout", "tp=2,pp=4,dp=16,zero=1,mbs=2,recompute=selective,schedule=interleaved_1f1b,vpp=2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    doc["kind"] = "plan"
+    path.write_text(json.dumps(doc))
+    return path, doc
+
+
+def test_megatron_export_parses_with_documented_names(interleaved_plan):
+    path, doc = interleaved_plan
+    proc = run("export", str(path), "--to", "megatron")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("#")]
+    args, unknown = megatron_parser().parse_known_args(shlex.split(" ".join(lines)))
+    assert unknown == []
+    lay = doc["layout"]
+    assert args.tensor_model_parallel_size == lay["tp"] == 2
+    assert args.pipeline_model_parallel_size == lay["pp"] == 4
+    assert args.micro_batch_size == 2 and args.global_batch_size == 512 and args.seq_length == 4096
+    assert args.sequence_parallel and args.use_distributed_optimizer and args.bf16
+    assert args.recompute_granularity == "selective"
+    assert args.num_layers_per_virtual_pipeline_stage == 40 // (4 * 2)
+    assert args.swiglu and args.normalization == "RMSNorm" and args.untie_embeddings_and_output_weights
+
+
+def test_megatron_export_uneven_stages_and_partial_recompute(tmp_path):
+    doc = json.loads((ROOT / "tests" / "data" / "plan_uneven.json").read_text())
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    proc = run("export", str(path), "--to", "megatron")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if not ln.startswith("#")]
+    args, _ = megatron_parser().parse_known_args(shlex.split(" ".join(lines)))
+    assert args.decoder_first_pipeline_num_layers == 9 and args.decoder_last_pipeline_num_layers == 9
+    assert args.recompute_granularity == "full" and args.recompute_method == "block" and args.recompute_num_layers == 3
+
+
+def test_deepspeed_export(plan_file):
+    doc = json.loads(plan_file.read_text())
+    proc = run("export", str(plan_file), "--to", "deepspeed")
+    cfg = json.loads(proc.stdout)
+    lay = doc["layout"]
+    assert cfg["train_batch_size"] == 512
+    assert cfg["train_micro_batch_size_per_gpu"] == lay["micro_batch_size"]
+    assert cfg["gradient_accumulation_steps"] == lay["num_micro_batches"]
+    assert cfg["train_batch_size"] == lay["micro_batch_size"] * lay["num_micro_batches"] * lay["dp"]
+    assert cfg["zero_optimization"]["stage"] == lay["zero_stage"]
+    assert cfg["bf16"]["enabled"] is True
+
+
+def test_torchtitan_export(interleaved_plan, tmp_path):
+    path, doc = interleaved_plan
+    out = tmp_path / "job.toml"
+    proc = run("export", str(path), "--to", "torchtitan", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    cfg = tomllib.loads(out.read_text())
+    par, train = cfg["parallelism"], cfg["training"]
+    assert par["tensor_parallel_degree"] == 2 and par["pipeline_parallel_degree"] == 4
+    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == 16
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert par["pipeline_parallel_microbatch_size"] == 2 and par["pipeline_parallel_layers_per_stage"] == 5
+    assert train["local_batch_size"] * 16 == train["global_batch_size"] == 512 and train["seq_len"] == 4096
+    assert cfg["activation_checkpoint"]["mode"] == "selective"
+
+
+def test_torchrun_export(plan_file):
+    proc = run("export", str(plan_file), "--to", "torchrun")
+    tokens = shlex.split(proc.stdout.replace("\\\n", " ").split("\n", 1)[1])
+    assert tokens[0] == "torchrun" and "--nnodes=16" in tokens and "--nproc-per-node=8" in tokens
+    assert any(t.startswith("--rdzv-endpoint=") for t in tokens)
+
+
+def test_export_refuses_what_a_framework_cannot_do(tmp_path):
+    doc = json.loads((ROOT / "tests" / "data" / "plan_uneven.json").read_text())
+    doc["layout"].update(pp=1, zero_stage=2, layers_per_stage=None, recompute_layers_per_stage=None, schedule="1f1b",
+                         dp=64, num_micro_batches=1, micro_batch_size=1)
+    path = tmp_path / "z2.json"
+    path.write_text(json.dumps(doc))
+    proc = run("export", str(path), "--to", "megatron")
+    assert proc.returncode == errors.EXIT_INPUT and "ZeRO-2" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("export", str(path), "--to", "nemo")
+    assert proc.returncode == errors.EXIT_INPUT and "allowed" in proc.stderr
+
+
+# ---- check ------------------------------------------------------------------------------------------------
+
+CHECK = ["--cluster", "dgx-a100-80gb", "--nodes", "16", "--model", "llama2-13b"]
+
+
+def test_check_passes_each_format(plan_file, tmp_path):
+    # the plan itself
+    proc = run("check", str(plan_file), *CHECK)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # and each export of it
+    for to, name in (("megatron", "args.txt"), ("deepspeed", "ds.json"), ("torchtitan", "job.toml")):
+        out = tmp_path / name
+        assert run("export", str(plan_file), "--to", to, "-o", str(out)).returncode == 0
+        layout = json.loads(plan_file.read_text())["layout"]
+        extra = ["--tp", str(layout["tp"])] if to == "deepspeed" else []
+        extra += ["--seq-len", "4096"] if to == "deepspeed" else []
+        proc = run("check", str(out), *CHECK, *extra, "--json")
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 0 and report["passed"], (to, report["violations"])
+        assert report["predicted"]["fits"]
+
+
+FAILING_MEGATRON = {
+    "dp*tp*pp": "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --data-parallel-size 2 --micro-batch-size 1 --global-batch-size 512 --seq-length 4096",
+    "tp": "--tensor-model-parallel-size 16 --pipeline-model-parallel-size 1 --micro-batch-size 1 --global-batch-size 512 --seq-length 4096",
+    "global_batch_size": "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --micro-batch-size 3 --global-batch-size 512 --seq-length 4096",
+    "pp*virtual_stages": "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 64 --data-parallel-size 2 --micro-batch-size 1 --global-batch-size 512 --seq-length 4096",
+    "num_micro_batches": "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --micro-batch-size 1 --global-batch-size 12 --seq-length 4096 --num-layers-per-virtual-pipeline-stage 5 --num-layers 40",
+    "memory": "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --micro-batch-size 16 --global-batch-size 2048 --seq-length 4096",
+}
+
+
+@pytest.mark.parametrize("rule", list(FAILING_MEGATRON))
+def test_check_fails_megatron(rule, tmp_path):
+    path = tmp_path / "args.txt"
+    path.write_text(FAILING_MEGATRON[rule] + "\n")
+    proc = run("check", str(path), *CHECK, "--json")
+    assert proc.returncode == errors.EXIT_CHECK_FAILED, proc.stderr
+    report = json.loads(proc.stdout)
+    assert any(v["rule"] == rule for v in report["violations"]), report["violations"]
+    assert all(v["hint"] for v in report["violations"])
+
+
+def test_check_fails_deepspeed_and_torchtitan(tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_batch_size": 500, "train_micro_batch_size_per_gpu": 2,
+                              "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3},
+                              "pipeline": {"stages": 2}}))
+    report = json.loads(run("check", str(ds), *CHECK, "--seq-len", "4096", "--json").stdout)
+    rules = {v["rule"] for v in report["violations"]}
+    assert {"global_batch_size", "zero_stage"} <= rules
+    tt = tmp_path / "job.toml"
+    tt.write_text("[parallelism]\ntensor_parallel_degree = 3\ndata_parallel_shard_degree = -1\n"
+                  "[training]\nlocal_batch_size = 4\nseq_len = 4096\n")
+    proc = run("check", str(tt), *CHECK, "--json")
+    assert proc.returncode == errors.EXIT_CHECK_FAILED
+    rules = {v["rule"] for v in json.loads(proc.stdout)["violations"]}
+    assert "tp" in rules  # 40 heads and 8-GPU nodes are not divisible by 3
+
+
+def test_check_human_output_and_bad_input(tmp_path):
+    path = tmp_path / "args.txt"
+    # 13B, tp 8, 16 sequences of 4096 per micro-batch: activations overflow 80 GB; full recompute fits
+    path.write_text("--tensor-model-parallel-size 8 --micro-batch-size 16 --global-batch-size 2048 --seq-length 4096\n")
+    proc = run("check", str(path), *CHECK)
+    assert proc.returncode == 1 and "FAIL" in proc.stdout and "fix:" in proc.stdout
+    assert "recompute" in proc.stdout  # the memory hint names a remedy that fits
+    bad = tmp_path / "broken.toml"
+    bad.write_text("[parallelism\n")
+    proc = run("check", str(bad), *CHECK)
+    assert proc.returncode == errors.EXIT_INPUT and "malformed TOML" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- schema -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["plan", "check"])
+def test_schema_matches_checked_in_copy(which):
+    # A change here is a change to the contract: update docs/schema/ deliberately, and bump SCHEMA_VERSION
+    # in planner/__init__.py when it breaks consumers (a field removed, renamed or retyped).
+    proc = run("schema", which)
+    assert json.loads(proc.stdout) == json.loads((ROOT / "docs" / "schema" / f"{which}.schema.json").read_text())
+
+
+def test_outputs_validate_against_the_schema(plan_file, tmp_path):
+    from planner.schema import CheckReport, PlanDocument
+
+    PlanDocument.model_validate(json.loads(plan_file.read_text()))
+    report = json.loads(run("check", str(plan_file), *CHECK, "--json").stdout)
+    CheckReport.model_validate(report)
+
+
+# ---- pictures ---------------------------------------------------------------------------------------------
+
+def test_schedule_command_and_svg(tmp_path):
+    svg = tmp_path / "s.svg"
+    proc = run("schedule", "--pp", "4", "-m", "8", "--compare", "naive,gpipe,1f1b,interleaved_1f1b,zero_bubble",
+               "--svg", str(svg), "--width", "60")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.replace("\n", " ")  # the console wraps long lines at 80 columns
+    for name in ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
+        assert f"{name}: pp=4" in out
+    # the seed's argument in numbers: naive idles 75%, GPipe/1F1B 27.3%, interleaving less, ZB-H1 least
+    assert "bubble 75.0%" in out and "bubble 27.3%" in out and "bubble 15.8%" in out
+    assert "peak in-flight micro-batches per stage: 8, 8, 8, 8" in out  # GPipe keeps every micro-batch
+    assert "4, 3, 2, 1" in out  # 1F1B keeps p - stage
+    assert svg.read_text().startswith("<svg")
+
+
+def test_plan_draws_its_schedule():
+    proc = run("plan", "-c", "dgx-a100-80gb", "-n", "8", "-m", "llama2-13b", "-b", "256", "-s", "4096",
+               "--no-solver")
+    assert proc.returncode == 0
+    if "pp=1," not in proc.stdout.split("layout", 1)[1].split("\n", 1)[0]:
+        assert "Pipeline schedule" in proc.stdout
+    proc2 = run("plan", "-c", "dgx-a100-80gb", "-n", "8", "-m", "llama2-13b", "-b", "256", "-s", "4096", "--no-schedule")
+    assert "Pipeline schedule" not in proc2.stdout
