@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field, replace
 
 from cost_models.step import StepEstimate, estimate_step, layer_costs, stage_split
-from cost_models.types import Layout
 from planner.decision import ROWS, Decision, classify, matches_row, network_bytes_per_second_per_gpu
 from planner.errors import InfeasibleError
 from planner.estimate import Problem
