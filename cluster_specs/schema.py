@@ -81,6 +81,16 @@ class HostLink(_Frozen):
     latency_us: float = Field(default=10.0, ge=0)
 
 
+class Measured(_Frozen):
+    """What `planner calibrate` measured on a machine: the knobs it fitted and the raw figures, for the record."""
+
+    measured_at: str = ""
+    knobs: dict[str, float] = Field(default_factory=dict)
+    gemm: list[dict] = Field(default_factory=list)
+    collectives: list[dict] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class ClusterSpec(_Frozen):
     name: str = "custom"
     description: str = ""
@@ -91,6 +101,7 @@ class ClusterSpec(_Frozen):
     inter_node: InterNodeNetwork
     host_to_device: HostLink
     host_memory_gib: float = Field(default=512, gt=0)
+    measured: Measured | None = None  # present in files written by `planner calibrate`
 
     @model_validator(mode="after")
     def _consistent(self):

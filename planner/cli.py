@@ -207,7 +207,9 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
         tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision)
     except ValidationError as exc:
         raise from_pydantic(exc, source="training setup") from None
-    knobs_kw = {}
+    from planner.calibration import calibration_knobs
+
+    knobs_kw = calibration_knobs(cl)  # a cluster file written by `planner calibrate` carries its fitted knobs
     if calibration is not None:
         from planner.calibration import apply_calibration
 
@@ -487,6 +489,166 @@ def schedule(
     if svg is not None:
         console.save_svg(str(svg), title="planner schedule")
         _stderr().print(f"wrote {svg}")
+
+
+def _need_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        from planner.errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            "torch is not installed: `pip install 'planner[bench]'` (torch==2.13.0) for bench and calibrate") from None
+
+
+@app.command()
+def bench(
+    plan_file: Annotated[Path | None, typer.Argument(help="A plan JSON (or give --cluster/--model/--layout).")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="Cluster preset or file (with --layout).")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m")] = None,
+    layout: Annotated[str | None, typer.Option("--layout", "-l", help="Layout string, when no plan is given.")] = None,
+    nodes: NodesOpt = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Sequence length (default: the plan's).")] = None,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Start this many local ranks (else: run under torchrun).")] = None,
+    dp: Annotated[int | None, typer.Option("--dp", help="Override the data-parallel degree (to fit fewer GPUs).")] = None,
+    micro_batches: Annotated[int | None, typer.Option("--micro-batches", help="Override micro-batches per step.")] = None,
+    layers_per_stage: Annotated[int | None, typer.Option(help="Scale down: this many layers per pipeline stage.")] = None,
+    hidden_size: Annotated[int | None, typer.Option(help="Scale down: this hidden size (heads and FFN follow).")] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="Scale down: this vocabulary.")] = None,
+    steps: Annotated[int, typer.Option(help="Measured steps.")] = 3,
+    warmup: Annotated[int, typer.Option(help="Warm-up steps.")] = 1,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    timeout: Annotated[float, typer.Option(help="Process-group timeout in seconds: a stuck rank fails the run.")] = 120.0,
+    calibration: CalibrationOpt = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the report JSON here (atomically).")] = None,
+    as_json: JsonOpt = False,
+):
+    """Run the layout with torch.distributed (NCCL on GPUs, gloo on CPU) and compare with the prediction."""
+    from cluster_specs import SpecError, load_cluster, read_structured_file
+    from planner.calibration import apply_calibration, calibration_knobs
+    from planner.estimate import complete_layout
+    from planner.layout_string import parse_layout_string
+    from planner.models import load_model
+    from planner.specs import LayoutSpec, ModelSpec, TrainingSpec
+
+    if dtype not in ("float32", "bfloat16"):
+        raise SpecError(f"--dtype: {dtype!r} -> allowed: float32, bfloat16")
+    if plan_file is not None:
+        doc = read_structured_file(plan_file)
+        if not isinstance(doc, dict) or "layout" not in doc or "inputs" not in doc:
+            raise SpecError("expected a plan JSON (from `planner plan --json`)", source=str(plan_file))
+        from cluster_specs import ClusterSpec
+
+        lay = LayoutSpec.model_validate(doc["layout"])
+        md = ModelSpec.model_validate(doc["inputs"]["model"])
+        cl = ClusterSpec.model_validate(doc["inputs"]["cluster"])
+        seq = seq_len or doc["inputs"]["training"]["seq_length"]
+    else:
+        if not (cluster and model and layout):
+            raise SpecError("give a plan JSON, or --cluster, --model and --layout")
+        cl = load_cluster(cluster, nodes=nodes)
+        md = load_model(model)
+        seq = seq_len or 2048
+        fields = parse_layout_string(layout)
+        fields.setdefault("dp", dp or max(1, cl.num_gpus // (fields.get("tp", 1) * fields.get("pp", 1))))
+        fields.setdefault("num_micro_batches", micro_batches or max(1, fields.get("pp", 1)))
+        tr = TrainingSpec(global_batch_size=fields.get("micro_batch_size", 1) * fields["num_micro_batches"] * fields["dp"],
+                          seq_length=seq)
+        lay = complete_layout(fields, md, tr, cl)
+    upd = {}
+    if dp:
+        upd["dp"] = dp
+    if micro_batches:
+        upd["num_micro_batches"] = micro_batches
+    if upd:
+        lay = lay.model_copy(update=upd)
+    if lay.zero_stage >= 2 and lay.pp > 1:
+        raise SpecError("zero_stage: >= 2 with pp > 1 is not supported (see `planner check`)")
+    if nproc is not None and nproc != lay.num_gpus:
+        raise SpecError(f"--nproc: {nproc} -> the layout needs dp*tp*pp = {lay.num_gpus} ranks (use --dp to shrink it)")
+    _need_torch()
+    from cost_models.types import Knobs
+    from planner.bench.session import bench_problem, make_config, report_document, run, scale_model
+
+    md = scale_model(md, lay, layers_per_stage=layers_per_stage, hidden_size=hidden_size, heads=None,
+                     vocab_size=vocab_size)
+    knobs_kw = calibration_knobs(cl)
+    if calibration is not None:
+        cl, knobs_kw = apply_calibration(cl, calibration)
+    problem = bench_problem(md, lay, seq, cl, dtype, Knobs(**knobs_kw))
+    from planner.specs import validate_layout
+
+    validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
+    cfg = make_config(md, lay, seq, steps=steps, warmup=warmup, dtype=dtype, timeout_seconds=timeout)
+    reports = run(cfg, nproc=nproc)
+    import os
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    doc = report_document(problem, lay, cfg, reports)
+    if output is not None:
+        write_atomically(output, json.dumps(doc, indent=2) + "\n")
+    if as_json:
+        _emit_json(doc)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"Benchmark: {problem.model.name}, {lay.short()}, {len(reports)} ranks on "
+                        f"{reports[0]['device']}; predicted on {problem.cluster.name}", title_justify="left")
+    for col in ("quantity", "predicted", "measured", "error"):
+        table.add_column(col, justify="right" if col != "quantity" else "left")
+    for r in doc["comparison"]["rows"]:
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        table.add_row(r["quantity"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}", err)
+    _stdout().print(table)
+    if output is not None:
+        _stderr().print(f"wrote {output}")
+
+
+@app.command()
+def calibrate(
+    nproc: Annotated[int, typer.Option("--nproc", help="Ranks to measure at once (GPUs, or CPU processes).")] = 2,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Cluster file to write (YAML).")] = Path("local.yaml"),
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Measure GEMMs at this model's shapes.")] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s")] = 2048,
+    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size")] = 1,
+    tp: Annotated[int, typer.Option("--tp", help="GEMM shapes as sharded by this TP degree.")] = 1,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Catalog GPU this is (keeps its datasheet peak).")] = None,
+    repeats: Annotated[int, typer.Option(help="Timed repetitions per measurement (median).")] = 5,
+    max_message_mib: Annotated[float, typer.Option(help="Largest collective message.")] = 8.0,
+    as_json: JsonOpt = False,
+):
+    """Measure this machine (GEMM FLOP/s, memory and collective bandwidth) and write a cluster file of it."""
+    import yaml
+
+    from cluster_specs import SpecError, load_cluster
+
+    if nproc < 1:
+        raise SpecError(f"--nproc: {nproc} -> must be >= 1")
+    _need_torch()
+    from planner.bench.calibrate import DEFAULT_GEMMS, model_gemms
+    from planner.bench.calibrate import calibrate as measure
+
+    gemms = DEFAULT_GEMMS
+    if model:
+        from planner.models import load_model
+
+        md = load_model(model)
+        gemms = model_gemms(tokens=micro_batch_size * seq_len, hidden=md.hidden_size, ffn=md.ffn, tp=tp)
+    top = int(max_message_mib * 2**20)
+    messages = sorted({max(4096, top // 4**k) // 4 * 4 for k in range(4)})
+    spec = measure(nproc=nproc, gemms=gemms, messages=messages, repeats=repeats, gpu_name=gpu)
+    text = "# Written by `planner calibrate`: this machine, measured. Use as --cluster FILE or --calibration FILE.\n"
+    text += yaml.safe_dump(spec, sort_keys=False)
+    write_atomically(output, text)
+    load_cluster(str(output))  # what was written loads back as a cluster
+    if as_json:
+        _emit_json(spec)
+        return
+    g = spec["gpu"]
+    _stdout().print(f"wrote {output}: {nproc} x {g['name']}, {max(g['tflops'].values()):.3g} TFLOP/s per rank, "
+                    f"all-reduce bus bandwidth {spec['intra_node']['gb_per_s']:.3g} GB/s, latency "
+                    f"{spec['intra_node']['latency_us']:.3g} µs", highlight=False)
 
 
 @app.command()

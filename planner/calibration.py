@@ -1,0 +1,31 @@
+"""Apply a `planner calibrate` file: measured compute and link figures replace the catalog's (no torch here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster_specs import ClusterSpec, SpecError, load_cluster
+
+KNOB_NAMES = {"end_to_end_efficiency", "matmul_half_efficiency_gflop", "elementwise_traffic_factor",
+              "per_process_overhead_bytes", "dp_overlap_fraction", "pp_overlap_fraction", "tp_overlap_fraction"}
+
+
+def calibration_knobs(cluster: ClusterSpec) -> dict:
+    if cluster.measured is None:
+        return {}
+    return {k: v for k, v in cluster.measured.knobs.items() if k in KNOB_NAMES}
+
+
+def apply_calibration(cluster: ClusterSpec, path: Path) -> tuple[ClusterSpec, dict]:
+    """The target cluster with the calibrated GPU (peak, matmul efficiency, memory bandwidth) and intra-node link
+    of the file; its nodes, network between nodes and node count stay. Returns (cluster, knobs)."""
+    cal = load_cluster(str(path))
+    if cal.measured is None:
+        raise SpecError("not a calibration file (no 'measured' section; write one with `planner calibrate`)",
+                        source=str(path))
+    data = cluster.model_dump(mode="json")
+    data["gpu"] = cal.gpu_spec().model_dump(mode="json")
+    if cal.gpus_per_node == cluster.gpus_per_node:
+        data["intra_node"] = cal.intra_node.model_dump(mode="json")
+    data["measured"] = cal.measured.model_dump(mode="json")
+    return ClusterSpec.model_validate(data), calibration_knobs(cal)
