@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-core
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: plan test lint validate bench clean setup
+.PHONY: plan test lint validate bench clean setup gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,18 @@ validate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m planner.speed_bench
+
+# The GPU check of issue #6, as one script for a machine with a GPU (the device tool's H200): calibrate the GPU,
+# then the memory model against CUDA's measured peak for a multi-layer proxy under each recompute policy (ZeRO 0).
+GPU_OUT ?= gpu-check
+gpu-check: $(DEVSTAMP)
+	mkdir -p $(GPU_OUT)
+	$(BIN)/planner calibrate --nproc 1 --gpu H200 --model llama3-8b --seq-len 4096 -o $(GPU_OUT)/h200.yaml
+	for rc in none selective full; do \
+	  $(BIN)/planner bench -c $(GPU_OUT)/h200.yaml -m llama3-8b --layout "dp=1,mbs=1,recompute=$$rc" \
+	    --layers-per-stage 8 --seq-len 4096 --dtype bfloat16 --nproc 1 --steps 5 --warmup 2 \
+	    --json -o $(GPU_OUT)/bench-$$rc.json > /dev/null || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info
