@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import time
 from datetime import UTC, datetime
 
 import torch
@@ -22,18 +21,10 @@ def model_gemms(*, tokens: int, hidden: int, ffn: int, tp: int = 1) -> list[tupl
     return [(tokens, hidden, max(1, hidden // tp)), (tokens, hidden, max(1, ffn // tp)), (tokens, max(1, ffn // tp), hidden)]
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
     from datetime import timedelta
+
+    from planner.bench.runner import median_seconds
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available()
@@ -54,12 +45,12 @@ def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
         a = torch.randn(m, k, dtype=dtype, device=device)
         b = torch.randn(k, n, dtype=dtype, device=device)
         dist.barrier()
-        t = _median_time(lambda a=a, b=b: (a @ b, sync()), args["repeats"])
+        t = median_seconds(lambda a=a, b=b: (a @ b, sync()), args["repeats"], warmup=True)
         gemms.append({"m": m, "k": k, "n": n, "flops": 2 * m * k * n, "seconds": t, "flops_per_second": 2 * m * k * n / t})
     x = torch.empty(args["copy_bytes"] // 4, dtype=torch.float32, device=device)
     y = torch.empty_like(x)
     dist.barrier()
-    t = _median_time(lambda: (y.copy_(x), sync()), args["repeats"])
+    t = median_seconds(lambda: (y.copy_(x), sync()), args["repeats"], warmup=True)
     mem_bw = 2 * x.numel() * 4 / t
     colls = []
     n = world
@@ -68,15 +59,15 @@ def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
         out = torch.empty(size // 4 * n, dtype=torch.float32, device=device) if n > 1 else None
         if n > 1:
             dist.barrier()
-            t = _median_time(lambda buf=buf: (dist.all_reduce(buf), sync()), args["repeats"])
+            t = median_seconds(lambda buf=buf: (dist.all_reduce(buf), sync()), args["repeats"], warmup=True)
             colls.append({"op": "all_reduce", "bytes": size, "group_size": n, "seconds": t,
                           "bus_bytes_per_second": 2 * (n - 1) / n * size / t})
             dist.barrier()
-            t = _median_time(lambda buf=buf, out=out: (all_gather(out, buf), sync()), args["repeats"])
+            t = median_seconds(lambda buf=buf, out=out: (all_gather(out, buf), sync()), args["repeats"], warmup=True)
             colls.append({"op": "all_gather", "bytes": size * n, "group_size": n, "seconds": t,
                           "bus_bytes_per_second": (n - 1) / n * size * n / t})
             dist.barrier()
-            t = _median_time(lambda buf=buf, out=out: (reduce_scatter(buf, out), sync()), args["repeats"])
+            t = median_seconds(lambda buf=buf, out=out: (reduce_scatter(buf, out), sync()), args["repeats"], warmup=True)
             colls.append({"op": "reduce_scatter", "bytes": size * n, "group_size": n, "seconds": t,
                           "bus_bytes_per_second": (n - 1) / n * size * n / t})
             dist.barrier()
@@ -87,7 +78,7 @@ def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
                 elif rank == 1:
                     dist.recv(buf, src=0)
                 sync()
-            t = _median_time(ping, args["repeats"])
+            t = median_seconds(ping, args["repeats"], warmup=True)
             colls.append({"op": "send_recv", "bytes": size, "group_size": 2, "seconds": t, "bus_bytes_per_second": size / t})
     # per-step latency from a 2-rank all-reduce of a small message (the world-size figure above also carries the
     # scheduling noise of every rank sharing the machine)
@@ -97,7 +88,7 @@ def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
         small = torch.ones(1024, dtype=torch.float32, device=device)
         dist.barrier()
         if rank < 2:
-            t = _median_time(lambda: (dist.all_reduce(small, group=pair), sync()), max(args["repeats"], 11))
+            t = median_seconds(lambda: (dist.all_reduce(small, group=pair), sync()), max(args["repeats"], 11), warmup=True)
             pair_latency = t / 2  # a 2-rank ring all-reduce takes 2 steps
         dist.barrier()
     return {"rank": rank, "device": device.type, "pair_latency_seconds": pair_latency, "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),

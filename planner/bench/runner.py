@@ -261,7 +261,10 @@ class SavedActivationMeter:
         return t
 
 
-def _timed(fn, repeats: int = 5) -> float:
+def median_seconds(fn, repeats: int = 5, *, warmup: bool = False) -> float:
+    """Median wall time of fn over `repeats` calls (after one untimed call when warmup)."""
+    if warmup:
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -447,13 +450,13 @@ def measure_collectives(mesh, shape: Transformer, cfg: BenchConfig, device, dtyp
         t = torch.ones(act, dtype=dtype, device=device)
         g = mesh["tp"].get_group()
         out["tp_all_reduce"] = {"bytes": act * elem, "group_size": lay["tp"],
-                                "seconds": _timed(lambda: dist.all_reduce(t, group=g))}
+                                "seconds": median_seconds(lambda: dist.all_reduce(t, group=g))}
     if lay["dp"] > 1:
         n = min(16 * 2**20, max(1024, act))
         t = torch.ones(n, dtype=dtype, device=device)
         g = mesh["dp"].get_group()
         out["dp_all_reduce"] = {"bytes": n * elem, "group_size": lay["dp"],
-                                "seconds": _timed(lambda: dist.all_reduce(t, group=g))}
+                                "seconds": median_seconds(lambda: dist.all_reduce(t, group=g))}
     if lay["pp"] > 1:
         n = max(1, act // lay["tp"])
         t = torch.ones(n, dtype=dtype, device=device)
@@ -467,7 +470,7 @@ def measure_collectives(mesh, shape: Transformer, cfg: BenchConfig, device, dtyp
             elif me % 2 == 1:
                 dist.recv(t, src=ranks[me - 1])
 
-        out["pp_send_recv"] = {"bytes": n * elem, "group_size": 2, "seconds": _timed(ping)}
+        out["pp_send_recv"] = {"bytes": n * elem, "group_size": 2, "seconds": median_seconds(ping)}
     return out
 
 
