@@ -129,6 +129,8 @@ def _torchtitan(doc: dict, gpus: int) -> ConfigView:
               "offload": "optimizer+params" if train.get("enable_cpu_offload") else "none",
               "micro_batch_size": mbs, "num_micro_batches": max(1, local // mbs) if mbs else 1,
               "recompute": ac.get("mode", "none"), "sequence_parallel": tp > 1, "schedule": schedule}
+    if par.get("pipeline_parallel_layers_per_stage"):
+        fields["_layers_per_stage"] = par["pipeline_parallel_layers_per_stage"]  # virtual stages need the model
     gbs = train.get("global_batch_size")
     if gbs in (None, -1):
         gbs = local * dp

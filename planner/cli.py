@@ -74,13 +74,17 @@ def write_atomically(path: Path, text: str) -> None:
 
 def version_callback(value: bool):
     if value:
-        print(f"planner {__version__} (schema {SCHEMA_VERSION})")
+        if "--json" in sys.argv:
+            _emit_json({"tool_version": __version__, "schema_version": SCHEMA_VERSION})
+        else:
+            print(f"planner {__version__} (schema {SCHEMA_VERSION})")
         raise typer.Exit()
 
 
 @app.callback()
 def root(version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
-                                               help="Print the version and exit.")] = False):
+                                               help="Print the version and exit (with --json: as JSON).")] = False,
+         as_json: Annotated[bool, typer.Option("--json", hidden=True, help="With --version.")] = False):
     """Plan, predict and check DP x TP x PP x ZeRO layouts for transformer training."""
 
 
@@ -415,6 +419,11 @@ def check(
         missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
         raise SpecError(f"{', '.join(missing)}: the config does not say; pass them")
     problem = build_problem(cluster, nodes, model, batch, seq, precision, headroom_gib, calibration)
+    if view.format == "torchtitan" and view.fields.get("schedule") == "interleaved_1f1b":
+        per = view.fields.pop("_layers_per_stage", None)
+        if per:
+            view.fields["virtual_stages"] = max(1, problem.model.num_layers // (view.fields["pp"] * per))
+    view.fields.pop("_layers_per_stage", None)
     layout, violations, est = run_check(view, problem, allow_tp_across_nodes=allow_tp_across_nodes)
     report = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "check", "config": str(config),
               "format": view.format, "layout": layout.model_dump(mode="json") if layout else None,

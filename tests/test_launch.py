@@ -233,3 +233,62 @@ def test_plan_draws_its_schedule():
         assert "Pipeline schedule" in proc.stdout
     proc2 = run("plan", "-c", "dgx-a100-80gb", "-n", "8", "-m", "llama2-13b", "-b", "256", "-s", "4096", "--no-schedule")
     assert "Pipeline schedule" not in proc2.stdout
+
+
+# ---- one failing config per rule, for each input format -------------------------------------------------------
+
+BASE = dict(dp=16, tp=2, pp=4, zero_stage=1, offload="none", micro_batch_size=1, num_micro_batches=32,
+            recompute="selective", sequence_parallel=True, schedule="interleaved_1f1b", virtual_stages=2,
+            layers_per_stage=None, recompute_layers_per_stage=None)  # passes on 16 x 8 A100 80GB, llama2-13b, B=512
+BREAK = {
+    # rule -> how to break it (the layout a team might have written)
+    "dp*tp*pp": dict(dp=8, num_micro_batches=64),  # 8 x 2 x 4 = 64 GPUs on a 128-GPU cluster
+    "tp": dict(tp=16, dp=2, num_micro_batches=256),  # TP across nodes, and 40 heads do not divide by 16
+    "global_batch_size": dict(micro_batch_size=3, num_micro_batches=10),  # 3 x 10 x 16 = 480 != 512
+    "num_micro_batches": dict(num_micro_batches=34, micro_batch_size=1, dp=16),  # interleaving needs m % pp == 0
+    "memory": dict(recompute="none", sequence_parallel=False, micro_batch_size=8, num_micro_batches=4, tp=2,
+                   schedule="gpipe", virtual_stages=1),  # GPipe keeps every micro-batch of 8 x 4096 tokens
+}
+FORMATS = {"plan": "plan.json", "megatron": "args.txt", "deepspeed": "ds.json", "torchtitan": "job.toml"}
+# Megatron-LM and DeepSpeed derive the data-parallel size from the world size, so a wrong product cannot be written
+# in them; DeepSpeed's JSON has no virtual stages or schedule to get wrong.
+CANNOT_SAY = {("megatron", "dp*tp*pp"), ("deepspeed", "dp*tp*pp"), ("deepspeed", "num_micro_batches")}
+# DeepSpeed has no GPipe to choose: its memory failure is 16 sequences of 4096 tokens per micro-batch, no recompute
+FORMAT_BREAK = {("deepspeed", "memory"): dict(recompute="none", sequence_parallel=False, micro_batch_size=16,
+                                              num_micro_batches=2, schedule="1f1b", virtual_stages=1)}
+BATCH_OF_RULE = {"num_micro_batches": 544}  # 1 x 34 x 16: a consistent batch whose 34 micro-batches pp=4 cannot interleave
+
+
+def _write_config(fmt: str, layout: dict, tmp_path, batch: int = 512) -> Path:
+    doc = json.loads((ROOT / "tests" / "data" / "plan_uneven.json").read_text())
+    doc["inputs"]["training"]["global_batch_size"] = batch
+    doc["layout"] = layout
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    if fmt == "plan":
+        return plan
+    out = tmp_path / FORMATS[fmt]
+    from planner.exports import EXPORTERS
+
+    try:
+        out.write_text(EXPORTERS[fmt](doc))
+    except Exception as exc:  # the exporter itself refuses some layouts
+        pytest.skip(f"{fmt} cannot express this layout: {exc}")
+    return out
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("rule", ["pass", *BREAK])
+def test_check_matrix(fmt, rule, tmp_path):
+    if (fmt, rule) in CANNOT_SAY:
+        pytest.skip(f"a {fmt} config cannot express the {rule} rule")
+    layout = dict(BASE, **FORMAT_BREAK.get((fmt, rule), BREAK.get(rule, {})))
+    path = _write_config(fmt, layout, tmp_path, BATCH_OF_RULE.get(rule, 512))
+    extra = ["--tp", str(layout["tp"]), "--seq-len", "4096"] if fmt == "deepspeed" else []
+    proc = run("check", str(path), *CHECK, *extra, "--json")
+    report = json.loads(proc.stdout)
+    if rule == "pass":
+        assert proc.returncode == 0 and report["passed"], report["violations"]
+    else:
+        assert proc.returncode == errors.EXIT_CHECK_FAILED
+        assert rule in {v["rule"] for v in report["violations"]}, report["violations"]
