@@ -610,6 +610,8 @@ def bench(
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         table.add_row(r["quantity"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}", err)
     _stdout().print(table)
+    for note in doc["comparison"].get("notes", []):
+        _stdout().print(f"[dim]note: {note}[/dim]")
     if output is not None:
         _stderr().print(f"wrote {output}")
 

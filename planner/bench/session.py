@@ -129,6 +129,12 @@ def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
         notes.append("saved activations: the model is Megatron's (sequence-parallel inputs kept sharded and "
                      "re-gathered in backward); torch's DTensor sequence parallelism keeps the gathered QKV and FC1 "
                      "inputs, so it measures more")
+    if layout.schedule == "pipedream_async":
+        notes.append("pipedream_async: torch.distributed.pipelining has no asynchronous PipeDream schedule; the "
+                     "benchmark runs synchronous 1F1B (same memory per micro-batch, a flush every step)")
+    if layout.schedule == "zero_bubble" and layout.pp > 1:
+        notes.append("zero_bubble runs as torch's ZBVZeroBubble (two stages per rank in a V), the predicted time is "
+                     "ZB-H1's")
     if reports[0]["device"] == "cpu":
         notes.append("on CPU, step times include Python and gloo overheads that a GPU run hides; calibrate the "
                      "machine (`planner calibrate`) for a like-for-like prediction")
