@@ -6,7 +6,7 @@ functions stay pure, cheap to call, and importable without pydantic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +106,7 @@ class Knobs:
     per_process_overhead_bytes: float = 2.5 * 2**30  # CUDA context + NCCL buffers + allocator slack [U]
     matmul_half_efficiency_gflop: float = 2.0  # per-GEMM size at which efficiency is half its maximum
     end_to_end_efficiency: float = 0.825  # launch gaps, data loading, imperfect kernels (fit: docs/validation.md)
-    optimizer_bytes_per_second_factor: float = 16.0  # optimizer step reads+writes ~16 B per local param [D]
     elementwise_traffic_factor: float = 8.0  # HBM bytes moved by non-GEMM kernels per saved activation byte [fit]
     zero3_gather: str = "layer"  # "layer": FSDP gathers a whole block (+1 prefetched); "module": DeepSpeed, one Linear
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
-    extra: dict = field(default_factory=dict)
