@@ -20,6 +20,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
+from cost_models.memory import zero_model_state_bytes
 from cost_models.step import StepEstimate, estimate_step, layer_costs, stage_split
 from planner.decision import ROWS, Decision, classify, matches_row, network_bytes_per_second_per_gpu
 from planner.errors import InfeasibleError
@@ -91,14 +92,15 @@ def _fits(problem: Problem, est: StepEstimate) -> bool:
 
 def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero: int, offload: str) -> float:
     """Model states of an average stage: no stage holds less, so above capacity the layout cannot fit."""
-    params = problem.model.parameter_counts()["total"] / (tp * pp)
-    tr = problem.cm_training
     if offload == "optimizer+params":
         return 0.0
-    per = tr.param_bytes / (dp if zero >= 3 else 1)
-    if offload == "none":
-        per += tr.grad_bytes / (dp if zero >= 2 else 1) + tr.optimizer_bytes / (dp if zero >= 1 else 1)
-    return params * per + problem.knobs.per_process_overhead_bytes
+    tr = problem.cm_training
+    offloaded = offload != "none"  # gradients and optimizer state live on the host
+    states = zero_model_state_bytes(num_params=problem.model.parameter_counts()["total"] / (tp * pp), dp=dp,
+                                    zero_stage=zero, param_bytes=tr.param_bytes,
+                                    grad_bytes=0 if offloaded else tr.grad_bytes,
+                                    optimizer_bytes=0 if offloaded else tr.optimizer_bytes)
+    return states + problem.knobs.per_process_overhead_bytes
 
 
 def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool):
@@ -225,7 +227,8 @@ def _stage_coefficients(problem: Problem, layout: LayoutSpec, base_policy: str):
     ar = lc.t_tp_all_reduce * lc.tp_expose
     per_layer = 3 * lc.t_layer_forward + lc.t_recompute_policy + 4 * ar
     per_recompute = lc.t_recompute_full - lc.t_recompute_policy + 2 * ar
-    bytes_per_param = tr.param_bytes + tr.grad_bytes / (d if z >= 2 else 1) + tr.optimizer_bytes / (d if z >= 1 else 1)
+    bytes_per_param = zero_model_state_bytes(num_params=1, dp=d, zero_stage=z, param_bytes=tr.param_bytes,
+                                             grad_bytes=tr.grad_bytes, optimizer_bytes=tr.optimizer_bytes)
     cap = problem.hardware.gpu_memory_bytes - knobs.memory_headroom_bytes
     out = []
     for i in range(p):

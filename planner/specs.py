@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from cluster_specs import ClusterSpec, SpecError
 from cost_models import types as cm
 from cost_models.compute import parameter_counts
+from cost_models.step import stage_split
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "pipedream_async")
 RECOMPUTE = ("none", "selective", "full")
@@ -266,15 +267,10 @@ def layout_problems(
             )
     if layout.recompute_layers_per_stage is not None:
         rps = layout.recompute_layers_per_stage
-        lps = layout.layers_per_stage or even_split(model.num_layers, layout.pp)
+        lps = layout.layers_per_stage or list(stage_split(model.num_layers, layout.pp))
         if len(rps) != layout.pp or any(r < 0 or r > n for r, n in zip(rps, lps, strict=False)):
             p.append(f"recompute_layers_per_stage: {rps} -> needs pp entries, each between 0 and that stage's layers {lps}")
     return p
-
-
-def even_split(num_layers: int, stages: int) -> list[int]:
-    base, extra = divmod(num_layers, stages)
-    return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
 def validate_layout(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec | None = None,
