@@ -579,7 +579,7 @@ def bench(
     from cost_models.types import Knobs
     from planner.bench.session import bench_problem, make_config, report_document, run, scale_model
 
-    md = scale_model(md, lay, layers_per_stage=layers_per_stage, hidden_size=hidden_size, heads=None,
+    md = scale_model(md, lay, layers_per_stage=layers_per_stage, hidden_size=hidden_size,
                      vocab_size=vocab_size)
     knobs_kw = calibration_knobs(cl)
     if calibration is not None:

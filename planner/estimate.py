@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cluster_specs import ClusterSpec, SpecError
-from cost_models.step import StepEstimate, estimate_step, stage_split
+from cost_models.step import StepEstimate, estimate_step
 from cost_models.types import Hardware, Knobs
 from planner.specs import LayoutSpec, ModelSpec, TrainingSpec, validate_layout
 
@@ -125,7 +125,3 @@ def time_breakdown_json(est: StepEstimate) -> dict:
         "total_seconds": t.total_seconds,
         "matmul_efficiency": est.matmul_efficiency,
     }
-
-
-def stage_layers(layout: LayoutSpec, model: ModelSpec) -> list[int]:
-    return list(layout.layers_per_stage or stage_split(model.num_layers, layout.pp))

@@ -537,8 +537,6 @@ def candidate_json(problem: Problem, c: Candidate, why: str | None) -> dict:
 
 def published_layout_ranks(report) -> str:
     """Markdown: where each published layout ranks among the planner's candidates, and the gap to the pick."""
-    from planner.validation import is_tuning  # noqa: F401  (same report object)
-
     rows = []
     done = {}
     for r in report.results:

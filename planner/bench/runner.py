@@ -26,7 +26,7 @@ import os
 import statistics
 import time
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -226,10 +226,13 @@ class ShardedOptimizer:
             p.grad = None
 
     def state_bytes(self) -> int:
-        if self.inner is None:
-            return 0
-        return sum(_local(v).numel() * _local(v).element_size() for s in self.inner.state.values()
-                   for v in s.values() if torch.is_tensor(v))
+        return optimizer_state_bytes(self.inner) if self.inner is not None else 0
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer's state tensors (momentum buffers) held by this rank."""
+    return sum(_local(v).numel() * _local(v).element_size() for st in opt.state.values() for v in st.values()
+               if torch.is_tensor(v))
 
 
 # ---- measurement helpers -----------------------------------------------------------------------------------
@@ -413,16 +416,13 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
         "stages": my_stages, "layers": [mm.layer_ids for mm in modules],
         "step_seconds": step_times, "median_step_seconds": statistics.median(step_times),
         "parameter_bytes": nbytes(params),
-        "gradient_bytes": nbytes([p for p in params]),  # gradients are freed after the step: same size as params
-        "optimizer_state_bytes": opt.state_bytes() if isinstance(opt, ShardedOptimizer) else sum(
-            _local(t).numel() * _local(t).element_size() for st in opt.state.values() for t in st.values()
-            if torch.is_tensor(t)),
+        # gradients are freed after each step; while alive they match the (local, possibly sharded) parameters
+        "gradient_bytes": nbytes(params),
+        "optimizer_state_bytes": opt.state_bytes() if isinstance(opt, ShardedOptimizer) else optimizer_state_bytes(opt),
         "saved_activation_peak_bytes": meter.peak,
         "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "device": device.type,
     }
-    if zero >= 2 and dp > 1:
-        report["gradient_bytes"] = report["parameter_bytes"]  # FSDP keeps sharded gradients
     if cfg.measure_collectives:
         report["collectives"] = measure_collectives(mesh, shape, cfg, device, dtype)
     if cfg.collect_params:
@@ -571,10 +571,6 @@ def run_ranks(fn, args, nproc: int, timeout_seconds: float) -> list[dict]:
 
 def launch_local(cfg: BenchConfig, nproc: int) -> list[dict]:
     return run_ranks(worker, cfg, nproc, cfg.timeout_seconds)
-
-
-def config_to_json(cfg: BenchConfig) -> dict:
-    return asdict(cfg)
 
 
 def reference_params(cfg: BenchConfig) -> dict[str, list]:

@@ -15,7 +15,7 @@ GIB = 2**30
 
 
 def scale_model(model: ModelSpec, layout: LayoutSpec, *, layers_per_stage: int | None, hidden_size: int | None,
-                heads: int | None, vocab_size: int | None) -> ModelSpec:
+                vocab_size: int | None) -> ModelSpec:
     """The model the benchmark trains: the plan's, optionally scaled down (layers, width, vocabulary)."""
     upd: dict = {}
     chunks = layout.pp * (layout.virtual_stages if layout.schedule == "interleaved_1f1b" else
@@ -23,7 +23,7 @@ def scale_model(model: ModelSpec, layout: LayoutSpec, *, layers_per_stage: int |
     if layers_per_stage:
         upd["num_layers"] = layers_per_stage * chunks
     if hidden_size:
-        a = heads or model.num_attention_heads
+        a = model.num_attention_heads
         while hidden_size % a or a % layout.tp:
             a -= 1
         kv = min(model.kv_heads, a)
