@@ -26,6 +26,7 @@ class ConfigView:
     seq_length: int | None = None
     vocab_padded_by_framework: bool = False
     notes: list[str] = field(default_factory=list)
+    layers_per_chunk: int | None = None  # torchtitan: virtual stages follow from the model's layer count
 
 
 def megatron_parser() -> argparse.ArgumentParser:
@@ -129,12 +130,11 @@ def _torchtitan(doc: dict, gpus: int) -> ConfigView:
               "offload": "optimizer+params" if train.get("enable_cpu_offload") else "none",
               "micro_batch_size": mbs, "num_micro_batches": max(1, local // mbs) if mbs else 1,
               "recompute": ac.get("mode", "none"), "sequence_parallel": tp > 1, "schedule": schedule}
-    if par.get("pipeline_parallel_layers_per_stage"):
-        fields["_layers_per_stage"] = par["pipeline_parallel_layers_per_stage"]  # virtual stages need the model
     gbs = train.get("global_batch_size")
     if gbs in (None, -1):
         gbs = local * dp
-    view = ConfigView("torchtitan", fields, gbs, train.get("seq_len"), False)
+    view = ConfigView("torchtitan", fields, gbs, train.get("seq_len"), False,
+                      layers_per_chunk=par.get("pipeline_parallel_layers_per_stage"))
     if gbs != local * dp and gbs % (local * dp) == 0:  # gradient accumulation on top of the local batch
         fields["num_micro_batches"] *= gbs // (local * dp)
     return view
@@ -165,8 +165,6 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
     view = ConfigView("megatron", fields, gbs, args.seq_length, True)
     if unknown:
         view.notes.append(f"ignored {len([u for u in unknown if u.startswith('--')])} options the planner does not model")
-    if gbs and mbs * dp and gbs % (mbs * dp):
-        view.notes.append("batch")
     return view
 
 
@@ -202,8 +200,11 @@ def check(view: ConfigView, problem, *, allow_tp_across_nodes: bool = False) -> 
     from pydantic import ValidationError
 
     violations: list[dict] = []
+    fields = dict(view.fields)
+    if fields.get("schedule") == "interleaved_1f1b" and view.layers_per_chunk:
+        fields["virtual_stages"] = max(1, problem.model.num_layers // (fields["pp"] * view.layers_per_chunk))
     try:
-        layout = LayoutSpec.model_validate(view.fields)
+        layout = LayoutSpec.model_validate(fields)
     except ValidationError as exc:
         from cluster_specs.errors import from_pydantic
 
@@ -213,8 +214,6 @@ def check(view: ConfigView, problem, *, allow_tp_across_nodes: bool = False) -> 
     for p in layout_problems(layout, problem.model, problem.training, problem.cluster,
                              allow_tp_across_nodes=allow_tp_across_nodes):
         violations.append({"rule": p.split(":")[0].split(" ")[0], "message": p, "hint": hint_for(p)})
-    if "batch" in view.notes:
-        view.notes.remove("batch")
     if not view.vocab_padded_by_framework and layout.tp > 1 and problem.model.vocab_size % layout.tp:
         msg = f"vocab_size: {problem.model.vocab_size} -> not divisible by tp ({layout.tp}); the embedding cannot be sharded"
         violations.append({"rule": "vocab_size", "message": msg, "hint": hint_for("vocab")})

@@ -419,11 +419,6 @@ def check(
         missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
         raise SpecError(f"{', '.join(missing)}: the config does not say; pass them")
     problem = build_problem(cluster, nodes, model, batch, seq, precision, headroom_gib, calibration)
-    if view.format == "torchtitan" and view.fields.get("schedule") == "interleaved_1f1b":
-        per = view.fields.pop("_layers_per_stage", None)
-        if per:
-            view.fields["virtual_stages"] = max(1, problem.model.num_layers // (view.fields["pp"] * per))
-    view.fields.pop("_layers_per_stage", None)
     layout, violations, est = run_check(view, problem, allow_tp_across_nodes=allow_tp_across_nodes)
     report = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "check", "config": str(config),
               "format": view.format, "layout": layout.model_dump(mode="json") if layout else None,
