@@ -264,18 +264,16 @@ def _candidates(case: Case) -> list[dict]:
 
 def evaluate(case: Case, knobs: Knobs | None = None) -> CaseResult:
     knobs = knobs or case.knobs
-    problem = Problem(case.model, case.training, case.cluster, knobs)
     best = None
     for f in _candidates(case):
         try:
             layout = LayoutSpec.model_validate(f)
         except Exception:
             continue
-        # batch arithmetic is relaxed: some sources use micro-batches that do not divide (composer, ramp-up)
-        training = case.training
-        if layout.micro_batch_size * layout.num_micro_batches * layout.dp != training.global_batch_size:
-            training = replace_batch(training, layout.micro_batch_size * layout.num_micro_batches * layout.dp)
-            problem = Problem(case.model, training, case.cluster, knobs)
+        # batch arithmetic is relaxed: some sources use micro-batches that do not divide (composer, ramp-up), so
+        # each candidate is estimated at its own batch and its step time scaled to the published one
+        training = replace_batch(case.training, layout.micro_batch_size * layout.num_micro_batches * layout.dp)
+        problem = Problem(case.model, training, case.cluster, knobs)
         problems = [p for p in layout_problems(layout, case.model, training, case.cluster) if "zero_stage" not in p]
         if problems:
             return CaseResult(case, layout, None, None, False, None, "; ".join(problems))
