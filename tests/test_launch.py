@@ -226,13 +226,14 @@ def test_schedule_command_and_svg(tmp_path):
 
 
 def test_plan_draws_its_schedule():
-    proc = run("plan", "-c", "dgx-a100-80gb", "-n", "8", "-m", "llama2-13b", "-b", "256", "-s", "4096",
-               "--no-solver")
+    # GPT-3 175B on 128 DGX A100 nodes: the pick is pipelined (tests/test_planner.py, row-5 scenario)
+    args = ["-c", "dgx-a100-80gb", "-n", "128", "-m", "gpt3-175b", "-b", "1536", "-s", "2048", "--no-solver"]
+    assert json.loads(run("plan", *args, "--json").stdout)["layout"]["pp"] > 1
+    proc = run("plan", *args)
     assert proc.returncode == 0
-    if "pp=1," not in proc.stdout.split("layout", 1)[1].split("\n", 1)[0]:
-        assert "Pipeline schedule" in proc.stdout
-    proc2 = run("plan", "-c", "dgx-a100-80gb", "-n", "8", "-m", "llama2-13b", "-b", "256", "-s", "4096", "--no-schedule")
-    assert "Pipeline schedule" not in proc2.stdout
+    assert "Pipeline schedule" in proc.stdout and "bubble" in proc.stdout
+    proc2 = run("plan", *args, "--no-schedule")
+    assert proc2.returncode == 0 and "Pipeline schedule" not in proc2.stdout
 
 
 # ---- one failing config per rule, for each input format -------------------------------------------------------
