@@ -34,29 +34,27 @@ class Predicted(_Strict):
     fits: bool
 
 
-class StageMemory(_Strict):
+class _MemoryParts(_Strict):
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+    overhead_bytes: float
+    total_bytes: float
+
+
+class StageMemory(_MemoryParts):
     stage: int
     layers: int
     parameters: float
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-    activations_bytes: float
-    transient_bytes: float
-    overhead_bytes: float
-    total_bytes: float
     in_flight_micro_batches: float
 
 
-class MemoryBreakdown(_Strict):
+class MemoryBreakdown(_MemoryParts):
+    """The peak stage's parts, and every stage."""
+
     peak_stage: int
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-    activations_bytes: float
-    transient_bytes: float
-    overhead_bytes: float
-    total_bytes: float
     stages: list[StageMemory]
 
 
