@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cost_models.types import Hardware, Link
+from cost_models.inputs import Hardware, Link
 
 GIB = 2**30
 DTYPES = ("bf16", "fp16", "fp32", "fp8")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.types import Hardware, Link
+from cost_models.inputs import Hardware, Link
 
 
 def all_reduce_seconds(*, message_bytes: float, group_size: int, link: Link) -> float:

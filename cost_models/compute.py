@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cost_models.types import Transformer
+from cost_models.inputs import Transformer
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from cost_models.types import Transformer
+from cost_models.inputs import Transformer
 
 # ---------------------------------------------------------------------------------------------------
 # Model states

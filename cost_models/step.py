@@ -30,6 +30,7 @@ from cost_models.compute import (
     parameter_counts,
     recompute_extra_forward_flops,
 )
+from cost_models.inputs import Hardware, Knobs, Layout, Training, Transformer
 from cost_models.memory import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
@@ -37,7 +38,6 @@ from cost_models.memory import (
     output_activation_bytes,
     vocab_padded,
 )
-from cost_models.types import Hardware, Knobs, Layout, Training, Transformer
 
 OPTIMIZER_STEP_BYTES_PER_PARAM = 32  # Adam: read fp32 param, grad, m, v; write param, m, v, bf16 copy [D]
 CPU_ADAM_PARAMS_PER_SECOND_PER_NODE = 2e9  # DeepSpeedCPUAdam order of magnitude [U]

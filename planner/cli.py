@@ -130,7 +130,7 @@ def clusters_show(name: str, nodes: NodesOpt = None, as_json: JsonOpt = False):
     if as_json:
         _emit_json(doc)
         return
-    from planner.report import kv_table
+    from planner.explain.report import kv_table
 
     net = spec.inter_node
     _stdout().print(kv_table(f"{spec.name}: {spec.description}", [
@@ -148,7 +148,7 @@ def clusters_show(name: str, nodes: NodesOpt = None, as_json: JsonOpt = False):
 @models_app.command("list")
 def models_list(as_json: JsonOpt = False):
     """List the model presets with their derived parameter counts."""
-    from planner.models import load_model, model_names
+    from planner.inputs.models import load_model, model_names
 
     specs = [load_model(n) for n in model_names()]
     if as_json:
@@ -156,7 +156,7 @@ def models_list(as_json: JsonOpt = False):
         return
     from rich.table import Table
 
-    from planner.report import count
+    from planner.explain.report import count
 
     table = Table(title="Model presets")
     for col in ("name", "parameters", "layers", "hidden", "heads (kv)", "vocab"):
@@ -170,14 +170,14 @@ def models_list(as_json: JsonOpt = False):
 @models_app.command("show")
 def models_show(name: str, as_json: JsonOpt = False):
     """Show a model (preset, spec file or HF config.json) and its parameter count per part."""
-    from planner.models import load_model
+    from planner.inputs.models import load_model
 
     spec = load_model(name)
     counts = spec.parameter_counts()
     if as_json:
         _emit_json({"model": spec.model_dump(mode="json"), "parameters": counts})
         return
-    from planner.report import count, kv_table
+    from planner.explain.report import count, kv_table
 
     rows = [("parameters", f"{counts['total']:,} ({counts['total'] / 1e9:.2f}e9)"),
             ("shape", f"{spec.num_layers} layers, h={spec.hidden_size}, {spec.num_attention_heads} heads "
@@ -202,8 +202,8 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
     from cluster_specs import load_cluster
     from cluster_specs.errors import from_pydantic
     from planner.estimate import DEFAULT_HEADROOM_GIB, Problem
-    from planner.models import load_model
-    from planner.specs import TrainingSpec
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import TrainingSpec
 
     cl = load_cluster(cluster, nodes=nodes)
     md = load_model(model)
@@ -218,7 +218,7 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
         from planner.calibration import apply_calibration
 
         cl, knobs_kw = apply_calibration(cl, calibration)
-    from cost_models.types import Knobs
+    from cost_models.inputs import Knobs
 
     headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
     if headroom < 0:
@@ -236,7 +236,7 @@ def inputs_json(problem) -> dict:
 
 def load_layout_arg(layout: str, problem) -> dict:
     """--layout is a key=value string or a plan JSON file (its `layout` object is used)."""
-    from planner.layout_string import parse_layout_string
+    from planner.inputs.layout_string import parse_layout_string
 
     p = Path(layout)
     if p.suffix.lower() == ".json" or (p.exists() and p.is_file()):
@@ -277,7 +277,7 @@ def estimate(
     if as_json:
         _emit_json(doc)
         return
-    from planner.report import render_estimate
+    from planner.explain.report import render_estimate
 
     render_estimate(_stdout(), title=f"{problem.model.name} on {problem.cluster.num_gpus} x {problem.hardware.gpu_name}",
                     layout=lay, predicted=doc["predicted"], memory=doc["memory_breakdown"], time=doc["time_breakdown"])
@@ -304,8 +304,8 @@ def plan(
 ):
     """Choose the layout to run: search, solve, explain."""
     from cluster_specs import SpecError
-    from planner.planning import PlanOptions
-    from planner.planning import plan as make_plan
+    from planner.search import PlanOptions
+    from planner.search import plan as make_plan
 
     if objective not in ("throughput", "memory", "min-gpus"):
         raise SpecError(f"--objective: {objective!r} -> allowed: throughput, memory, min-gpus")
@@ -317,7 +317,7 @@ def plan(
                        solver_time_limit_seconds=solver_time_limit, progress=not as_json and sys.stderr.isatty())
     min_gpus_note = None
     if objective == "min-gpus":
-        from planner.planning import plan_min_gpus
+        from planner.search import plan_min_gpus
 
         if not target_tokens_per_second or target_tokens_per_second <= 0:
             raise SpecError("--target-tokens-per-second: required (> 0) with --objective min-gpus")
@@ -329,7 +329,7 @@ def plan(
     if as_json:
         _emit_json(doc)
         return
-    from planner.report import render_plan
+    from planner.explain.report import render_plan
 
     render_plan(_stdout(), problem, result, doc, show_schedule=not no_schedule)
     if output is not None:
@@ -338,8 +338,8 @@ def plan(
 
 def plan_document(problem, result, objective: str, compare: list[str], min_gpus_note: str | None) -> dict:
     from planner.estimate import complete_layout
-    from planner.layout_string import parse_layout_string
-    from planner.planning import Candidate, candidate_json, reason
+    from planner.inputs.layout_string import parse_layout_string
+    from planner.search import Candidate, candidate_json, reason
 
     pick = result.pick
     doc = {
@@ -358,7 +358,7 @@ def plan_document(problem, result, objective: str, compare: list[str], min_gpus_
         doc["decision"]["reasons"].append(min_gpus_note)
     for text in compare:
         lay = complete_layout(parse_layout_string(text), problem.model, problem.training, problem.cluster)
-        from planner.specs import validate_layout
+        from planner.inputs.specs import validate_layout
 
         validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
         cand = Candidate(lay, problem.estimate(lay), "compared")
@@ -375,7 +375,7 @@ def export(
 ):
     """Turn a plan into launch settings for Megatron-LM, DeepSpeed, torchtitan or torchrun."""
     from cluster_specs import SpecError, read_structured_file
-    from planner.exports import EXPORTERS, to_torchrun
+    from planner.integrations.exports import EXPORTERS, to_torchrun
 
     if to not in EXPORTERS:
         raise SpecError(f"--to: {to!r} -> allowed: {', '.join(EXPORTERS)}")
@@ -404,9 +404,9 @@ def check(
 ):
     """Check a config in CI: degrees, divisibility, batch arithmetic, schedule rules, TP placement, memory."""
     from cluster_specs import SpecError, load_cluster
-    from planner.check import check as run_check
-    from planner.check import read_config
     from planner.estimate import predicted_json
+    from planner.integrations.check import check as run_check
+    from planner.integrations.check import read_config
 
     cl = load_cluster(cluster, nodes=nodes)
     view = read_config(config, gpus=cl.num_gpus)
@@ -446,7 +446,7 @@ def check(
 def schema(which: Annotated[str, typer.Argument(help="plan or check")] = "plan"):
     """Print the JSON Schema of the plan document or of the check report."""
     from cluster_specs import SpecError
-    from planner.schema import SCHEMAS, json_schema
+    from planner.contract import SCHEMAS, json_schema
 
     if which not in SCHEMAS:
         raise SpecError(f"schema: {which!r} -> allowed: {', '.join(SCHEMAS)}")
@@ -468,8 +468,8 @@ def schedule(
     from rich.console import Console
 
     from cluster_specs import SpecError
-    from planner.schedule_view import render_timeline, schedule_timeline
-    from planner.specs import SCHEDULES
+    from planner.explain.schedule_view import render_timeline, schedule_timeline
+    from planner.inputs.specs import SCHEDULES
 
     names = [s.strip() for s in compare.split(",")] if compare else [schedule_name]
     problems = [f"schedule: {n!r} -> allowed: {', '.join(SCHEDULES)}" for n in names if n not in SCHEDULES]
@@ -531,9 +531,9 @@ def bench(
     from cluster_specs import SpecError, load_cluster, read_structured_file
     from planner.calibration import apply_calibration, calibration_knobs
     from planner.estimate import complete_layout
-    from planner.layout_string import parse_layout_string
-    from planner.models import load_model
-    from planner.specs import LayoutSpec, ModelSpec, TrainingSpec
+    from planner.inputs.layout_string import parse_layout_string
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
     if dtype not in ("float32", "bfloat16"):
         raise SpecError(f"--dtype: {dtype!r} -> allowed: float32, bfloat16")
@@ -571,7 +571,7 @@ def bench(
     if nproc is not None and nproc != lay.num_gpus:
         raise SpecError(f"--nproc: {nproc} -> the layout needs dp*tp*pp = {lay.num_gpus} ranks (use --dp to shrink it)")
     _need_torch()
-    from cost_models.types import Knobs
+    from cost_models.inputs import Knobs
     from planner.bench.session import bench_problem, make_config, report_document, run, scale_model
 
     md = scale_model(md, lay, layers_per_stage=layers_per_stage, hidden_size=hidden_size,
@@ -580,7 +580,7 @@ def bench(
     if calibration is not None:
         cl, knobs_kw = apply_calibration(cl, calibration)
     problem = bench_problem(md, lay, seq, cl, dtype, Knobs(**knobs_kw))
-    from planner.specs import validate_layout
+    from planner.inputs.specs import validate_layout
 
     validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
     cfg = make_config(md, lay, seq, steps=steps, warmup=warmup, dtype=dtype, timeout_seconds=timeout)
@@ -637,7 +637,7 @@ def calibrate(
 
     gemms = DEFAULT_GEMMS
     if model:
-        from planner.models import load_model
+        from planner.inputs.models import load_model
 
         md = load_model(model)
         gemms = model_gemms(tokens=micro_batch_size * seq_len, hidden=md.hidden_size, ffn=md.ffn, tp=tp)
@@ -670,7 +670,7 @@ def validate(
     report = run_validation(load_rows(runs))
     section = ""
     if with_planner:
-        from planner.planning import published_layout_ranks
+        from planner.search import published_layout_ranks
 
         section = published_layout_ranks(report)
     if output is not None:

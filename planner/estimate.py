@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cluster_specs import ClusterSpec, SpecError
+from cost_models.inputs import Hardware, Knobs
 from cost_models.step import StepEstimate, estimate_step
-from cost_models.types import Hardware, Knobs
-from planner.specs import LayoutSpec, ModelSpec, TrainingSpec, validate_layout
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec, validate_layout
 
 GIB = 2**30
 DEFAULT_HEADROOM_GIB = 2.0  # kept free on top of the modelled peak (plan and check); --headroom-gib changes it

@@ -29,9 +29,9 @@ def main() -> None:
     from cluster_specs import load_cluster
     from cost_models.step import estimate_step
     from planner.estimate import Problem
-    from planner.models import load_model
-    from planner.planning import PlanOptions, plan
-    from planner.specs import LayoutSpec, TrainingSpec
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.search import PlanOptions, plan
 
     print(f"{'case':<22}{'considered':>11}{'evaluated':>11}{'ILP runs':>9}{'solver s':>10}{'plan s':>9}  pick")
     for label, cluster, nodes, model, batch, seq in LADDER:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from cluster_specs import ClusterSpec, SpecError, load_cluster
 from cost_models import compute
-from cost_models.types import Knobs
+from cost_models.inputs import Knobs
 from planner.estimate import Problem
-from planner.specs import LayoutSpec, ModelSpec, TrainingSpec, layout_problems
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec, layout_problems
 
 GIB = 2**30
 

@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def gpt_shape(**kw):
-    from cost_models.types import Transformer
+    from cost_models.inputs import Transformer
 
     base = dict(num_layers=96, hidden_size=12288, num_attention_heads=96, num_kv_heads=96, ffn_hidden_size=4 * 12288,
                 vocab_size=51200, swiglu=False, tied_embeddings=True, rms_norm=False, flash_attention=False,

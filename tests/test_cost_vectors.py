@@ -6,7 +6,7 @@ import pytest
 
 from cost_models import communication as comm
 from cost_models import compute, memory, pipeline
-from cost_models.types import Link
+from cost_models.inputs import Link
 from tests.conftest import gpt_shape
 
 GIB = 2**30

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from planner import errors
-from planner.check import megatron_parser
+from planner.integrations.check import megatron_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_ARGS = ["-c", "dgx-a100-80gb", "-n", "16", "-m", "llama2-13b", "-b", "512", "-s", "4096"]
@@ -201,7 +201,7 @@ def test_schema_matches_checked_in_copy(which):
 
 
 def test_outputs_validate_against_the_schema(plan_file, tmp_path):
-    from planner.schema import CheckReport, PlanDocument
+    from planner.contract import CheckReport, PlanDocument
 
     PlanDocument.model_validate(json.loads(plan_file.read_text()))
     report = json.loads(run("check", str(plan_file), *CHECK, "--json").stdout)
@@ -269,7 +269,7 @@ def _write_config(fmt: str, layout: dict, tmp_path, batch: int = 512) -> Path:
     if fmt == "plan":
         return plan
     out = tmp_path / FORMATS[fmt]
-    from planner.exports import EXPORTERS
+    from planner.integrations.exports import EXPORTERS
 
     try:
         out.write_text(EXPORTERS[fmt](doc))

@@ -3,8 +3,8 @@ the cost models on a realistic case, not be written into code."""
 
 from cluster_specs import load_cluster
 from planner.estimate import Problem, complete_layout
-from planner.models import load_model
-from planner.specs import TrainingSpec
+from planner.inputs.models import load_model
+from planner.inputs.specs import TrainingSpec
 
 
 def _estimate(fields):

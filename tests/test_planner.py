@@ -10,10 +10,10 @@ import pytest
 from cluster_specs import load_cluster
 from planner import errors
 from planner.estimate import Problem
-from planner.models import load_model
-from planner.planning import PlanOptions, plan
-from planner.specs import TrainingSpec, layout_problems
-from planner.split import best_split_dp, best_split_uniform
+from planner.inputs.models import load_model
+from planner.inputs.specs import TrainingSpec, layout_problems
+from planner.refine.split import best_split_dp, best_split_uniform
+from planner.search import PlanOptions, plan
 
 GIB = 2**30
 
@@ -53,7 +53,7 @@ def test_split_moves_layers_off_the_output_stage():
 
 def test_ilp_is_optimal_and_keeps_stdout_clean():
     code = (
-        "from planner.solver import StageCoefficients, solve_stage_recompute\n"
+        "from planner.refine.ilp import StageCoefficients, solve_stage_recompute\n"
         "st = [StageCoefficients(1.0, 0.4, 0.0, 1.0, 3.0 - i, 0.5, 2.0, 40.0) for i in range(4)]\n"
         "r = solve_stage_recompute(st, 24)\n"
         "import json; print(json.dumps([r.status, r.optimal, r.layers_per_stage, r.recompute_layers_per_stage]))\n"
@@ -69,7 +69,7 @@ def test_ilp_is_optimal_and_keeps_stdout_clean():
 
 
 def test_ilp_reports_infeasible():
-    from planner.solver import StageCoefficients, solve_stage_recompute
+    from planner.refine.ilp import StageCoefficients, solve_stage_recompute
 
     st = [StageCoefficients(1.0, 0.4, 0.0, 10.0, 10.0, 10.0, 0.0, 5.0) for _ in range(2)]
     res = solve_stage_recompute(st, 8)
@@ -77,7 +77,7 @@ def test_ilp_reports_infeasible():
 
 
 def test_ilp_cbc_fallback_agrees_with_highs():
-    from planner.solver import StageCoefficients, solve_stage_recompute
+    from planner.refine.ilp import StageCoefficients, solve_stage_recompute
 
     st = [StageCoefficients(1.0, 0.3, 0.5 * (i == 3), 1.0, 4.0 - i, 0.6, 3.0, 50.0) for i in range(4)]
     a = solve_stage_recompute(st, 32)
@@ -169,7 +169,7 @@ def test_objectives():
     small = plan(pr, PlanOptions(objective="memory", use_solver=False))
     assert small.pick.estimate.peak_memory_bytes <= fast.pick.estimate.peak_memory_bytes
     assert fast.pick.step_seconds <= small.pick.step_seconds
-    from planner.planning import plan_min_gpus
+    from planner.search import plan_min_gpus
 
     target = fast.pick.estimate.tokens_per_second * 0.4
     smaller, note = plan_min_gpus(problem("dgx-a100-80gb", "llama2-13b", 64, 4096, nodes=8), PlanOptions(), target)

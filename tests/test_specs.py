@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster_specs import SpecError, cluster_names, gpu_names, load_cluster, load_gpu
-from planner.models import hf_config_to_spec, load_model, model_names
-from planner.specs import LayoutSpec, ModelSpec, TrainingSpec, layout_problems
+from planner.inputs.models import hf_config_to_spec, load_model, model_names
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec, layout_problems
 
 GIB = 2**30
 

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from cost_models.compute import layer_forward_flops, parameter_counts  # noqa: E402
 from cost_models.memory import activation_bytes_per_layer  # noqa: E402
 from planner.bench.model import RMSNorm, build_model, saved_activation_bytes  # noqa: E402
-from planner.models import load_model  # noqa: E402
+from planner.inputs.models import load_model  # noqa: E402
 from tests.conftest import gpt_shape  # noqa: E402
 
 pytestmark = pytest.mark.torch

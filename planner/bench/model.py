@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cost_models.types import Transformer
+from cost_models.inputs import Transformer
 
 
 class _RMSNormFunction(torch.autograd.Function):

@@ -33,13 +33,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from cost_models.types import Transformer
+from cost_models.inputs import Transformer
 from planner.bench.model import Block, _norm
 
 
 @dataclass
 class BenchConfig:
-    shape: dict  # cost_models.types.Transformer fields
+    shape: dict  # cost_models.inputs.Transformer fields
     seq_length: int
     layout: dict  # LayoutSpec fields
     steps: int = 3

@@ -9,7 +9,7 @@ from cost_models.communication import all_reduce_seconds, group_link, p2p_second
 from planner import SCHEMA_VERSION, __version__
 from planner.bench.runner import BenchConfig, launch_local, worker
 from planner.estimate import Problem
-from planner.specs import LayoutSpec, ModelSpec, TrainingSpec
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
 GIB = 2**30
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster_specs import ClusterSpec, SpecError
-from cost_models import types as cm
+from cost_models import inputs as cm
 from cost_models.compute import parameter_counts
 from cost_models.step import stage_split
 

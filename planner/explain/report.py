@@ -113,6 +113,6 @@ def render_plan(console: Console, problem, result, doc: dict, *, show_schedule: 
                   f"{s['solver_runs']} ILP solves ({s['solver_seconds']:.2f} s; {', '.join(s['solver_statuses']) or 'none'}), "
                   f"{s['total_seconds']:.2f} s in all[/dim]")
     if show_schedule and pick.layout.pp > 1:
-        from planner.schedule_view import render_layout_schedule
+        from planner.explain.schedule_view import render_layout_schedule
 
         render_layout_schedule(console, pick)

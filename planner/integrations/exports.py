@@ -12,7 +12,7 @@ import json
 import shlex
 
 from cluster_specs import SpecError
-from planner.specs import LayoutSpec, ModelSpec, TrainingSpec
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
                         "zero_bubble": "ZBVZeroBubble"}

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from cluster_specs.schema import ClusterSpec
-from planner.specs import LayoutSpec, ModelSpec, TrainingSpec
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
 
 class _Strict(BaseModel):

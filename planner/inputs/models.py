@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cluster_specs import SpecError, read_structured_file
 from cluster_specs.errors import from_pydantic, unknown_name
-from planner.specs import ModelSpec
+from planner.inputs.specs import ModelSpec
 
 
 @functools.cache

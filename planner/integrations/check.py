@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
-from planner.specs import LayoutSpec, layout_problems
+from planner.inputs.specs import LayoutSpec, layout_problems
 
 GIB = 2**30
 

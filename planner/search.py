@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 
 from cost_models.memory import zero_model_state_bytes
 from cost_models.step import StepEstimate, estimate_step, layer_costs, stage_split
-from planner.decision import ROWS, Decision, classify, matches_row, network_bytes_per_second_per_gpu
 from planner.errors import InfeasibleError
 from planner.estimate import Problem
-from planner.specs import LayoutSpec, layout_problems
+from planner.explain.decision import ROWS, Decision, classify, matches_row, network_bytes_per_second_per_gpu
+from planner.inputs.specs import LayoutSpec, layout_problems
 
 GIB = 2**30
 MAX_MICRO_BATCH_SIZE = 128
@@ -215,7 +215,7 @@ def _objective_key(opts: PlanOptions):
 
 def _stage_coefficients(problem: Problem, layout: LayoutSpec, base_policy: str):
     """Per-stage linear coefficients for the split DP and the ILP (from cost_models.step.layer_costs)."""
-    from planner.solver import StageCoefficients
+    from planner.refine.ilp import StageCoefficients
 
     cm_layout = replace(layout.to_cost_model(), recompute=base_policy, layers_per_stage=None,
                         recompute_layers_per_stage=None)
@@ -246,7 +246,7 @@ def _stage_coefficients(problem: Problem, layout: LayoutSpec, base_policy: str):
 
 def refine_split(problem: Problem, cand: Candidate) -> Candidate | None:
     """Move layers off the first and last stages when their embedding/output layer makes them slowest."""
-    from planner.split import best_split_uniform
+    from planner.refine.split import best_split_uniform
 
     layout = cand.layout
     if layout.pp < 3 or layout.schedule == "interleaved_1f1b" or layout.recompute == "full":
@@ -269,8 +269,8 @@ def refine_split(problem: Problem, cand: Candidate) -> Candidate | None:
 
 
 def refine_ilp(problem: Problem, cand: Candidate, opts: PlanOptions, stats: SearchStats) -> Candidate | None:
-    """Joint per-stage layer counts and full-recompute counts (see planner/solver.py)."""
-    from planner.solver import solve_stage_recompute
+    """Joint per-stage layer counts and full-recompute counts (see planner/refine/ilp.py)."""
+    from planner.refine.ilp import solve_stage_recompute
 
     layout = cand.layout
     if layout.pp < 2 or layout.schedule == "interleaved_1f1b" or layout.recompute == "none":
