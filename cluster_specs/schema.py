@@ -27,6 +27,8 @@ class GPUSpec(_Frozen):
     hbm_gb_per_s: float = Field(gt=0)
     nvlink_gb_per_s: float | None = Field(default=None, gt=0)
     matmul_efficiency: float = Field(default=0.8, gt=0, le=1)
+    board_power_watts: float | None = Field(default=None, gt=0, description="board power limit (max TDP/TGP)")
+    board_power_source: str = ""
     source: str = ""
 
     @model_validator(mode="after")

@@ -300,6 +300,12 @@ def plan(
     no_schedule: Annotated[bool, typer.Option("--no-schedule", help="Do not draw the pick's pipeline schedule.")] = False,
     calibration: CalibrationOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan JSON here (atomically).")] = None,
+    tokens: Annotated[float | None, typer.Option("--tokens", help="Token budget to train (e.g. 15e12): report wall "
+                                                                  "clock, GPU-hours, cost and energy.")] = None,
+    gpu_hour_price: Annotated[float | None, typer.Option("--gpu-hour-price", help="Price per GPU-hour, for the "
+                                                                                  "cost (with --tokens).")] = None,
+    pue: Annotated[float | None, typer.Option("--pue", help="Power usage effectiveness, to add facility energy "
+                                                            "(with --tokens).")] = None,
     as_json: JsonOpt = False,
 ):
     """Choose the layout to run: search, solve, explain."""
@@ -311,6 +317,10 @@ def plan(
         raise SpecError(f"--objective: {objective!r} -> allowed: throughput, memory, min-gpus")
     if top < 0:
         raise SpecError(f"--top: {top} -> must be >= 0")
+    from planner.decisions.plan_extras import PlanExtras, extend
+
+    extras = PlanExtras(tokens=tokens, price_per_gpu_hour=gpu_hour_price, pue=pue)
+    extras.check()
     problem = build_problem(cluster, nodes, model, global_batch_size, seq_len, precision, headroom_gib, calibration)
     opts = PlanOptions(top_k=top, objective="throughput" if objective == "min-gpus" else objective,
                        allow_tp_across_nodes=allow_tp_across_nodes, allow_async=allow_async, use_solver=not no_solver,
@@ -324,6 +334,7 @@ def plan(
         problem, min_gpus_note = plan_min_gpus(problem, opts, target_tokens_per_second)
     result = make_plan(problem, opts)
     doc = plan_document(problem, result, objective, compare or [], min_gpus_note)
+    extend(doc, problem, result, extras)
     if output is not None:
         write_atomically(output, json.dumps(doc, indent=2) + "\n")
     if as_json:
@@ -332,6 +343,8 @@ def plan(
     from planner.explain.report import render_plan
 
     render_plan(_stdout(), problem, result, doc, show_schedule=not no_schedule)
+    for line in extras.lines:
+        _stdout().print(line, highlight=False, markup=False)
     if output is not None:
         _stderr().print(f"wrote {output}")
 

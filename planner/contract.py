@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from cluster_specs.schema import ClusterSpec
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
@@ -106,6 +106,43 @@ class Inputs(_Strict):
     training: TrainingSpec
 
 
+class Bounded(_Strict):
+    """A quantity and, with an error band, its values at the band's lower and upper step time."""
+
+    value: float | None = Field(description="the point estimate; null when it cannot be computed (no price, no power)")
+    low: float | None = Field(description="at the band's lower step time; null without a band")
+    high: float | None = Field(description="at the band's upper step time; null without a band")
+
+
+class ErrorBand(_Strict):
+    lower_factor: float = Field(description="measured / predicted step time, low end")
+    upper_factor: float = Field(description="measured / predicted step time, high end")
+    source: str
+
+
+class TrainingRun(_Strict):
+    """`plan --tokens`: time, cost and energy to train the token budget with the pick (planner/decisions/train.py)."""
+
+    tokens: float
+    tokens_per_step: int
+    steps: int = Field(description="ceil(tokens / tokens_per_step)")
+    step_time_seconds: float
+    num_gpus: int
+    wall_clock_seconds: Bounded
+    wall_clock_days: Bounded
+    gpu_hours: Bounded
+    cost: Bounded = Field(description="gpu_hours x price_per_gpu_hour, in the price's currency")
+    gpu_energy_kwh: Bounded = Field(description="GPUs x board power limit x wall clock: an upper bound for the GPUs")
+    facility_energy_kwh: Bounded = Field(description="gpu_energy_kwh x pue (only with a PUE)")
+    price_per_gpu_hour: float | None
+    gpu_board_power_watts: float | None
+    gpu_board_power_source: str
+    pue: float | None
+    energy_left_out: list[str] = Field(description="what the energy figure does not include")
+    error_band: ErrorBand | None
+    error_band_note: str
+
+
 class PlanDocument(Candidate):
     schema_version: str
     tool_version: str
@@ -116,6 +153,7 @@ class PlanDocument(Candidate):
     decision: Decision
     search: Search
     compared: list[Candidate]
+    training_run: TrainingRun | None = None
 
 
 class Violation(_Strict):
