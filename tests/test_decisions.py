@@ -66,7 +66,6 @@ def test_catalog_power_has_a_source_for_every_gpu():
     import yaml
 
     from cluster_specs import load_gpu
-
     from tests.conftest import ROOT
 
     names = yaml.safe_load((ROOT / "cluster_specs" / "gpus.yaml").read_text())
