@@ -7,32 +7,11 @@ from importlib import resources
 from pathlib import Path
 
 from cluster_specs.errors import SpecError, from_pydantic, unknown_name
+from cluster_specs.reading import read_structured_file
 from cluster_specs.schema import ClusterSpec, GPUSpec
 
 __all__ = ["ClusterSpec", "GPUSpec", "SpecError", "load_gpu", "gpu_names", "cluster_names", "load_cluster",
            "read_structured_file"]
-
-
-def read_structured_file(path: str | Path):
-    """Parse a YAML or JSON file; any failure becomes a SpecError naming the file."""
-    import yaml
-
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read file: {exc.strerror or exc}", source=str(p)) from None
-    except UnicodeDecodeError:
-        raise SpecError("not a UTF-8 text file", source=str(p)) from None
-    try:
-        if p.suffix.lower() == ".json":
-            import json
-
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except Exception as exc:  # yaml.YAMLError, json.JSONDecodeError, and yaml's odd value errors
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecError(f"malformed {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: {first}", source=str(p)) from None
 
 
 @functools.cache

@@ -8,6 +8,7 @@
 5  the solver failed (no optimal or feasible solution within its time limit)
 6  an optional dependency is missing (torch for `bench`/`calibrate`)
 7  the benchmark failed at run time (a rank died or timed out)
+8  I/O error: the operating system could not read a file (permission denied, I/O error)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ EXIT_INFEASIBLE = 4
 EXIT_SOLVER = 5
 EXIT_MISSING_DEPENDENCY = 6
 EXIT_BENCH_FAILED = 7
+EXIT_IO = 8
 
 
 class PlannerError(Exception):
@@ -50,7 +52,7 @@ class BenchmarkError(PlannerError):
 
 def exit_code_for(exc: BaseException) -> int | None:
     if isinstance(exc, SpecError):
-        return EXIT_INPUT
+        return getattr(exc, "exit_code", EXIT_INPUT)  # cluster_specs.reading.InputIOError carries 8
     if isinstance(exc, PlannerError):
         return exc.exit_code
     return None

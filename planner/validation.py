@@ -10,7 +10,6 @@ fastest choice the model finds that fits (what the team would have tuned to), an
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -319,11 +318,10 @@ def is_tuning(result: CaseResult) -> bool:
 
 
 def load_rows(path: str | Path) -> list[dict]:
+    from cluster_specs.reading import parse_json, read_text
+
     p = Path(path)
-    try:
-        rows = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"cannot read published runs: {exc}", source=str(p)) from None
+    rows = parse_json(read_text(p), str(p))
     if not isinstance(rows, list):
         raise SpecError("expected a JSON list of runs", source=str(p))
     return rows

@@ -41,6 +41,11 @@ def load_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if not (path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists()):
         raise unknown_name("model", name_or_path, list(presets))
+    if path.is_dir():  # a Hugging Face snapshot directory: its config.json describes the model
+        if not (path / "config.json").is_file():
+            raise SpecError("a directory without config.json -> give a model file, a Hugging Face config.json, or "
+                            "a snapshot directory holding one", source=str(path))
+        path = path / "config.json"
     data = read_structured_file(path)
     if isinstance(data, dict) and ("model_type" in data or "architectures" in data):
         data = hf_config_to_spec(data, source=str(path))

@@ -4,9 +4,7 @@ arguments) against a model and a cluster, for CI. One line per violation with th
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,21 +51,15 @@ def megatron_parser() -> argparse.ArgumentParser:
 
 
 def read_config(path: Path, *, gpus: int) -> ConfigView:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot read config: {exc.strerror or exc}", source=str(path)) from None
+    from cluster_specs.reading import parse_json, parse_toml, read_text
+
+    text = read_text(path)
     suffix = path.suffix.lower()
     if suffix == ".toml":
-        try:
-            return _torchtitan(tomllib.loads(text), gpus)
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"malformed TOML: {exc}", source=str(path)) from None
+        doc = parse_toml(text, str(path))
+        return _torchtitan(doc, gpus)
     if suffix == ".json":
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"malformed JSON: {exc}", source=str(path)) from None
+        doc = parse_json(text, str(path))
         if not isinstance(doc, dict):
             raise SpecError("expected a JSON object", source=str(path))
         if "layout" in doc:
