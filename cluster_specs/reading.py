@@ -201,7 +201,17 @@ def _children(node, yaml) -> list:
 
 
 def parse_yaml(text: str, source: str):
+    try:
+        return _compose_and_construct(text, source)
+    except SpecError as exc:
+        raise SpecError(exc.problems, source=source) from None
+    except RecursionError:
+        raise SpecError(f"YAML nested more than {MAX_DEPTH} levels deep -> refused", source=source) from None
+    except Exception as exc:  # yaml.YAMLError, and PyYAML's odd value errors (e.g. huge timestamps)
+        raise SpecError(f"malformed YAML: {_first_line(exc)}", source=source) from None
 
+
+def _compose_and_construct(text: str, source: str):
     loader = _guarded_loader()(text)
     try:
         node = loader.get_single_node()
@@ -210,17 +220,11 @@ def parse_yaml(text: str, source: str):
         try:
             n = expanded_yaml_nodes(node)
         except ValueError:
-            raise SpecError("YAML alias refers to itself (recursive alias) -> refused", source=source) from None
+            raise SpecError("YAML alias refers to itself (recursive alias) -> refused") from None
         if n > MAX_YAML_NODES:
             raise SpecError(f"YAML expands to more than {MAX_YAML_NODES:,} nodes through aliases (an alias bomb?) "
-                            "-> refused", source=source)
+                            "-> refused")
         return loader.construct_document(node)
-    except SpecError as exc:
-        raise SpecError(exc.problems, source=source) from None
-    except RecursionError:
-        raise SpecError(f"YAML nested more than {MAX_DEPTH} levels deep -> refused", source=source) from None
-    except Exception as exc:  # yaml.YAMLError, and PyYAML's odd value errors (e.g. huge timestamps)
-        raise SpecError(f"malformed YAML: {_first_line(exc)}", source=source) from None
     finally:
         loader.dispose()
 
