@@ -32,6 +32,11 @@ SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32.")]
 HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
+FrameworkOpt = Annotated[str | None, typer.Option(
+    "--framework", help="megatron, nemo, torchtitan, deepspeed, megatron-deepspeed or generic: only what it can run "
+                        "(default: plan/estimate generic; export the plan's; check the config's).")]
+FixOpt = Annotated[list[str] | None, typer.Option("--fix", help="Pin layout keys, e.g. tp=8 or 'pp=4,zero=1' (repeatable).")]
+SchedulesOpt = Annotated[str | None, typer.Option("--schedules", help="Allowed pipeline schedules, e.g. 1f1b,interleaved_1f1b.")]
 
 
 def _stdout():
@@ -256,7 +261,7 @@ def estimate(
                                                             "schedule=1f1b', or a plan JSON file.")],
     nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
     allow_tp_across_nodes: Annotated[bool, typer.Option(help="Allow TP groups larger than a node.")] = False,
-    calibration: CalibrationOpt = None, as_json: JsonOpt = False,
+    calibration: CalibrationOpt = None, framework: FrameworkOpt = None, as_json: JsonOpt = False,
 ):
     """Predict step time, throughput, MFU and memory per GPU for one layout."""
     from planner.estimate import (
@@ -269,8 +274,11 @@ def estimate(
 
     problem = build_problem(cluster, nodes, model, global_batch_size, seq_len, precision, headroom_gib, calibration)
     lay = complete_layout(load_layout_arg(layout, problem), problem.model, problem.training, problem.cluster)
+    from planner.frameworks.capabilities import refuse_unrunnable
+
+    fw = refuse_unrunnable(framework, lay, problem.model)
     est = estimate_layout(problem, lay, allow_tp_across_nodes=allow_tp_across_nodes)
-    doc = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "inputs": inputs_json(problem),
+    doc = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "framework": fw, "inputs": inputs_json(problem),
            "layout": lay.model_dump(mode="json"),
            "predicted": predicted_json(est, problem.knobs.memory_headroom_bytes),
            "memory_breakdown": memory_breakdown_json(est), "time_breakdown": time_breakdown_json(est)}
@@ -298,7 +306,8 @@ def plan(
     no_solver: Annotated[bool, typer.Option("--no-solver", help="Skip the ILP refinement.")] = False,
     solver_time_limit: Annotated[float, typer.Option(help="Seconds per ILP solve.")] = 10.0,
     no_schedule: Annotated[bool, typer.Option("--no-schedule", help="Do not draw the pick's pipeline schedule.")] = False,
-    calibration: CalibrationOpt = None,
+    calibration: CalibrationOpt = None, framework: FrameworkOpt = None, fix: FixOpt = None,
+    schedules: SchedulesOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the plan JSON here (atomically).")] = None,
     tokens: Annotated[float | None, typer.Option("--tokens", help="Token budget to train (e.g. 15e12): report wall "
                                                                   "clock, GPU-hours, cost and energy.")] = None,
@@ -322,9 +331,13 @@ def plan(
     extras = PlanExtras(tokens=tokens, price_per_gpu_hour=gpu_hour_price, pue=pue)
     extras.check()
     problem = build_problem(cluster, nodes, model, global_batch_size, seq_len, precision, headroom_gib, calibration)
+    from planner.frameworks.restriction import build_restriction
+
+    restriction = build_restriction(framework, problem.model.vocab_size, fix, schedules)
     opts = PlanOptions(top_k=top, objective="throughput" if objective == "min-gpus" else objective,
                        allow_tp_across_nodes=allow_tp_across_nodes, allow_async=allow_async, use_solver=not no_solver,
-                       solver_time_limit_seconds=solver_time_limit, progress=not as_json and sys.stderr.isatty())
+                       solver_time_limit_seconds=solver_time_limit, progress=not as_json and sys.stderr.isatty(),
+                       restriction=restriction)
     min_gpus_note = None
     if objective == "min-gpus":
         from planner.search import plan_min_gpus
@@ -335,6 +348,7 @@ def plan(
     result = make_plan(problem, opts)
     doc = plan_document(problem, result, objective, compare or [], min_gpus_note)
     extend(doc, problem, result, extras)
+    doc["framework"] = restriction.caps.framework.value
     if output is not None:
         write_atomically(output, json.dumps(doc, indent=2) + "\n")
     if as_json:

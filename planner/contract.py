@@ -143,10 +143,15 @@ class TrainingRun(_Strict):
     error_band_note: str
 
 
+FRAMEWORKS = Literal["megatron", "nemo", "torchtitan", "deepspeed", "megatron-deepspeed", "generic"]
+
+
 class PlanDocument(Candidate):
     schema_version: str
     tool_version: str
     kind: Literal["plan"]
+    framework: FRAMEWORKS = Field("generic", description="the framework the search was restricted to (--framework); "
+                                                         "`export` defaults to it")
     objective: str
     inputs: Inputs
     alternatives: list[Candidate]

@@ -25,6 +25,7 @@ from cost_models.step import StepEstimate, estimate_step, layer_costs, stage_spl
 from planner.errors import InfeasibleError
 from planner.estimate import Problem
 from planner.explain.decision import ROWS, Decision, classify, matches_row, network_bytes_per_second_per_gpu
+from planner.frameworks.restriction import Restriction
 from planner.inputs.specs import LayoutSpec, layout_problems
 
 GIB = 2**30
@@ -42,6 +43,11 @@ class PlanOptions:
     solver_time_limit_seconds: float = 10.0
     solver_candidates: int = 3
     progress: bool = False
+    restriction: Restriction | None = None  # --framework / --fix / --schedules (planner/frameworks/restriction.py)
+
+    def allows(self, fields: dict) -> dict | None:
+        """The candidate as the chosen framework runs it, or None when it is outside the requested space."""
+        return fields if self.restriction is None else self.restriction.adjust(fields)
 
 
 @dataclass
@@ -142,9 +148,11 @@ def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool):
                         if off == "optimizer+params" and zero != 3:
                             continue
                         for schedule, v in sched:
-                            yield {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "offload": off,
-                                   "micro_batch_size": mbs, "num_micro_batches": m, "sequence_parallel": tp > 1,
-                                   "schedule": schedule, "virtual_stages": v}
+                            base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "offload": off,
+                                                "micro_batch_size": mbs, "num_micro_batches": m,
+                                                "sequence_parallel": tp > 1, "schedule": schedule, "virtual_stages": v})
+                            if base is not None:
+                                yield base
 
 
 def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: bool) -> tuple[list[Candidate], float]:
@@ -165,7 +173,7 @@ def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: 
         for base in bases:
             if progress is not None:
                 progress.advance(task)
-            ladder = ["none", "selective", "full"]
+            ladder = [r for r in ("none", "selective", "full") if opts.allows({**base, "recompute": r})]
             stats.candidates_considered += len(ladder)
             lb = _states_lower_bound_bytes(problem, base["tp"], base["pp"], base["dp"], base["zero_stage"], base["offload"])
             if lb > cap:
@@ -411,7 +419,7 @@ def plan(problem: Problem, opts: PlanOptions | None = None) -> PlanResult:
     extra = []
     for cand in fitting[: max(opts.solver_candidates, 1)]:
         better = refine_split(problem, cand)
-        if better is not None:
+        if better is not None and opts.allows(better.layout.model_dump()):
             extra.append(better)
     if opts.use_solver:
         seen = set()
@@ -421,7 +429,7 @@ def plan(problem: Problem, opts: PlanOptions | None = None) -> PlanResult:
                 continue
             seen.add(k)
             better = refine_ilp(problem, cand, opts, stats)
-            if better is not None:
+            if better is not None and opts.allows(better.layout.model_dump()):
                 extra.append(better)
             if len(seen) >= opts.solver_candidates:
                 break

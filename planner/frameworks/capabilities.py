@@ -1,0 +1,249 @@
+"""What each training framework can run, as data with sources.
+
+`plan --framework X` searches only layouts X can run; `export` refuses (or moves to the nearest expressible
+layout) what X cannot express; `check` reads a config with X's defaults. Every fact cites
+`../shared/reference/frameworks.md` (which cites the framework's code at a commit) or the framework's docs.
+
+Layout vocabulary (the planner's): schedules `1f1b gpipe interleaved_1f1b zero_bubble naive pipedream_async`;
+ZeRO stage 0-3; offload `none optimizer optimizer+params`; recompute `none selective full` (selective = Megatron's
+core-attention recomputation); per-stage layer counts (`layers_per_stage`) and per-stage full-recompute counts
+(`recompute_layers_per_stage`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.frameworks import Framework
+
+ALL_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "pipedream_async")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    framework: Framework
+    schedules: tuple[str, ...]  # with pp > 1 (pp = 1 always runs as plain data parallelism)
+    zero_stages: tuple[int, ...]  # without pipelining
+    zero_stages_with_pp: tuple[int, ...]
+    offload: tuple[str, ...]
+    recompute: tuple[str, ...]
+    tensor_parallel_zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages that combine with tp > 1
+    tensor_parallel_with_pp: bool = True
+    sequence_parallel: bool = True  # Megatron-style SP on the TP group
+    no_sp_schedules: tuple[str, ...] = ()  # schedules that run without sequence parallelism
+    sp_needs_tp: str = "warn"  # what SP with tp = 1 does: "warn" (disabled with a warning) or "error"
+    uneven_split: str = "none"  # "any" | "first_last" (first/last stage free, middle even) | "none"
+    per_stage_recompute: str = "none"  # "any" | "same_count" (one count for every stage) | "none"
+    max_virtual_stages: int = 1
+    pads_vocab: bool = False  # pads the vocabulary to a multiple of tp itself (no divisibility rule)
+    vocab_rule: str = ""
+    precisions: tuple[str, ...] = ("bf16", "fp16", "fp32")
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def refusal(self, f: dict) -> str | None:
+        """Why this framework cannot run the layout fields `f` (a LayoutSpec dump or a search base), or None."""
+        for rule in (self._schedule_refusal, self._sharding_refusal, self._tp_refusal, self._split_refusal):
+            why = rule(f)
+            if why:
+                return f"{self.framework.value}: {why}"
+        return None
+
+    def _schedule_refusal(self, f: dict) -> str | None:
+        pp, sched, v = f.get("pp", 1), f.get("schedule", "1f1b"), f.get("virtual_stages", 1)
+        if pp > 1 and sched not in self.schedules:
+            return (f"schedule {sched} -> not available; it runs {', '.join(self.schedules)} "
+                    f"({self.sources.get('schedules', '')})")
+        if v > self.max_virtual_stages:
+            return f"virtual_stages {v} -> at most {self.max_virtual_stages} ({self.sources.get('schedules', '')})"
+        return None
+
+    def _sharding_refusal(self, f: dict) -> str | None:
+        zero, pp = f.get("zero_stage", 0), f.get("pp", 1)
+        allowed = self.zero_stages_with_pp if pp > 1 else self.zero_stages
+        if zero not in allowed:
+            with_pp = " with pipelining" if pp > 1 else ""
+            return f"zero_stage {zero}{with_pp} -> allowed: {allowed} ({self.sources.get('zero', '')})"
+        off = f.get("offload", "none")
+        if off not in self.offload:
+            return f"offload {off} -> allowed: {', '.join(self.offload)} ({self.sources.get('offload', '')})"
+        rec = f.get("recompute")
+        if rec is not None and rec not in self.recompute:
+            return f"recompute {rec} -> allowed: {', '.join(self.recompute)} ({self.sources.get('recompute', '')})"
+        return None
+
+    def _tp_refusal(self, f: dict) -> str | None:
+        tp, pp = f.get("tp", 1), f.get("pp", 1)
+        if tp > 1 and f.get("zero_stage", 0) not in self.tensor_parallel_zero_stages:
+            return (f"tp {tp} with zero_stage {f.get('zero_stage')} -> its tensor parallelism combines with ZeRO "
+                    f"{self.tensor_parallel_zero_stages} only ({self.sources.get('tp', '')})")
+        if tp > 1 and pp > 1 and not self.tensor_parallel_with_pp:
+            return f"tp {tp} with pp {pp} -> its tensor parallelism does not combine with pipelining " \
+                   f"({self.sources.get('tp', '')})"
+        if f.get("sequence_parallel") and not self.sequence_parallel:
+            return f"sequence_parallel -> not available ({self.sources.get('sp', '')})"
+        if f.get("sequence_parallel") and pp > 1 and f.get("schedule") in self.no_sp_schedules:
+            return f"sequence_parallel with {f.get('schedule')} -> not allowed ({self.sources.get('sp', '')})"
+        return None
+
+    def _split_refusal(self, f: dict) -> str | None:
+        lps, rps = f.get("layers_per_stage"), f.get("recompute_layers_per_stage")
+        if lps and len(set(lps)) > 1:
+            if self.uneven_split == "none":
+                return f"layers_per_stage {lps} -> no per-stage layer counts ({self.sources.get('split', '')})"
+            if self.uneven_split == "first_last" and len(set(lps[1:-1])) > 1:
+                return (f"layers_per_stage {lps} -> only the first and last stages may differ; the middle stages "
+                        f"split evenly ({self.sources.get('split', '')})")
+        if rps and len(set(rps)) > 1 and self.per_stage_recompute != "any":
+            return (f"recompute_layers_per_stage {rps} -> "
+                    + ("one recompute count for every stage" if self.per_stage_recompute == "same_count"
+                       else "no per-stage recompute counts") + f" ({self.sources.get('recompute', '')})")
+        if rps and self.per_stage_recompute == "none":
+            return f"recompute_layers_per_stage {rps} -> no per-stage recompute counts " \
+                   f"({self.sources.get('recompute', '')})"
+        return None
+
+    def vocab_problem(self, vocab_size: int, tp: int) -> str | None:
+        """The vocabulary rule under tensor parallelism: None when the framework runs this vocabulary at this tp."""
+        if tp == 1 or self.pads_vocab or vocab_size % tp == 0:
+            return None
+        return f"vocab_size: {vocab_size} -> not divisible by tp ({tp}); {self.vocab_rule}"
+
+    def padded_vocab(self, vocab_size: int, tp: int) -> int:
+        """The vocabulary the framework builds (Megatron pads to a multiple of 128 x tp)."""
+        if not self.pads_vocab:
+            return vocab_size
+        unit = 128 * tp
+        return -(-vocab_size // unit) * unit
+
+
+_MEGATRON_SOURCES = {
+    "schedules": "frameworks.md §2.3: upstream Megatron-LM has 1F1B and interleaved 1F1B, no zero-bubble",
+    "zero": "frameworks.md §2.5/§2.7: distributed optimizer = ZeRO-1; Megatron-FSDP optim_grads = ZeRO-2, "
+            "optim_grads_params = ZeRO-3; FSDP needs pp = 1",
+    "offload": "--optimizer-cpu-offload moves only the optimizer (frameworks.md §2.4, §2.5)",
+    "recompute": "frameworks.md §2.4: --recompute-method block --recompute-num-layers N is one count per model chunk",
+    "split": "frameworks.md §2.3: --decoder-first/last-pipeline-num-layers; the middle stages split evenly",
+    "sp": "--sequence-parallel (frameworks.md §2.6)",
+    "vocab": "frameworks.md §2.5: padded to a multiple of --make-vocab-size-divisible-by (128) x tp",
+}
+
+MEGATRON = Capabilities(
+    Framework.MEGATRON, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
+    offload=("none", "optimizer"), recompute=("none", "selective", "full"), sp_needs_tp="warn",
+    uneven_split="first_last", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
+    vocab_rule="Megatron pads the vocabulary to a multiple of 128 x tp", sources=_MEGATRON_SOURCES)
+
+NEMO = Capabilities(
+    Framework.NEMO, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
+    offload=("none", "optimizer"), recompute=("none", "selective", "full"), sp_needs_tp="error",
+    uneven_split="first_last", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
+    vocab_rule="Megatron-Core pads the vocabulary to a multiple of 128 x tp",
+    sources={**_MEGATRON_SOURCES,
+             "sp": "frameworks.md §4.5: Megatron-Bridge builds the mcore config directly: SP with tp = 1 is a "
+                   "ValueError"})
+
+TORCHTITAN = Capabilities(
+    Framework.TORCHTITAN, schedules=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), zero_stages=(0, 2, 3),
+    zero_stages_with_pp=(0, 1), offload=("none", "optimizer+params"), recompute=("none", "selective", "full"),
+    sp_needs_tp="warn", uneven_split="any", per_stage_recompute="none", max_virtual_stages=64,
+    vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
+               "embedding and output",
+    precisions=("bf16", "fp32"),
+    sources={
+        "schedules": "frameworks.md §1.4: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+                     "ZBVZeroBubble (zero_bubble exports as ZBVZeroBubble: two stages per rank in a V)",
+        "zero": "frameworks.md §1.6: FSDP2: reshard_after_forward default = ZeRO-3, never = ZeRO-2 (parameters "
+                "gathered from forward to backward); under PP FSDP keeps parameters unsharded (read as ZeRO-1); "
+                "no optimizer-only sharding",
+        "offload": "frameworks.md §1.6: enable_cpu_offload = CPUOffloadPolicy (parameters, gradients, optimizer)",
+        "recompute": "frameworks.md §1.5: none, full, selective (per-op SAC); no per-stage counts in 0.3",
+        "split": "frameworks.md §1.4: module_fqns_per_model_part gives any split",
+        "sp": "enable_sequence_parallel, default True (frameworks.md §1.2)",
+        "precision": "mixed_precision_param: bfloat16 or float32 (frameworks.md §1.6)",
+    })
+
+DEEPSPEED = Capabilities(
+    Framework.DEEPSPEED, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
+    offload=("none", "optimizer", "optimizer+params"), recompute=("none", "full"),
+    tensor_parallel_zero_stages=(0, 1, 2), tensor_parallel_with_pp=False, sequence_parallel=False,
+    uneven_split="none", per_stage_recompute="none", max_virtual_stages=1,
+    vocab_rule="DeepSpeed does not pad the vocabulary; the planner requires tp to divide it",
+    sources={
+        "schedules": "frameworks.md §3.3: TrainSchedule is synchronous 1F1B; no interleaving, no zero-bubble",
+        "zero": "frameworks.md §3.3: ZeRO-2/3 are incompatible with pipeline parallelism",
+        "offload": "frameworks.md §3.5: offload_optimizer (ZeRO >= 1), offload_param (ZeRO-3 only)",
+        "recompute": "frameworks.md §3.4: the JSON does not choose layers; model code checkpoints whole layers "
+                     "(PipelineModule activation_checkpoint_interval, HF gradient_checkpointing)",
+        "split": "frameworks.md §3.3: PipelineModule partition_method parameters/uniform/type:regex, no explicit "
+                 "counts",
+        "tp": "AutoTP training (tensor_parallel.autotp_size): ZeRO 0, 1 or 2, no pipeline "
+              "(deepspeed.ai/tutorials/autotp-training)",
+        "sp": "AutoTP has no Megatron-style sequence parallelism (Ulysses is context parallelism)",
+    })
+
+MEGATRON_DEEPSPEED = Capabilities(
+    Framework.MEGATRON_DEEPSPEED, schedules=("1f1b", "zero_bubble"), zero_stages=(0, 1, 2, 3),
+    zero_stages_with_pp=(0, 1), offload=("none", "optimizer", "optimizer+params"),
+    recompute=("none", "selective", "full"), no_sp_schedules=("zero_bubble",), uneven_split="none",
+    per_stage_recompute="none", max_virtual_stages=1, pads_vocab=True, vocab_rule="Megatron-DeepSpeed pads the vocabulary to a multiple of 128 x tp",
+    sources={
+        "schedules": "frameworks.md §3.3: DeepSpeed's pipeline engine runs 1F1B; --enable-zbh1-pipeline runs ZB-H1 "
+                     "(no SP)",
+        "zero": "frameworks.md §3.1/§3.3: --zero-stage with the DeepSpeed engine; ZeRO-2/3 only with "
+                "--no-pipeline-parallel",
+        "offload": "frameworks.md §3.5 (ds_config offload_optimizer / offload_param)",
+        "recompute": "frameworks.md §3.4: --checkpoint-activations / --recompute-granularity; block is not "
+                     "supported by the DeepSpeed pipeline",
+        "split": "frameworks.md §3.3: partition_method type:transformer balances the layer count",
+        "sp": "--sequence-parallel (not with --enable-zbh1-pipeline)",
+        "vocab": "Megatron's padding to 128 x tp",
+    })
+
+GENERIC = Capabilities(
+    Framework.GENERIC, schedules=ALL_SCHEDULES, zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
+    offload=("none", "optimizer", "optimizer+params"), recompute=("none", "selective", "full"),
+    uneven_split="any", per_stage_recompute="any", max_virtual_stages=64, pads_vocab=True,
+    vocab_rule="", sources={"schedules": "every schedule the cost models know (no framework named)"})
+
+CAPABILITIES: dict[Framework, Capabilities] = {
+    c.framework: c for c in (MEGATRON, NEMO, TORCHTITAN, DEEPSPEED, MEGATRON_DEEPSPEED, GENERIC)}
+
+DEFAULT_FRAMEWORK = Framework.GENERIC  # plan/estimate without --framework: every schedule the cost models know
+
+
+def capabilities(name: str | Framework | None) -> Capabilities:
+    return CAPABILITIES[parse_framework(name)]
+
+
+def parse_framework(name: str | Framework | None) -> Framework:
+    from cluster_specs import SpecError
+
+    if name is None:
+        return DEFAULT_FRAMEWORK
+    try:
+        return Framework(str(name).lower())
+    except ValueError:
+        allowed = ", ".join(f.value for f in Framework)
+        raise SpecError(f"--framework: {name!r} -> allowed: {allowed}") from None
+
+
+def refuse_unrunnable(framework: str | None, layout, model) -> str:
+    """`estimate --framework X`: a one-line error when X cannot run the layout; the framework's name otherwise."""
+    from cluster_specs import SpecError
+
+    caps = capabilities(framework)
+    why = caps.refusal(layout.model_dump()) or caps.vocab_problem(model.vocab_size, layout.tp)
+    if why:
+        raise SpecError(f"--layout: {why}")
+    return caps.framework.value
+
+
+def sp_problem(caps: Capabilities, f: dict) -> tuple[str, str] | None:
+    """SP with tp = 1: ('warning', text) where the framework disables it, ('error', text) where it refuses."""
+    if not f.get("sequence_parallel") or f.get("tp", 1) > 1:
+        return None
+    if caps.sp_needs_tp == "error":
+        return "error", f"sequence_parallel with tp=1 -> {caps.sources.get('sp', '')}"
+    return "warning", ("sequence parallelism with tp=1: the framework disables it with a warning "
+                       "(\"Disabling sequence parallelism because tensor model parallelism is disabled\"); checked "
+                       "without it")

@@ -1,0 +1,90 @@
+"""The search space a user asked for: the framework's capabilities, pinned layout keys (`--fix tp=8`) and allowed
+schedules (`--schedules 1f1b,interleaved_1f1b`). The search calls `Restriction.adjust` on every candidate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cluster_specs import SpecError
+from planner.frameworks.capabilities import Capabilities, capabilities
+from planner.inputs.specs import SCHEDULES
+
+# layout keys the search enumerates; per-stage lists come from the refinement, not the search
+FIXABLE = ("tp", "pp", "dp", "zero_stage", "offload", "micro_batch_size", "num_micro_batches", "recompute",
+           "sequence_parallel", "schedule", "virtual_stages")
+
+
+@dataclass(frozen=True)
+class Restriction:
+    caps: Capabilities
+    vocab_size: int
+    fixed: dict = field(default_factory=dict)
+    schedules: tuple[str, ...] | None = None
+
+    def adjust(self, f: dict) -> dict | None:
+        """The candidate fields as the framework would run them, or None when the candidate is excluded."""
+        g = dict(f)
+        if not self.caps.sequence_parallel or g.get("schedule") in self.caps.no_sp_schedules:
+            g["sequence_parallel"] = False
+        if "sequence_parallel" in self.fixed:
+            g["sequence_parallel"] = self.fixed["sequence_parallel"] and g.get("tp", 1) > 1
+        for key, value in self.fixed.items():
+            if key in g and g[key] != value:
+                return None
+        if self.schedules is not None and g.get("pp", 1) > 1 and g.get("schedule", "1f1b") not in self.schedules:
+            return None
+        if self.caps.refusal(g) or self.caps.vocab_problem(self.vocab_size, g.get("tp", 1)):
+            return None
+        return g
+
+    def admits(self, layout_fields: dict) -> bool:
+        return self.adjust(layout_fields) == layout_fields
+
+
+def parse_fix(items: list[str] | None) -> dict:
+    """`--fix tp=8 --fix pp=4,zero=1` -> {'tp': 8, 'pp': 4, 'zero_stage': 1} (layout-string keys and aliases)."""
+    from planner.inputs.layout_string import parse_layout_string
+
+    fixed = parse_layout_string(",".join(items or []))
+    for key in fixed:
+        if key not in FIXABLE:
+            raise SpecError(f"--fix {key}: per-stage lists are the refinement's output, not a search key -> estimate "
+                            f"that layout with `planner estimate --layout`; fixable: {', '.join(FIXABLE)}")
+    return fixed
+
+
+def parse_schedules(text: str | None) -> tuple[str, ...] | None:
+    if not text:
+        return None
+    names = tuple(s.strip().lower() for s in text.split(",") if s.strip())
+    bad = [s for s in names if s not in SCHEDULES]
+    if bad or not names:
+        raise SpecError(f"--schedules: {', '.join(bad) or text!r} -> allowed: {', '.join(SCHEDULES)}")
+    return names
+
+
+def build_restriction(framework: str | None, vocab_size: int, fix: list[str] | None = None,
+                      schedules: str | None = None) -> Restriction:
+    """Validate the options against each other and the framework; one-line errors name the conflict."""
+    caps = capabilities(framework)
+    fixed = parse_fix(fix)
+    allowed = parse_schedules(schedules)
+    if allowed is not None:
+        runnable = tuple(s for s in allowed if s in caps.schedules)
+        if not runnable:
+            raise SpecError(f"--schedules: {', '.join(allowed)} -> {caps.framework.value} runs "
+                            f"{', '.join(caps.schedules)} ({caps.sources.get('schedules', '')})")
+        allowed = runnable
+    probe = {"pp": 2, **fixed} if "schedule" in fixed or "virtual_stages" in fixed else dict(fixed)
+    if "zero_stage" in fixed and "pp" not in fixed and fixed["zero_stage"] >= 2:
+        probe["pp"] = 1
+    why = caps.refusal(probe)
+    if why:
+        raise SpecError(f"--fix: {why}")
+    if allowed is not None and "schedule" in fixed and fixed["schedule"] not in allowed:
+        raise SpecError(f"--fix schedule={fixed['schedule']} -> not in --schedules {','.join(allowed)}")
+    if "tp" in fixed:
+        vocab = caps.vocab_problem(vocab_size, fixed["tp"])
+        if vocab:
+            raise SpecError(f"--fix tp={fixed['tp']}: {vocab}")
+    return Restriction(caps, vocab_size, fixed, allowed)

@@ -1,0 +1,115 @@
+"""--framework / --fix / --schedules: the search covers only what the named framework can run (frameworks.md)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cluster_specs import SpecError
+from planner.frameworks import Framework
+from planner.frameworks.capabilities import CAPABILITIES, capabilities
+from planner.frameworks.restriction import build_restriction
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=180)
+
+
+def _plan(framework, *, fix=None, schedules=None, cluster="dgx-a100-80gb", nodes=16, model="llama2-13b", batch=512,
+          seq=4096):
+    from planner.cli import build_problem
+    from planner.search import PlanOptions, plan
+
+    problem = build_problem(cluster, nodes, model, batch, seq)
+    restriction = build_restriction(framework, problem.model.vocab_size, fix, schedules)
+    return problem, plan(problem, PlanOptions(top_k=5, restriction=restriction))
+
+
+def test_every_framework_has_capabilities_with_sources():
+    assert set(CAPABILITIES) == set(Framework)
+    for fw, caps in CAPABILITIES.items():
+        if fw is not Framework.GENERIC:
+            assert caps.sources.get("schedules") and caps.sources.get("zero"), fw
+
+
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed", "torchtitan", "megatron-deepspeed", "nemo"])
+def test_search_picks_only_what_the_framework_runs(framework):
+    caps = capabilities(framework)
+    _, result = _plan(framework, cluster="dgx-h100", nodes=64, model="llama3-70b", batch=512, seq=8192)
+    for cand in [result.pick, *result.ranked]:
+        lay = cand.layout.model_dump()
+        assert caps.refusal(lay) is None, (framework, lay)
+
+
+def test_upstream_megatron_and_deepspeed_never_get_zero_bubble():
+    # issue 11: `plan` picked zero_bubble for the 405B, which upstream Megatron-LM and DeepSpeed cannot run
+    for fw in ("megatron", "deepspeed"):
+        _, result = _plan(fw, cluster="dgx-h100", nodes=128, model="llama3-405b", batch=1024, seq=8192)
+        assert all(c.layout.schedule != "zero_bubble" for c in result.ranked)
+
+
+def test_deepspeed_autotp_has_no_sequence_parallelism_and_no_tp_with_pipelining():
+    _, result = _plan("deepspeed", cluster="dgx-h100", nodes=16, model="llama3-70b", batch=256, seq=8192)
+    for c in result.ranked:
+        assert not c.layout.sequence_parallel
+        assert c.layout.tp == 1 or (c.layout.pp == 1 and c.layout.zero_stage <= 2)
+
+
+def test_fix_pins_degrees_and_schedules_restrict():
+    _, result = _plan("megatron", fix=["tp=4", "pp=2,zero=1"], schedules="1f1b")
+    for c in result.ranked:
+        assert (c.layout.tp, c.layout.pp, c.layout.zero_stage, c.layout.schedule) == (4, 2, 1, "1f1b")
+
+
+def test_fix_recompute_and_sp_off():
+    _, result = _plan("generic", fix=["recompute=full", "sp=0", "tp=2"])
+    assert {c.layout.recompute for c in result.ranked} == {"full"}
+    assert not any(c.layout.sequence_parallel for c in result.ranked)
+
+
+def test_vocab_rule_per_framework():
+    # GPT-3's 50,257-entry vocabulary is odd: Megatron pads it (to 128 x tp), torchtitan and DeepSpeed do not
+    assert capabilities("megatron").vocab_problem(50257, 8) is None
+    assert capabilities("megatron").padded_vocab(50257, 8) == 51200  # 50 x 1024
+    assert "not divisible by tp (8)" in capabilities("torchtitan").vocab_problem(50257, 8)
+    _, result = _plan("torchtitan", cluster="dgx-a100-80gb", nodes=8, model="gpt3-1.3b", batch=256, seq=2048)
+    assert all(c.layout.tp == 1 for c in result.ranked)
+
+
+@pytest.mark.parametrize("framework,fix,schedules,needle", [
+    ("megatron", ["schedule=zero_bubble"], None, "schedule zero_bubble -> not available"),
+    ("deepspeed", None, "interleaved_1f1b", "deepspeed runs 1f1b"),
+    ("torchtitan", ["zero=1", "pp=1"], None, "zero_stage 1 -> allowed: (0, 2, 3)"),
+    ("generic", ["layers_per_stage=1/2"], None, "not a search key"),
+    ("megatron", ["bogus=1"], None, "layout key 'bogus'"),
+    ("fairseq", None, None, "allowed: megatron, nemo"),
+    ("generic", None, "1f1b,wavefront", "wavefront"),
+])
+def test_conflicting_options_are_one_line_errors(framework, fix, schedules, needle):
+    with pytest.raises(SpecError) as exc:
+        build_restriction(framework, 32000, fix, schedules)
+    assert needle in str(exc.value)
+
+
+def test_megatron_uneven_split_and_per_stage_recompute_rules():
+    meg = capabilities("megatron")
+    base = {"pp": 4, "schedule": "1f1b", "zero_stage": 1}
+    assert meg.refusal({**base, "layers_per_stage": [7, 9, 9, 7]}) is None  # middle even
+    assert "middle stages split evenly" in meg.refusal({**base, "layers_per_stage": [8, 9, 8, 7]})
+    assert meg.refusal({**base, "recompute_layers_per_stage": [2, 2, 2, 2]}) is None
+    assert "one recompute count" in meg.refusal({**base, "recompute_layers_per_stage": [3, 2, 1, 0]})
+    assert capabilities("torchtitan").refusal({**base, "layers_per_stage": [8, 9, 8, 7]}) is None
+
+
+def test_plan_json_records_the_framework_and_estimate_refuses_what_it_cannot_run(tmp_path):
+    proc = run("plan", "-c", "dgx-a100-80gb", "-n", "2", "-m", "llama2-7b", "-b", "64", "-s", "2048",
+               "--framework", "megatron", "--fix", "tp=8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["framework"] == "megatron" and doc["layout"]["tp"] == 8
+    proc = run("estimate", "-c", "dgx-a100-80gb", "-n", "2", "-m", "llama2-7b", "-b", "64", "-s", "2048",
+               "--layout", "tp=8,pp=2,schedule=zero_bubble", "--framework", "megatron")
+    assert proc.returncode == 3
+    assert "megatron: schedule zero_bubble -> not available" in proc.stderr
+    assert "Traceback" not in proc.stderr
