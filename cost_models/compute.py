@@ -10,47 +10,58 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from cost_models.attention import attention_extra_count, attention_weight_count, core_attention_forward_flops
 from cost_models.inputs import Transformer
+from cost_models.moe import mlp_forward_flops_per_token, mlp_parameter_counts
 
 
 @dataclass(frozen=True, slots=True)
 class ParameterCounts:
     embedding: int  # word embeddings (unpadded vocabulary)
     position_embedding: int
-    per_layer: int
+    per_layer: int  # one layer (an MoE layer with all its experts when the model has MoE layers)
     per_layer_norms: int  # part of per_layer that TP replicates (norm weights)
-    layers: int  # per_layer x num_layers
+    layers: int  # sum over all layers (dense and MoE)
     final_norm: int
     output_layer: int  # 0 when tied to the embedding
     total: int
+    active: int = 0  # parameters one token uses (MoE: k of E routed experts); equals total for dense models
+    per_dense_layer: int = 0  # a dense layer of an MoE model (DeepSeek's first layers); = per_layer when dense
+    per_layer_routed_experts: int = 0  # routed-expert part of per_layer (sharded by EP, not by TP)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
+def _norm_count(model: Transformer) -> int:
+    return 0 if not model.norm_has_params else (model.hidden_size if model.rms_norm else 2 * model.hidden_size)
+
+
 def layer_parameter_count(model: Transformer) -> tuple[int, int]:
-    """(parameters of one transformer layer, of which norm weights). Biases as GPT-2/3 when model.bias."""
-    h, d = model.hidden_size, model.head_dim
-    q, kv = model.num_attention_heads * d, model.num_kv_heads * d
-    f = model.ffn_hidden_size
-    attention = h * (q + 2 * kv) + q * h
-    mlp = (3 if model.swiglu else 2) * h * f
-    biases = 0
-    if model.bias:
-        biases = (q + 2 * kv) + h + ((2 * f) if model.swiglu else f) + h
-    norms = 2 * (h if model.rms_norm else 2 * h)
-    return attention + mlp + biases + norms, norms
+    """(parameters of one transformer layer, of which norm weights). Biases as GPT-2/3 when model.bias.
+
+    For an MoE model this is an MoE layer with all its experts; parameter_counts() adds the dense layers."""
+    mlp = mlp_parameter_counts(model)
+    norms = model.norms_per_layer * _norm_count(model)
+    attention = attention_weight_count(model) + attention_extra_count(model)
+    return attention + (mlp.moe_layer_total if model.moe else mlp.dense_layer) + norms, norms
 
 
 def parameter_counts(model: Transformer) -> ParameterCounts:
-    """Exact parameter count of the model as built (GPT-3 175B: 174,615,846,912 incl. the final LayerNorm)."""
+    """Exact parameter count of the model as built (GPT-3 175B: 174,615,846,912 incl. the final LayerNorm;
+    Mixtral-8x7B 46,702,792,704; DeepSeek-V3 671,026,419,200: tests/test_model_families.py)."""
     h = model.hidden_size
     per_layer, norms = layer_parameter_count(model)
+    mlp = mlp_parameter_counts(model)
+    per_dense = per_layer - (mlp.moe_layer_total - mlp.dense_layer if model.moe else 0)
+    n_moe = model.num_moe_layers
+    layers = per_layer * n_moe + per_dense * (model.num_layers - n_moe)
     embedding = model.vocab_size * h
     position = model.max_position_embeddings * h if model.learned_position_embeddings else 0
-    final_norm = h if model.rms_norm else 2 * h
+    final_norm = _norm_count(model)
     output = 0 if model.tied_embeddings else model.vocab_size * h
-    layers = per_layer * model.num_layers
+    total = embedding + position + layers + final_norm + output
+    inactive = (mlp.moe_layer_total - mlp.moe_layer_active) * n_moe
     return ParameterCounts(
         embedding=embedding,
         position_embedding=position,
@@ -59,7 +70,10 @@ def parameter_counts(model: Transformer) -> ParameterCounts:
         layers=layers,
         final_norm=final_norm,
         output_layer=output,
-        total=embedding + position + layers + final_norm + output,
+        total=total,
+        active=total - inactive,
+        per_dense_layer=per_dense,
+        per_layer_routed_experts=mlp.moe_layer_routed,
     )
 
 
@@ -70,16 +84,16 @@ def params_narayanan_eq2(*, num_layers: int, hidden_size: int, vocab_size: int, 
 
 
 def layer_forward_flops(model: Transformer, *, tokens: int, seq_length: int) -> tuple[float, float]:
-    """Forward FLOPs of one layer for `tokens` tokens in sequences of `seq_length`: (GEMM part, attention core).
+    """Forward FLOPs of one layer for `tokens` tokens in sequences of `seq_length`: (GEMM part, attention core),
+    averaged over the layers when they differ (MoE and dense layers, windowed and global attention).
 
-    GEMMs: QKV 2T h (q + 2kv), output projection 2T q h, MLP 2T h f x (2 GeLU | 3 SwiGLU).
-    Attention core: Q K^T and P V, 2 x 2 T s q (Narayanan et al. 2021 Appendix: 4 B s^2 h for MHA).
+    GEMMs: 2 T x the projection weights (QKV 2T h (q + 2kv), output 2T q h; MLA's latent projections) plus the MLP
+    2T h f x (2 GeLU | 3 SwiGLU), for MoE the k routed experts, shared experts and router (cost_models/moe.py).
+    Attention core: Q K^T and P V, 2 x 2 T s q (Narayanan et al. 2021 Appendix: 4 B s^2 h for MHA), scaled by the
+    window for sliding-window layers (cost_models/attention.py).
     """
-    h, d = model.hidden_size, model.head_dim
-    q, kv = model.num_attention_heads * d, model.num_kv_heads * d
-    gemm = 2 * tokens * h * (q + 2 * kv) + 2 * tokens * q * h
-    gemm += 2 * tokens * h * model.ffn_hidden_size * (3 if model.swiglu else 2)
-    core = 4 * tokens * seq_length * q
+    gemm = 2.0 * tokens * attention_weight_count(model) + tokens * mlp_forward_flops_per_token(model)
+    core = core_attention_forward_flops(model, tokens=tokens, seq_length=seq_length)
     return float(gemm), float(core)
 
 

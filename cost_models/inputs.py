@@ -41,8 +41,37 @@ class Hardware:
 
 
 @dataclass(frozen=True, slots=True)
+class MoE:
+    """Mixture-of-experts MLP (modern-training.md §3.1-3.2). Routed experts have the model's MLP kind."""
+
+    num_experts: int  # routed experts E
+    top_k: int  # experts per token k
+    expert_ffn_hidden_size: int  # f_e
+    shared_expert_ffn_hidden_size: int = 0  # total width of the always-active shared expert(s), n_s x f_e
+    shared_expert_gate: bool = False  # Qwen2-MoE: an h x 1 gate on the shared expert
+    router_bias: bool = False  # DeepSeek-V3: an E-sized e_score_correction_bias per MoE layer
+    num_dense_layers: int = 0  # leading layers that keep the dense FFN (DeepSeek first_k_dense_replace)
+    capacity_factor: float | None = None  # None: dropless (Megatron's default, DeepSeek-V3, MegaBlocks)
+
+
+@dataclass(frozen=True, slots=True)
+class MLA:
+    """Multi-head latent attention, DeepSeek-V2/V3 (modern-training.md §4.1; HF field names)."""
+
+    q_lora_rank: int | None  # None: a plain q_proj (V2-Lite)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True)
 class Transformer:
-    """A decoder-only transformer, GPT- or Llama-style."""
+    """A decoder-only transformer, GPT- or Llama-style, optionally with MoE, MLA or sliding-window layers."""
 
     num_layers: int
     hidden_size: int
@@ -58,10 +87,24 @@ class Transformer:
     max_position_embeddings: int
     bias: bool
     dropout: bool
+    head_dim_size: int | None = None  # HF `head_dim` when a x d != h (Mistral-NeMo, Gemma-2, Qwen3)
+    qkv_bias: bool = False  # bias on q, k, v only (Qwen2); `bias` means GPT-style biases everywhere
+    o_bias: bool = False  # bias on the output projection (with qkv_bias: Llama's attention_bias)
+    qk_norm: bool = False  # Qwen3: RMSNorm of size d on q and k in every layer
+    norms_per_layer: int = 2  # Gemma-2: 4 (pre/post attention and FFN); Falcon-7B: 1 (parallel attention)
+    norm_has_params: bool = True  # False for OLMo's non-parametric LayerNorm
+    sliding_window: int | None = None  # tokens each query sees in a local-attention layer
+    sliding_window_layers: int = 0  # how many layers use the window (Gemma-2: every other one)
+    moe: MoE | None = None
+    mla: MLA | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.head_dim_size or self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.moe.num_dense_layers if self.moe else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path in presets:
         return _validate({"name": name_or_path, **presets[name_or_path]}, f"model preset {name_or_path}")
     path = Path(name_or_path)
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"  # a Hugging Face snapshot directory
     if not (path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists()):
         raise unknown_name("model", name_or_path, list(presets))
     if path.is_dir():  # a Hugging Face snapshot directory: its config.json describes the model
@@ -55,40 +57,261 @@ def load_model(name_or_path: str) -> ModelSpec:
     return _validate(data, str(path))
 
 
-HF_FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox")
+HF_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
+               "gemma3_text", "phi3", "olmo", "falcon", "deepseek_v2", "deepseek_v3", "gpt2", "gpt_neox")
+
+# model_type -> what the cost model lacks for it (the rejection names it and points to a hand-written spec)
+HF_UNSUPPORTED = {
+    **dict.fromkeys(("t5", "mt5", "umt5", "bart", "mbart", "pegasus", "marian", "whisper", "led", "longt5",
+                     "switch_transformers", "encoder-decoder"), "encoder-decoder models (only decoder-only is modelled)"),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma"),
+                    "state-space/recurrent layers (no attention layers to model)"),
+    **dict.fromkeys(("jamba", "zamba", "zamba2", "bamba", "nemotron_h", "granitemoehybrid"),
+                    "hybrid attention/state-space layer stacks"),
+    **dict.fromkeys(("bert", "roberta", "deberta", "deberta-v2", "electra", "modernbert"),
+                    "encoder-only models (no causal LM training step)"),
+    "olmo2": "OLMo-2's q/k norms over the whole projection (a·d and g·d wide; Qwen3-style per-head qk_norm is modelled)",
+}
+_HAND_SPEC = ("describe the decoder by hand in a model YAML (num_layers, hidden_size, num_attention_heads, "
+              "num_kv_heads, head_dim, ffn_hidden_size, vocab_size, mlp, norm, moe:, mla:, sliding_window; the README "
+              "shows one)")
 
 
 def hf_config_to_spec(cfg: dict, *, source: str = "config.json") -> dict:
-    """Map a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX) to ModelSpec fields."""
+    """Map a Hugging Face config.json to ModelSpec fields (families: HF_FAMILIES; field meanings:
+    ../shared/reference/modern-training.md §6.1). Unknown or unsupported families are refused with what is missing."""
     kind = cfg.get("model_type")
-    if kind not in HF_FAMILIES:
-        raise SpecError(f"model_type: {kind!r} -> supported: {', '.join(HF_FAMILIES)}", source=source)
+    reader = _HF_READERS.get(kind) if isinstance(kind, str) else None
+    if reader is None:
+        if isinstance(cfg.get("text_config"), dict):
+            raise SpecError(f"model_type: {kind!r} -> a multimodal wrapper: the planner models the text decoder only; "
+                            "save its text_config as a config.json (with its model_type) and pass that", source=source)
+        why = HF_UNSUPPORTED.get(kind) if isinstance(kind, str) else None
+        lead = f"not modelled: {why}" if why else f"not a supported family ({', '.join(HF_FAMILIES)})"
+        raise SpecError(f"model_type: {kind!r} -> {lead}; {_HAND_SPEC}", source=source)
+    cfg = _Cfg(cfg, kind, source)
+    name = cfg.raw.get("_name_or_path") or Path(source).parent.name or kind
+    return {"name": name, "source": f"Hugging Face config ({source}, model_type {kind})", **reader(cfg)}
 
-    def need(key):
-        if key not in cfg or cfg[key] is None:
-            raise SpecError(f"{key}: missing (required for model_type {kind})", source=source)
-        return cfg[key]
 
-    name = cfg.get("_name_or_path") or Path(source).parent.name or kind
-    if kind == "gpt2":
-        h = need("n_embd")
-        return {
-            "name": name, "source": f"Hugging Face config ({source})",
-            "num_layers": need("n_layer"), "hidden_size": h, "num_attention_heads": need("n_head"),
-            "ffn_hidden_size": cfg.get("n_inner") or 4 * h, "vocab_size": need("vocab_size"),
-            "max_position_embeddings": cfg.get("n_positions", 1024), "position_embedding": "learned",
-            "tied_embeddings": cfg.get("tie_word_embeddings", True), "mlp": "gelu", "norm": "layernorm", "bias": True,
-            "dropout": bool(cfg.get("resid_pdrop", 0.1)),
-        }
-    common = {
-        "name": name, "source": f"Hugging Face config ({source})",
-        "num_layers": need("num_hidden_layers"), "hidden_size": need("hidden_size"),
-        "num_attention_heads": need("num_attention_heads"), "ffn_hidden_size": need("intermediate_size"),
-        "vocab_size": need("vocab_size"), "position_embedding": "rope",
+class _Cfg:
+    """Typed access to config.json fields with one-line errors naming the HF key."""
+
+    def __init__(self, raw: dict, kind: str, source: str):
+        self.raw, self.kind, self.source = raw, kind, source
+
+    def _bad(self, key, value, allowed):
+        raise SpecError(f"{key}: {value!r} -> {allowed} (model_type {self.kind})", source=self.source)
+
+    def int(self, *keys, default=None, minimum=1):
+        for key in keys:
+            value = self.raw.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                self._bad(key, value, f"must be an integer >= {minimum}")
+            return value
+        if default is None:
+            raise SpecError(f"{keys[0]}: missing -> required for model_type {self.kind}", source=self.source)
+        return default
+
+    def opt_int(self, key, minimum=1):
+        return self.int(key, default=0, minimum=minimum) if self.raw.get(key) is not None else None
+
+    def flag(self, key, default=False):
+        value = self.raw.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            self._bad(key, value, "must be true or false")
+        return value
+
+
+def _decoder(c: _Cfg, *, mlp="swiglu", norm="rmsnorm", tied=False) -> dict:
+    """Fields shared by the Llama-like families: GQA heads, explicit head_dim, RoPE, no biases."""
+    heads = c.int("num_attention_heads")
+    spec = {
+        "num_layers": c.int("num_hidden_layers"), "hidden_size": c.int("hidden_size"),
+        "num_attention_heads": heads, "num_kv_heads": c.int("num_key_value_heads", default=heads),
+        "ffn_hidden_size": c.int("intermediate_size"), "vocab_size": c.int("vocab_size"),
+        "position_embedding": "rope", "mlp": mlp, "norm": norm, "bias": False,
+        "tied_embeddings": c.flag("tie_word_embeddings", tied),
+        "attention_bias": c.flag("attention_bias"),
     }
-    if kind == "gpt_neox":
-        return {**common, "tied_embeddings": cfg.get("tie_word_embeddings", False), "mlp": "gelu",
-                "norm": "layernorm", "bias": True}
-    return {**common, "num_kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            "tied_embeddings": cfg.get("tie_word_embeddings", False), "mlp": "swiglu", "norm": "rmsnorm",
-            "bias": False}
+    head_dim = c.opt_int("head_dim")
+    if head_dim is not None:
+        spec["head_dim"] = head_dim
+    if c.flag("mlp_bias"):
+        c._bad("mlp_bias", True, "not modelled (MLP biases without attention biases); " + _HAND_SPEC)
+    return spec
+
+
+def _window(c: _Cfg, spec: dict, layers: int | None = None) -> dict:
+    window = c.opt_int("sliding_window")
+    if window is not None:
+        spec["sliding_window"] = window
+        spec["sliding_window_layers"] = spec["num_layers"] if layers is None else layers
+    return spec
+
+
+def _layer_types(c: _Cfg, default_sliding: int) -> int:
+    """Sliding layers from HF's `layer_types` list when present, else the family's pattern."""
+    types = c.raw.get("layer_types")
+    if isinstance(types, list) and types:
+        return sum(1 for t in types if t == "sliding_attention")
+    return default_sliding
+
+
+def _llama(c):
+    return _decoder(c)
+
+
+def _mistral(c):
+    return _window(c, _decoder(c))
+
+
+def _qwen_window(c, spec):
+    if c.flag("use_sliding_window"):
+        full = c.int("max_window_layers", default=spec["num_layers"], minimum=0)
+        _window(c, spec, _layer_types(c, max(spec["num_layers"] - full, 0)))
+    return spec
+
+
+def _qwen2(c):
+    spec = _decoder(c)
+    spec["qkv_bias"], spec["attention_bias"] = True, False  # Qwen2Attention: bias on q, k, v; none on o
+    return _qwen_window(c, spec)
+
+
+def _qwen3(c):
+    return _qwen_window(c, {**_decoder(c), "qk_norm": True})
+
+
+def _qwen_moe_dense_layers(c, layers):
+    step = c.int("decoder_sparse_step", default=1)
+    only = c.raw.get("mlp_only_layers") or []
+    if not isinstance(only, list):
+        c._bad("mlp_only_layers", only, "must be a list of layer indices")
+    return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
+
+
+def _qwen2_moe(c):
+    spec = _qwen2(c)
+    shared = c.int("shared_expert_intermediate_size", default=0, minimum=0)
+    spec["moe"] = {
+        "num_experts": c.int("num_experts"), "top_k": c.int("num_experts_per_tok"),
+        "expert_ffn_hidden_size": c.int("moe_intermediate_size"),
+        "shared_expert_ffn_hidden_size": shared, "shared_expert_gate": shared > 0,
+        "num_dense_layers": _qwen_moe_dense_layers(c, spec["num_layers"]),
+    }
+    return spec
+
+
+def _qwen3_moe(c):
+    spec = _qwen3(c)
+    spec["moe"] = {
+        "num_experts": c.int("num_experts"), "top_k": c.int("num_experts_per_tok"),
+        "expert_ffn_hidden_size": c.int("moe_intermediate_size"),
+        "num_dense_layers": _qwen_moe_dense_layers(c, spec["num_layers"]),
+    }
+    return spec
+
+
+def _mixtral(c):
+    spec = _window(c, _decoder(c))
+    spec["moe"] = {"num_experts": c.int("num_local_experts", "num_experts"), "top_k": c.int("num_experts_per_tok"),
+                   "expert_ffn_hidden_size": spec["ffn_hidden_size"]}
+    return spec
+
+
+def _gemma(c):
+    return _decoder(c, mlp="geglu", tied=True)
+
+
+def _gemma2(c):
+    spec = {**_decoder(c, mlp="geglu", tied=True), "norms_per_layer": 4}
+    # HF Gemma-2: layer i is local when i % 2 == 0 (layer 0 local); `layer_types` when given
+    return _window(c, spec, _layer_types(c, (spec["num_layers"] + 1) // 2))
+
+
+def _gemma3_text(c):
+    spec = {**_decoder(c, mlp="geglu", tied=True), "norms_per_layer": 4, "qk_norm": True}
+    pattern = c.int("sliding_window_pattern", default=6)
+    local = sum(1 for i in range(spec["num_layers"]) if (i + 1) % pattern)
+    return _window(c, spec, _layer_types(c, local))
+
+
+def _phi3(c):
+    # fused qkv_proj and gate_up_proj have the unfused counts; HF passes config.sliding_window to attention
+    return _window(c, _decoder(c))
+
+
+def _olmo(c):
+    # OLMo v1: "LayerNorm but with no learnable weight or bias"; clip_qkv has no parameters
+    return _decoder(c, norm="nonparametric")
+
+
+def _falcon(c):
+    heads = c.int("num_attention_heads", "n_head")
+    h = c.int("hidden_size")
+    if c.flag("new_decoder_architecture"):
+        kv = c.int("num_kv_heads", "n_head_kv", default=heads)
+        norms = 1 if c.int("num_ln_in_parallel_attn", default=2) == 1 else 2
+    else:
+        kv = 1 if c.flag("multi_query", True) else heads
+        norms = 1 if c.flag("parallel_attn", True) else 2
+    return {
+        "num_layers": c.int("num_hidden_layers", "n_layer"), "hidden_size": h, "num_attention_heads": heads,
+        "num_kv_heads": kv, "ffn_hidden_size": c.int("ffn_hidden_size", default=4 * h), "vocab_size": c.int("vocab_size"),
+        "mlp": "gelu", "norm": "layernorm", "norms_per_layer": norms, "bias": c.flag("bias"),
+        "tied_embeddings": c.flag("tie_word_embeddings", True),
+        "position_embedding": "alibi" if c.flag("alibi") else "rope",
+    }
+
+
+def _deepseek(c):
+    heads = c.int("num_attention_heads")
+    layers = c.int("num_hidden_layers")
+    first_dense = c.int("first_k_dense_replace", default=0, minimum=0)
+    freq = c.int("moe_layer_freq", default=1)
+    moe_layers = sum(1 for i in range(layers) if i >= first_dense and i % freq == 0)
+    fe = c.int("moe_intermediate_size")
+    spec = {
+        "num_layers": layers, "hidden_size": c.int("hidden_size"), "num_attention_heads": heads,
+        "ffn_hidden_size": c.int("intermediate_size"), "vocab_size": c.int("vocab_size"), "mlp": "swiglu",
+        "norm": "rmsnorm", "bias": False, "attention_bias": c.flag("attention_bias"), "position_embedding": "rope",
+        "tied_embeddings": c.flag("tie_word_embeddings"),
+        "mla": {"q_lora_rank": c.opt_int("q_lora_rank"), "kv_lora_rank": c.int("kv_lora_rank"),
+                "qk_nope_head_dim": c.int("qk_nope_head_dim"), "qk_rope_head_dim": c.int("qk_rope_head_dim", minimum=0),
+                "v_head_dim": c.int("v_head_dim")},
+        "moe": {"num_experts": c.int("n_routed_experts", "num_local_experts"), "top_k": c.int("num_experts_per_tok"),
+                "expert_ffn_hidden_size": fe,
+                "shared_expert_ffn_hidden_size": c.int("n_shared_experts", default=0, minimum=0) * fe,
+                # V3's noaux_tc router keeps an E-sized e_score_correction_bias per layer (counted in 671B)
+                "router_bias": c.raw.get("topk_method") == "noaux_tc" or c.kind == "deepseek_v3",
+                "num_dense_layers": layers - moe_layers},
+    }
+    return spec
+
+
+def _gpt2(c):
+    h = c.int("n_embd")
+    return {
+        "num_layers": c.int("n_layer"), "hidden_size": h, "num_attention_heads": c.int("n_head"),
+        "ffn_hidden_size": c.int("n_inner", default=4 * h), "vocab_size": c.int("vocab_size"),
+        "max_position_embeddings": c.int("n_positions", default=1024), "position_embedding": "learned",
+        "tied_embeddings": c.flag("tie_word_embeddings", True), "mlp": "gelu", "norm": "layernorm", "bias": True,
+        "dropout": bool(c.raw.get("resid_pdrop", 0.1)),
+    }
+
+
+def _gpt_neox(c):
+    return {**_decoder(c, mlp="gelu", norm="layernorm"), "bias": True, "attention_bias": False}
+
+
+_HF_READERS = {
+    "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3_text,
+    "phi3": _phi3, "olmo": _olmo, "falcon": _falcon, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+}

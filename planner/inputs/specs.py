@@ -24,6 +24,42 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class MoESpec(_Frozen):
+    """Mixture-of-experts MLP: routed experts (the model's MLP kind, width expert_ffn_hidden_size), top-k routing,
+    optional shared experts and leading dense layers (modern-training.md §3.1)."""
+
+    num_experts: int = Field(ge=2, description="routed experts E")
+    top_k: int = Field(ge=1, description="experts per token")
+    expert_ffn_hidden_size: int = Field(ge=1)
+    shared_expert_ffn_hidden_size: int = Field(default=0, ge=0, description="total width of the shared experts")
+    shared_expert_gate: bool = False
+    router_bias: bool = Field(default=False, description="an E-sized expert bias per layer (DeepSeek-V3)")
+    num_dense_layers: int = Field(default=0, ge=0, description="leading layers with the dense FFN")
+    capacity_factor: float | None = Field(default=None, gt=0, description="None: dropless")
+
+    @model_validator(mode="after")
+    def _routing(self):
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k: {self.top_k} -> must not exceed num_experts ({self.num_experts})")
+        return self
+
+    def to_cost_model(self) -> cm.MoE:
+        return cm.MoE(**self.model_dump())
+
+
+class MLASpec(_Frozen):
+    """Multi-head latent attention (DeepSeek-V2/V3), Hugging Face field names (modern-training.md §4.1)."""
+
+    q_lora_rank: int | None = Field(default=None, ge=1, description="None: a plain q_proj")
+    kv_lora_rank: int = Field(ge=1)
+    qk_nope_head_dim: int = Field(ge=1)
+    qk_rope_head_dim: int = Field(ge=0)
+    v_head_dim: int = Field(ge=1)
+
+    def to_cost_model(self) -> cm.MLA:
+        return cm.MLA(**self.model_dump())
+
+
 class ModelSpec(_Frozen):
     """A decoder-only transformer. Parameter counts are derived, never typed in."""
 
@@ -33,31 +69,47 @@ class ModelSpec(_Frozen):
     hidden_size: int = Field(ge=1)
     num_attention_heads: int = Field(ge=1)
     num_kv_heads: int | None = Field(default=None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1, description="when heads x head_dim != hidden_size")
     ffn_hidden_size: int | None = Field(default=None, ge=1)
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "swiglu", "geglu"] = "gelu"
     vocab_size: int = Field(ge=1)
     tied_embeddings: bool = True
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm: Literal["layernorm", "rmsnorm", "nonparametric"] = "layernorm"
+    norms_per_layer: int = Field(default=2, ge=0, le=8)
     attention: Literal["standard", "flash"] = "flash"
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"
     max_position_embeddings: int | None = Field(default=None, ge=1)
     bias: bool = True
+    qkv_bias: bool = Field(default=False, description="bias on q, k, v only (Qwen2)")
+    attention_bias: bool = Field(default=False, description="bias on q, k, v and o (Llama/DeepSeek attention_bias)")
+    qk_norm: bool = Field(default=False, description="RMSNorm on q and k per head (Qwen3)")
     dropout: bool = False
+    sliding_window: int | None = Field(default=None, ge=1, description="local-attention window in tokens")
+    sliding_window_layers: int | None = Field(default=None, ge=0, description="layers using it (default: all)")
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
 
     @model_validator(mode="after")
     def _shape(self):
         problems = []
-        if self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None and self.mla is None and self.hidden_size % self.num_attention_heads:
             problems.append(
-                f"hidden_size: {self.hidden_size} -> must be divisible by num_attention_heads ({self.num_attention_heads})"
+                f"hidden_size: {self.hidden_size} -> must be divisible by num_attention_heads ({self.num_attention_heads}),"
+                " or give head_dim"
             )
         kv = self.kv_heads
         if kv > self.num_attention_heads or self.num_attention_heads % kv:
             problems.append(
                 f"num_kv_heads: {kv} -> must divide num_attention_heads ({self.num_attention_heads})"
             )
-        if self.mlp == "swiglu" and self.ffn_hidden_size is None:
-            problems.append("ffn_hidden_size: missing -> required for a SwiGLU MLP (no 4h default)")
+        if self.mlp != "gelu" and self.ffn_hidden_size is None:
+            problems.append(f"ffn_hidden_size: missing -> required for a {self.mlp} MLP (no 4h default)")
+        if self.moe is not None and self.moe.num_dense_layers >= self.num_layers:
+            problems.append(f"moe.num_dense_layers: {self.moe.num_dense_layers} -> must be below num_layers "
+                            f"({self.num_layers})")
+        if self.sliding_window_layers and self.sliding_window_layers > self.num_layers:
+            problems.append(f"sliding_window_layers: {self.sliding_window_layers} -> at most num_layers "
+                            f"({self.num_layers})")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -71,6 +123,7 @@ class ModelSpec(_Frozen):
         return self.ffn_hidden_size or 4 * self.hidden_size
 
     def to_cost_model(self, *, seq_length: int | None = None) -> cm.Transformer:
+        window_layers = self.sliding_window_layers if self.sliding_window_layers is not None else self.num_layers
         return cm.Transformer(
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,
@@ -78,7 +131,7 @@ class ModelSpec(_Frozen):
             num_kv_heads=self.kv_heads,
             ffn_hidden_size=self.ffn,
             vocab_size=self.vocab_size,
-            swiglu=self.mlp == "swiglu",
+            swiglu=self.mlp != "gelu",
             tied_embeddings=self.tied_embeddings,
             rms_norm=self.norm == "rmsnorm",
             flash_attention=self.attention == "flash",
@@ -86,6 +139,16 @@ class ModelSpec(_Frozen):
             max_position_embeddings=self.max_position_embeddings or seq_length or 2048,
             bias=self.bias,
             dropout=self.dropout,
+            head_dim_size=self.head_dim,
+            qkv_bias=self.qkv_bias or self.attention_bias,
+            o_bias=self.attention_bias,
+            qk_norm=self.qk_norm,
+            norms_per_layer=self.norms_per_layer,
+            norm_has_params=self.norm != "nonparametric",
+            sliding_window=self.sliding_window,
+            sliding_window_layers=window_layers if self.sliding_window else 0,
+            moe=self.moe.to_cost_model() if self.moe else None,
+            mla=self.mla.to_cost_model() if self.mla else None,
         )
 
     def parameter_counts(self) -> dict[str, int]:

@@ -1,0 +1,149 @@
+"""Mixture of experts and expert parallelism: parameters, FLOPs, all-to-all bytes, memory (stdlib only).
+
+Formulas and sources: ../shared/reference/modern-training.md §3 (Megatron-LM@d98e8a64
+theoretical_memory_usage.py and training.py; DeepSeek-V2/V3 reports; DeepEP). Units are in the names;
+T is the number of tokens entering one MoE layer on one rank per micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cost_models.inputs import MoE, Transformer
+
+# Default load imbalance γ = max rank load / mean load. The NVIDIA benchmark rows force-balance routing (γ = 1,
+# Megatron-Bridge performance-summary footnote); trained routers with an auxiliary loss or DeepSeek's bias
+# balancing stay close to balanced after the first few hundred steps (Megatron MoE README, older L474-478).
+# 1.1 charges 10% on expert GEMMs, received-token memory and all-to-all for the residual imbalance [D, stated].
+DEFAULT_IMBALANCE = 1.1
+
+
+def mlp_matrices(model: Transformer) -> int:
+    """Weight matrices per MLP: 3 gated (SwiGLU/GeGLU), 2 plain."""
+    return 3 if model.swiglu else 2
+
+
+def dense_mlp_weight_count(model: Transformer) -> int:
+    return mlp_matrices(model) * model.hidden_size * model.ffn_hidden_size
+
+
+def expert_weight_count(model: Transformer) -> int:
+    """Weights of one routed expert: 3·h·f_e (gated) or 2·h·f_e."""
+    assert model.moe is not None
+    return mlp_matrices(model) * model.hidden_size * model.moe.expert_ffn_hidden_size
+
+
+def moe_layer_other_count(moe: MoE, *, hidden_size: int, mlp_matrix_count: int) -> int:
+    """Always-active MoE parameters besides the routed experts: router h·E (+E bias), shared experts, shared gate h
+    (Megatron theoretical_memory_usage.py L104-152: router_params = h·E (+E if bias), shared_expert_gate = h)."""
+    h, E = hidden_size, moe.num_experts
+    router = h * E + (E if moe.router_bias else 0)
+    shared = mlp_matrix_count * h * moe.shared_expert_ffn_hidden_size
+    return router + shared + (h if moe.shared_expert_gate else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class MlpParameterCounts:
+    dense_layer: int  # MLP parameters of a dense layer
+    moe_layer_total: int  # of an MoE layer, all experts
+    moe_layer_active: int  # of an MoE layer, the k routed experts a token uses + router + shared
+    moe_layer_routed: int  # the routed experts' part of moe_layer_total (sharded by EP)
+
+
+def mlp_parameter_counts(model: Transformer) -> MlpParameterCounts:
+    """MLP parameters per layer kind; biases as GPT when model.bias (dense MLP only: MoE families have none)."""
+    dense = dense_mlp_weight_count(model)
+    if model.bias:
+        dense += (2 * model.ffn_hidden_size if model.swiglu else model.ffn_hidden_size) + model.hidden_size
+    moe = model.moe
+    if moe is None:
+        return MlpParameterCounts(dense, 0, 0, 0)
+    other = moe_layer_other_count(moe, hidden_size=model.hidden_size, mlp_matrix_count=mlp_matrices(model))
+    routed = moe.num_experts * expert_weight_count(model)
+    active = moe.top_k * expert_weight_count(model)
+    return MlpParameterCounts(dense, routed + other, active + other, routed)
+
+
+def mlp_forward_flops_per_token(model: Transformer) -> float:
+    """Forward MLP FLOPs per token averaged over the layers: dense layers 2·(3 h f); MoE layers the k routed experts,
+    the shared experts and the router GEMM 2·h·E. Megatron's formula (training.py L1009-1311) leaves the router out
+    (0.5% of DeepSeek-V3's MoE layer); it is a real GEMM, so it is counted here."""
+    dense = 2.0 * dense_mlp_weight_count(model)
+    if model.moe is None:
+        return dense
+    moe = model.moe
+    routed = 2.0 * moe.top_k * expert_weight_count(model)
+    shared = 2.0 * mlp_matrices(model) * model.hidden_size * moe.shared_expert_ffn_hidden_size
+    router = 2.0 * model.hidden_size * moe.num_experts
+    n_moe = model.num_moe_layers
+    return (dense * (model.num_layers - n_moe) + (routed + shared + router) * n_moe) / model.num_layers
+
+
+def capacity_tokens(*, tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Megatron's per-expert capacity C = ceil(T·k/E · CF) (moe_utils.py L248-266)."""
+    return math.ceil(tokens * top_k / num_experts * capacity_factor)
+
+
+def routed_tokens_per_rank(moe: MoE, *, tokens: int, imbalance: float = DEFAULT_IMBALANCE) -> float:
+    """Token copies one EP rank's experts process per layer: T·k (the average over ranks, as every rank also sends
+    T·k), times γ for the most loaded rank. With a capacity factor the load is capped at CF (tokens above capacity
+    are dropped), and padded to capacity with `--moe-pad-expert-input-to-capacity` semantics not assumed."""
+    load = tokens * moe.top_k * imbalance
+    if moe.capacity_factor is not None:
+        load = min(load, tokens * moe.top_k * moe.capacity_factor)
+    return load
+
+
+def all_to_all_bytes_per_layer(*, tokens: int, top_k: int, hidden_size: int, ep: int, dispatch_bytes: float = 2,
+                               combine_bytes: float = 2) -> tuple[float, float]:
+    """(forward, backward) bytes one rank sends per MoE layer per micro-batch (modern-training.md §3.4).
+
+    Dispatch and combine each move T·k·h elements, of which (ep-1)/ep leave the rank; backward repeats both (the
+    gradient of a dispatch is a combine, DeepEP README). FP8 dispatch (DeepSeek-V3, Megatron with DeepEP) sends
+    1 byte plus 1x128 FP32 scales: dispatch_bytes = 1 + 4/128.
+    """
+    if ep <= 1:
+        return 0.0, 0.0
+    copies = tokens * top_k * hidden_size * (ep - 1) / ep
+    forward = copies * (dispatch_bytes + combine_bytes)
+    return forward, forward
+
+
+def cross_node_fraction(*, ep: int, gpus_per_node: int, top_k: int, node_limit: int | None = None) -> float:
+    """Share of a rank's T·k dispatched token copies that cross the network (the rest stay on NVLink or local).
+
+    Uniform routing over an EP group laid out node by node: (ep - ep_in_node)/ep of the copies go to other nodes.
+    With node-limited routing (DeepSeek-V3, M = 4 nodes) and DeepEP's intra-node forwarding each token crosses IB
+    once per target node, so at most min(k, M) of its k copies cross (V3 §3.2.2)."""
+    in_node = min(ep, gpus_per_node)
+    frac = (ep - in_node) / ep
+    if node_limit is not None:
+        frac = min(frac, min(top_k, node_limit) / top_k)
+    return frac
+
+
+def routed_activation_bytes(model: Transformer, *, routed_tokens: float, activation_bytes: float = 2,
+                            etp: int = 1) -> float:
+    """Bytes an MoE layer saves for backward for its routed tokens (no recompute, gated MLP; modern-training.md §3.7):
+    permuted fc1 input h, fc1 output 2 f_e, SwiGLU output f_e, fc2 output h: T·k·γ·(2h + 3 f_e) elements (plain MLP:
+    2h + 2 f_e); the f_e parts are split by expert-TP."""
+    assert model.moe is not None
+    h, fe = model.hidden_size, model.moe.expert_ffn_hidden_size
+    ffn_elems = (3 if model.swiglu else 2) * fe / etp
+    return routed_tokens * (2 * h + ffn_elems) * activation_bytes
+
+
+def router_activation_bytes(*, tokens: int, num_experts: int) -> float:
+    """Router logits and probabilities in FP32: T·E·4·2 bytes (modern-training.md §3.7)."""
+    return tokens * num_experts * 4 * 2
+
+
+def dispatch_buffer_bytes(*, routed_tokens: float, hidden_size: int, activation_bytes: float = 2) -> float:
+    """All-to-all receive buffer, sized by the tokens actually received (Megatron's all-to-all dispatcher)."""
+    return routed_tokens * hidden_size * activation_bytes
+
+
+def expert_tokens_per_gemm(moe: MoE, *, tokens: int, ep: int) -> float:
+    """Rows of one local expert's grouped-GEMM slice: T·k·ep/E (DeepSeek-V3 at T=4096, ep=64: 8192)."""
+    return tokens * moe.top_k * ep / moe.num_experts
