@@ -39,8 +39,6 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path in presets:
         return _validate({"name": name_or_path, **presets[name_or_path]}, f"model preset {name_or_path}")
     path = Path(name_or_path)
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"  # a Hugging Face snapshot directory
     if not (path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists()):
         raise unknown_name("model", name_or_path, list(presets))
     if path.is_dir():  # a Hugging Face snapshot directory: its config.json describes the model
