@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-core
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: plan test lint validate bench clean setup gpu-check
+.PHONY: plan test lint validate bench clean setup gpu-check schema
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: $(DEVSTAMP)
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check planner cost_models cluster_specs tests
+
+# The published JSON Schemas are generated from planner/contract.py (tests/test_contract.py checks they are current)
+SCHEMAS := plan estimate check bench
+schema: $(STAMP)
+	for s in $(SCHEMAS); do $(BIN)/planner schema $$s > docs/schema/$$s.schema.json || exit 1; done
 
 validate: $(STAMP)
 	$(BIN)/planner validate --runs ../shared/validation/published_runs.json -o docs/validation.md

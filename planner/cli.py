@@ -234,26 +234,6 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
     return Problem(md, tr, cl, knobs)
 
 
-def inputs_json(problem) -> dict:
-    return {"cluster": problem.cluster.model_dump(mode="json"), "model": problem.model.model_dump(mode="json"),
-            "training": problem.training.model_dump(mode="json")}
-
-
-def load_layout_arg(layout: str, problem) -> dict:
-    """--layout is a key=value string or a plan JSON file (its `layout` object is used)."""
-    from planner.inputs.layout_string import parse_layout_string
-
-    p = Path(layout)
-    if p.suffix.lower() == ".json" or (p.exists() and p.is_file()):
-        from cluster_specs import SpecError, read_structured_file
-
-        doc = read_structured_file(p)
-        if not isinstance(doc, dict) or not isinstance(doc.get("layout"), dict):
-            raise SpecError("expected a plan JSON with a 'layout' object", source=str(p))
-        return dict(doc["layout"])
-    return parse_layout_string(layout)
-
-
 @app.command()
 def estimate(
     cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
@@ -264,31 +244,24 @@ def estimate(
     calibration: CalibrationOpt = None, framework: FrameworkOpt = None, as_json: JsonOpt = False,
 ):
     """Predict step time, throughput, MFU and memory per GPU for one layout."""
-    from planner.estimate import (
-        complete_layout,
-        estimate_layout,
-        memory_breakdown_json,
-        predicted_json,
-        time_breakdown_json,
-    )
+    from planner.contract import EstimateDocument
+    from planner.estimate import estimate_layout, layout_from_arg
 
     problem = build_problem(cluster, nodes, model, global_batch_size, seq_len, precision, headroom_gib, calibration)
-    lay = complete_layout(load_layout_arg(layout, problem), problem.model, problem.training, problem.cluster)
+    lay = layout_from_arg(layout, problem)
     from planner.frameworks.capabilities import refuse_unrunnable
 
     fw = refuse_unrunnable(framework, lay, problem.model)
-    est = estimate_layout(problem, lay, allow_tp_across_nodes=allow_tp_across_nodes)
-    doc = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "framework": fw, "inputs": inputs_json(problem),
-           "layout": lay.model_dump(mode="json"),
-           "predicted": predicted_json(est, problem.knobs.memory_headroom_bytes),
-           "memory_breakdown": memory_breakdown_json(est), "time_breakdown": time_breakdown_json(est)}
+    doc = EstimateDocument.from_estimate(problem, lay, estimate_layout(problem, lay,
+                                                                       allow_tp_across_nodes=allow_tp_across_nodes),
+                                         framework=fw)
     if as_json:
         _emit_json(doc)
         return
     from planner.explain.report import render_estimate
 
     render_estimate(_stdout(), title=f"{problem.model.name} on {problem.cluster.num_gpus} x {problem.hardware.gpu_name}",
-                    layout=lay, predicted=doc["predicted"], memory=doc["memory_breakdown"], time=doc["time_breakdown"])
+                    layout=lay, predicted=doc.predicted, memory=doc.memory_breakdown, time=doc.time_breakdown)
 
 
 @app.command()
@@ -345,52 +318,27 @@ def plan(
         if not target_tokens_per_second or target_tokens_per_second <= 0:
             raise SpecError("--target-tokens-per-second: required (> 0) with --objective min-gpus")
         problem, min_gpus_note = plan_min_gpus(problem, opts, target_tokens_per_second)
-    result = make_plan(problem, opts)
-    doc = plan_document(problem, result, objective, compare or [], min_gpus_note)
+    from planner.contract import PlanDocument
+    from planner.estimate import layout_from_arg
+    from planner.search import add_compared
+
+    compared = [layout_from_arg(text, problem) for text in compare or []]
+    result = add_compared(problem, make_plan(problem, opts), compared)
+    doc = PlanDocument.from_result(problem, result, objective=objective, framework=restriction.caps.framework,
+                                   notes=[min_gpus_note] if min_gpus_note else None)
     extend(doc, problem, result, extras)
-    doc["framework"] = restriction.caps.framework.value
     if output is not None:
-        write_atomically(output, json.dumps(doc, indent=2) + "\n")
+        write_atomically(output, doc.model_dump_json(indent=2) + "\n")
     if as_json:
         _emit_json(doc)
         return
     from planner.explain.report import render_plan
 
-    render_plan(_stdout(), problem, result, doc, show_schedule=not no_schedule)
+    render_plan(_stdout(), doc, show_schedule=not no_schedule)
     for line in extras.lines:
         _stdout().print(line, highlight=False, markup=False)
     if output is not None:
         _stderr().print(f"wrote {output}")
-
-
-def plan_document(problem, result, objective: str, compare: list[str], min_gpus_note: str | None) -> dict:
-    from planner.estimate import complete_layout
-    from planner.inputs.layout_string import parse_layout_string
-    from planner.search import Candidate, candidate_json, reason
-
-    pick = result.pick
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "tool_version": __version__,
-        "kind": "plan",
-        "objective": objective,
-        "inputs": inputs_json(problem),
-        **{k: v for k, v in candidate_json(problem, pick, result.reasons[id(pick)]).items()},
-        "alternatives": [candidate_json(problem, c, result.reasons[id(c)]) for c in result.alternatives],
-        "decision": result.decision.as_json(),
-        "search": result.stats.as_json(),
-        "compared": [],
-    }
-    if min_gpus_note:
-        doc["decision"]["reasons"].append(min_gpus_note)
-    for text in compare:
-        lay = complete_layout(parse_layout_string(text), problem.model, problem.training, problem.cluster)
-        from planner.inputs.specs import validate_layout
-
-        validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
-        cand = Candidate(lay, problem.estimate(lay), "compared")
-        doc["compared"].append(candidate_json(problem, cand, reason(problem, cand, pick)))
-    return doc
 
 
 @app.command()
@@ -431,7 +379,7 @@ def check(
 ):
     """Check a config in CI: degrees, divisibility, batch arithmetic, schedule rules, TP placement, memory."""
     from cluster_specs import SpecError, load_cluster
-    from planner.estimate import predicted_json
+    from planner.contract import CheckReport
     from planner.integrations.check import check as run_check
     from planner.integrations.check import read_config
 
@@ -447,11 +395,8 @@ def check(
         raise SpecError(f"{', '.join(missing)}: the config does not say; pass them")
     problem = build_problem(cluster, nodes, model, batch, seq, precision, headroom_gib, calibration)
     layout, violations, est = run_check(view, problem, allow_tp_across_nodes=allow_tp_across_nodes)
-    report = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "check", "config": str(config),
-              "format": view.format, "layout": layout.model_dump(mode="json") if layout else None,
-              "passed": not violations, "violations": violations,
-              "predicted": predicted_json(est, problem.knobs.memory_headroom_bytes) if est else None,
-              "notes": view.notes}
+    report = CheckReport.from_check(config=str(config), view=view, layout=layout, violations=violations, est=est,
+                                    headroom_bytes=problem.knobs.memory_headroom_bytes)
     if as_json:
         _emit_json(report)
     else:
@@ -465,13 +410,13 @@ def check(
                       f"peak {est.peak_memory_bytes / 2**30:.1f} of {est.gpu_memory_bytes / 2**30:.1f} GiB per GPU "
                       f"(stage {est.peak_stage})", highlight=False)
         out.print("[green]PASS[/green]" if not violations else f"[red]{len(violations)} violation(s)[/red]")
-    if violations:
+    if not report.passed:
         raise typer.Exit(1)
 
 
 @app.command()
-def schema(which: Annotated[str, typer.Argument(help="plan or check")] = "plan"):
-    """Print the JSON Schema of the plan document or of the check report."""
+def schema(which: Annotated[str, typer.Argument(help="plan, estimate, check or bench")] = "plan"):
+    """Print the JSON Schema of a document (generated from planner/contract.py; `make schema` writes docs/schema/)."""
     from cluster_specs import SpecError
     from planner.contract import SCHEMAS, json_schema
 
@@ -618,7 +563,7 @@ def bench(
         return
     doc = report_document(problem, lay, cfg, reports)
     if output is not None:
-        write_atomically(output, json.dumps(doc, indent=2) + "\n")
+        write_atomically(output, doc.model_dump_json(indent=2) + "\n")
     if as_json:
         _emit_json(doc)
         return
@@ -628,11 +573,11 @@ def bench(
                         f"{reports[0]['device']}; predicted on {problem.cluster.name}", title_justify="left")
     for col in ("quantity", "predicted", "measured", "error"):
         table.add_column(col, justify="right" if col != "quantity" else "left")
-    for r in doc["comparison"]["rows"]:
-        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
-        table.add_row(r["quantity"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}", err)
+    for r in doc.comparison.rows:
+        err = "-" if r.error is None else f"{r.error:+.1%}"
+        table.add_row(r.quantity, f"{r.predicted:.4g}", f"{r.measured:.4g}", err)
     _stdout().print(table)
-    for note in doc["comparison"].get("notes", []):
+    for note in doc.comparison.notes:
         _stdout().print(f"[dim]note: {note}[/dim]")
     if output is not None:
         _stderr().print(f"wrote {output}")

@@ -1,109 +1,240 @@
-"""The JSON contract with launch scripts: the plan document and the check report, as pydantic models.
+"""The output contract, defined once: the plan, estimate, check and bench documents as typed pydantic models.
 
-`planner schema` prints their JSON Schema; tests/test_schema.py holds it against docs/schema/*.json (so any
-change is deliberate; a change that breaks consumers bumps planner.SCHEMA_VERSION) and validates real outputs.
+Every output reads these models: the JSON documents (`model_dump`), the published JSON Schema (generated from
+them: `planner schema NAME`, `make schema` writes docs/schema/*.schema.json, and tests/test_contract.py holds the
+checked-in copies to the code) and the terminal rendering (planner/explain/report.py takes these models).
+The models are built from the cost model's estimate (`Predicted.from_estimate`, `CandidateReport.from_estimate`,
+`PlanDocument.from_result`), never from hand-written dicts.
+
+Adding an output field: add it here, with a description, fill it in the `from_*` builder, run `make schema`.
+A change that breaks consumers (a field removed, renamed or retyped) bumps planner.SCHEMA_VERSION's major
+number; an added field bumps the minor number.
+
+Names: the cost model's own dataclasses (cost_models.step.StageMemory, TimeBreakdown, StepEstimate) are inputs
+to this module; the models here are named for what they are in a document (`...Report`, `...Document`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster_specs.schema import ClusterSpec
+from planner.frameworks import Framework
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+
+if TYPE_CHECKING:  # the builders take these; importing them here would pull the cost models into `schema`
+    from cost_models.step import StageMemory, StepEstimate
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+
+def _versions() -> dict[str, str]:
+    from planner import SCHEMA_VERSION, __version__
+
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__}
+
+
+# ---- one estimate ----------------------------------------------------------------------------------------
 
 
 class Predicted(_Strict):
-    step_time_seconds: float
-    tokens_per_second: float
-    tokens_per_second_per_gpu: float
-    mfu: float
-    hfu: float
-    model_flops_per_step: float
-    hardware_flops_per_step: float
-    peak_memory_bytes_per_gpu: float
-    peak_memory_stage: int
-    gpu_memory_bytes: float
-    memory_headroom_bytes: float
-    host_memory_bytes_per_node: float
-    fits: bool
+    """The headline numbers of one layout."""
+
+    step_time_seconds: float = Field(description="Seconds per optimizer step.")
+    tokens_per_second: float = Field(description="global_batch_size x seq_length / step_time_seconds.")
+    tokens_per_second_per_gpu: float = Field(description="tokens_per_second / GPUs.")
+    mfu: float = Field(description="Model FLOPs utilisation: model FLOPs per step / (step time x GPUs x peak).")
+    hfu: float = Field(description="Hardware FLOPs utilisation: as mfu, counting recomputation.")
+    model_flops_per_step: float = Field(description="Model FLOPs of one step, all GPUs (6N-style, full attention).")
+    hardware_flops_per_step: float = Field(description="FLOPs executed per step, recomputation included.")
+    peak_memory_bytes_per_gpu: float = Field(description="Modelled peak on the fullest stage "
+                                                         "(= memory_breakdown.total_bytes).")
+    peak_memory_stage: int = Field(description="Pipeline stage holding the peak (0-based).")
+    gpu_memory_bytes: float = Field(description="Memory of one GPU.")
+    memory_headroom_bytes: float = Field(description="Kept free on top of the peak (--headroom-gib).")
+    host_memory_bytes_per_node: float = Field(description="Host memory per node the layout uses (offload).")
+    fits: bool = Field(description="peak + headroom <= GPU memory, and host memory within the node's.")
+
+    @classmethod
+    def from_estimate(cls, est: StepEstimate, headroom_bytes: float) -> Predicted:
+        from planner.estimate import fits_in_memory
+
+        return cls(step_time_seconds=est.step_seconds, tokens_per_second=est.tokens_per_second,
+                   tokens_per_second_per_gpu=est.tokens_per_second_per_gpu, mfu=est.mfu, hfu=est.hfu,
+                   model_flops_per_step=est.model_flops_per_step, hardware_flops_per_step=est.hardware_flops_per_step,
+                   peak_memory_bytes_per_gpu=est.peak_memory_bytes, peak_memory_stage=est.peak_stage,
+                   gpu_memory_bytes=est.gpu_memory_bytes, memory_headroom_bytes=headroom_bytes,
+                   host_memory_bytes_per_node=est.host_memory_bytes_per_node,
+                   fits=fits_in_memory(est, headroom_bytes))
 
 
 class _MemoryParts(_Strict):
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-    activations_bytes: float
-    transient_bytes: float
-    overhead_bytes: float
-    total_bytes: float
+    # field -> label for the terminal; the parts sum to total_bytes
+    PARTS: ClassVar[dict[str, str]] = {"weights_bytes": "weights", "gradients_bytes": "gradients",
+                                       "optimizer_bytes": "optimizer", "activations_bytes": "activations",
+                                       "transient_bytes": "transient", "overhead_bytes": "overhead"}
+
+    weights_bytes: float = Field(description="Parameters held by one GPU (after ZeRO-3 sharding).")
+    gradients_bytes: float = Field(description="Gradients held by one GPU (after ZeRO-2/3 sharding).")
+    optimizer_bytes: float = Field(description="Optimizer state (fp32 master copy and moments) after ZeRO sharding.")
+    activations_bytes: float = Field(description="Saved activations of every in-flight micro-batch.")
+    transient_bytes: float = Field(description="Short-lived buffers at the peak (recompute, ZeRO-3 gathers).")
+    overhead_bytes: float = Field(description="CUDA context, allocator reserve, communication buckets.")
+    total_bytes: float = Field(description="Sum of the parts above.")
+
+    @staticmethod
+    def _parts(st: StageMemory) -> dict[str, float]:
+        return {"weights_bytes": st.weights_bytes, "gradients_bytes": st.gradients_bytes,
+                "optimizer_bytes": st.optimizer_bytes, "activations_bytes": st.activations_bytes,
+                "transient_bytes": st.transient_bytes, "overhead_bytes": st.overhead_bytes,
+                "total_bytes": st.total_bytes}
 
 
-class StageMemory(_MemoryParts):
-    stage: int
-    layers: int
-    parameters: float
-    in_flight_micro_batches: float
+class StageMemoryReport(_MemoryParts):
+    """One pipeline stage's memory per GPU."""
+
+    stage: int = Field(description="Pipeline stage (0-based).")
+    layers: int = Field(description="Transformer layers on this stage.")
+    parameters: float = Field(description="Parameters held by one GPU of this stage before ZeRO sharding.")
+    in_flight_micro_batches: float = Field(description="Micro-batches whose activations the stage holds at its peak.")
+
+    @classmethod
+    def from_stage(cls, st: StageMemory) -> StageMemoryReport:
+        return cls(stage=st.stage, layers=st.layers, parameters=st.params,
+                   in_flight_micro_batches=st.in_flight_micro_batches, **cls._parts(st))
 
 
 class MemoryBreakdown(_MemoryParts):
     """The peak stage's parts, and every stage."""
 
-    peak_stage: int
-    stages: list[StageMemory]
+    peak_stage: int = Field(description="The stage whose parts are given at the top level.")
+    stages: list[StageMemoryReport]
+
+    @classmethod
+    def from_estimate(cls, est: StepEstimate) -> MemoryBreakdown:
+        return cls(peak_stage=est.peak_stage, stages=[StageMemoryReport.from_stage(s) for s in est.stages],
+                   **cls._parts(est.stages[est.peak_stage]))
 
 
-class TimeBreakdown(_Strict):
-    compute_seconds: float
-    recompute_seconds: float
-    tp_comm_exposed_seconds: float
-    pipeline_bubble_seconds: float
-    pp_p2p_exposed_seconds: float
-    dp_comm_exposed_seconds: float
-    optimizer_seconds: float
-    offload_seconds: float
-    dp_comm_total_seconds: float
-    tp_comm_total_seconds: float
-    total_seconds: float
-    matmul_efficiency: float
+class TimeReport(_Strict):
+    """Where one step's time goes, on the bottleneck stage. The exposed parts (PARTS) sum to total_seconds."""
+
+    # field -> label: the terminal's time table and the decision's "mostly X" both read this one map
+    PARTS: ClassVar[dict[str, str]] = {
+        "compute_seconds": "compute", "recompute_seconds": "recomputation",
+        "tp_comm_exposed_seconds": "exposed TP all-reduces", "pipeline_bubble_seconds": "pipeline bubble",
+        "pp_p2p_exposed_seconds": "pipeline send/recv", "dp_comm_exposed_seconds": "exposed gradient/parameter traffic",
+        "optimizer_seconds": "optimizer step", "offload_seconds": "offload"}
+
+    compute_seconds: float = Field(description="Model FLOPs of the bottleneck stage, all micro-batches.")
+    recompute_seconds: float = Field(description="Recomputing activations in the backward pass.")
+    tp_comm_exposed_seconds: float = Field(description="TP/SP collectives not hidden behind compute.")
+    pipeline_bubble_seconds: float = Field(description="Pipeline fill and drain (idle time of the bottleneck stage).")
+    pp_p2p_exposed_seconds: float = Field(description="Pipeline sends and receives not hidden.")
+    dp_comm_exposed_seconds: float = Field(description="Gradient reduction / ZeRO gathers not hidden.")
+    optimizer_seconds: float = Field(description="The optimizer step.")
+    offload_seconds: float = Field(description="Host transfers and CPU optimizer not hidden (offload).")
+    dp_comm_total_seconds: float = Field(description="All data-parallel traffic before overlap (for explanations).")
+    tp_comm_total_seconds: float = Field(description="All TP traffic before overlap (for explanations).")
+    total_seconds: float = Field(description="Sum of the exposed parts = step_time_seconds.")
+    matmul_efficiency: float = Field(description="Achieved fraction of peak on the layout's GEMMs.")
+    stage_seconds: list[float] = Field(description="Forward + backward seconds of one micro-batch on each stage.")
+
+    @classmethod
+    def from_estimate(cls, est: StepEstimate) -> TimeReport:
+        t = est.time
+        return cls(compute_seconds=t.compute_seconds, recompute_seconds=t.recompute_seconds,
+                   tp_comm_exposed_seconds=t.tp_comm_seconds, pipeline_bubble_seconds=t.pipeline_bubble_seconds,
+                   pp_p2p_exposed_seconds=t.pp_p2p_seconds, dp_comm_exposed_seconds=t.dp_comm_seconds,
+                   optimizer_seconds=t.optimizer_seconds, offload_seconds=t.offload_seconds,
+                   dp_comm_total_seconds=t.dp_comm_total_seconds, tp_comm_total_seconds=t.tp_comm_total_seconds,
+                   total_seconds=t.total_seconds, matmul_efficiency=est.matmul_efficiency,
+                   stage_seconds=list(est.stage_seconds))
+
+    def exposed(self) -> dict[str, float]:
+        """label -> seconds of each exposed part."""
+        return {label: getattr(self, name) for name, label in self.PARTS.items()}
 
 
-class Candidate(_Strict):
+class CandidateReport(_Strict):
+    """One layout with its prediction and both breakdowns."""
+
     layout: LayoutSpec
     predicted: Predicted
     memory_breakdown: MemoryBreakdown
-    time_breakdown: TimeBreakdown
-    origin: str
-    reason: str | None
+    time_breakdown: TimeReport
+    origin: str = Field(description="search | split | ilp | compared: where the layout came from.")
+    reason: str | None = Field(description="One line: what dominates its cost beyond compute, in numbers.")
 
-
-class Decision(_Strict):
-    row: int
-    scenario: str
-    recommendation: str
-    agrees: bool
-    reasons: list[str]
-
-
-class Search(_Strict):
-    candidates_considered: int
-    candidates_evaluated: int
-    solver_runs: int
-    solver_seconds: float
-    solver_statuses: list[str]
-    search_seconds: float
-    total_seconds: float
+    @classmethod
+    def from_estimate(cls, layout: LayoutSpec, est: StepEstimate, *, headroom_bytes: float, origin: str,
+                      reason: str | None) -> CandidateReport:
+        return cls(layout=layout, predicted=Predicted.from_estimate(est, headroom_bytes),
+                   memory_breakdown=MemoryBreakdown.from_estimate(est), time_breakdown=TimeReport.from_estimate(est),
+                   origin=origin, reason=reason)
 
 
 class Inputs(_Strict):
     cluster: ClusterSpec
     model: ModelSpec
     training: TrainingSpec
+
+    @classmethod
+    def from_problem(cls, problem: Any) -> Inputs:
+        return cls(cluster=problem.cluster, model=problem.model, training=problem.training)
+
+
+class EstimateDocument(_Strict):
+    """`planner estimate --json`."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["estimate"] = "estimate"
+    framework: Framework = Field(Framework.GENERIC, description="The framework the layout was checked against "
+                                                                "(--framework).")
+    inputs: Inputs
+    layout: LayoutSpec
+    predicted: Predicted
+    memory_breakdown: MemoryBreakdown
+    time_breakdown: TimeReport
+
+    @classmethod
+    def from_estimate(cls, problem: Any, layout: LayoutSpec, est: StepEstimate,
+                      framework: Framework = Framework.GENERIC) -> EstimateDocument:
+        return cls(**_versions(), framework=framework, inputs=Inputs.from_problem(problem), layout=layout,
+                   predicted=Predicted.from_estimate(est, problem.knobs.memory_headroom_bytes),
+                   memory_breakdown=MemoryBreakdown.from_estimate(est), time_breakdown=TimeReport.from_estimate(est))
+
+
+# ---- the plan --------------------------------------------------------------------------------------------
+
+
+class Decision(_Strict):
+    """The seed's decision-table row for the request, and whether the pick follows it."""
+
+    row: int = Field(description="Row of the decision table (1-6).")
+    scenario: str
+    recommendation: str
+    agrees: bool = Field(description="Whether the pick is of the recommended kind.")
+    reasons: list[str]
+
+
+class SearchStats(BaseModel):
+    """What the search did (filled in as it runs)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+    candidates_considered: int = 0
+    candidates_evaluated: int = 0
+    solver_runs: int = 0
+    solver_seconds: float = 0.0
+    solver_statuses: list[str] = Field(default_factory=list)
+    search_seconds: float = 0.0
+    total_seconds: float = 0.0
 
 
 class Bounded(_Strict):
@@ -143,45 +274,120 @@ class TrainingRun(_Strict):
     error_band_note: str
 
 
-FRAMEWORKS = Literal["megatron", "nemo", "torchtitan", "deepspeed", "megatron-deepspeed", "generic"]
+class PlanDocument(CandidateReport):
+    """`planner plan --json`: the pick at the top level, then runners-up, the decision and the search."""
 
-
-class PlanDocument(Candidate):
     schema_version: str
     tool_version: str
-    kind: Literal["plan"]
-    framework: FRAMEWORKS = Field("generic", description="the framework the search was restricted to (--framework); "
-                                                         "`export` defaults to it")
-    objective: str
+    kind: Literal["plan"] = "plan"
+    framework: Framework = Field(Framework.GENERIC, description="The framework the search was restricted to "
+                                                                "(--framework); `export` defaults to it.")
+    objective: str = Field(description="throughput | memory | min-gpus")
     inputs: Inputs
-    alternatives: list[Candidate]
+    alternatives: list[CandidateReport]
     decision: Decision
-    search: Search
-    compared: list[Candidate]
-    training_run: TrainingRun | None = None
+    search: SearchStats
+    compared: list[CandidateReport] = Field(description="Layouts given with --compare, estimated beside the pick.")
+    training_run: TrainingRun | None = Field(default=None, description="With --tokens: time, cost and energy to "
+                                                                       "train the budget with the pick.")
+
+    @classmethod
+    def from_result(cls, problem: Any, result: Any, *, objective: str, framework: Framework = Framework.GENERIC,
+                    notes: list[str] | None = None) -> PlanDocument:
+        """From a planner.search.PlanResult: its pick, alternatives, compared layouts, reasons and decision."""
+        headroom = problem.knobs.memory_headroom_bytes
+
+        def report(c: Any) -> CandidateReport:
+            return CandidateReport.from_estimate(c.layout, c.estimate, headroom_bytes=headroom, origin=c.origin,
+                                                 reason=result.reasons.get(id(c)))
+
+        decision = result.decision.model_copy(update={"reasons": [*result.decision.reasons, *(notes or [])]})
+        return cls(**_versions(), objective=objective, framework=framework, inputs=Inputs.from_problem(problem),
+                   **dict(report(result.pick)), alternatives=[report(c) for c in result.alternatives],
+                   decision=decision, search=result.stats.model_copy(),
+                   compared=[report(c) for c in getattr(result, "compared", [])])
+
+
+# ---- check -----------------------------------------------------------------------------------------------
 
 
 class Violation(_Strict):
-    rule: str
-    message: str
-    hint: str
+    rule: str = Field(description="The rule broken (a layout field, 'memory', 'dp*tp*pp', ...).")
+    message: str = Field(description="One line with the numbers: field: value -> what is allowed.")
+    hint: str = Field(description="How to fix it (for memory: the remedies that fit, with their predicted memory).")
 
 
 class CheckReport(_Strict):
+    """`planner check --json`."""
+
     schema_version: str
     tool_version: str
-    kind: Literal["check"]
-    config: str
+    kind: Literal["check"] = "check"
+    config: str = Field(description="The config file checked.")
     format: Literal["plan", "deepspeed", "torchtitan", "megatron"]
-    layout: LayoutSpec | None
+    layout: LayoutSpec | None = Field(description="The layout the config describes (null if it could not be read).")
     passed: bool
     violations: list[Violation]
-    predicted: Predicted | None
+    predicted: Predicted | None = Field(description="Null when the layout cannot be estimated (e.g. it does not divide).")
     notes: list[str]
 
+    @classmethod
+    def from_check(cls, *, config: str, view: Any, layout: LayoutSpec | None, violations: list[dict[str, str]],
+                   est: StepEstimate | None, headroom_bytes: float) -> CheckReport:
+        return cls(**_versions(), config=config, format=view.format, layout=layout, passed=not violations,
+                   violations=[Violation.model_validate(v) for v in violations],
+                   predicted=Predicted.from_estimate(est, headroom_bytes) if est is not None else None,
+                   notes=list(view.notes))
 
-SCHEMAS = {"plan": PlanDocument, "check": CheckReport}
+
+# ---- bench -----------------------------------------------------------------------------------------------
 
 
-def json_schema(which: str) -> dict:
-    return SCHEMAS[which].model_json_schema()
+class BenchRow(_Strict):
+    quantity: str = Field(description="What was measured, with its unit.")
+    predicted: float
+    measured: float
+    error: float | None = Field(description="measured / predicted - 1 (null when predicted is 0).")
+
+
+class BenchComparison(_Strict):
+    rows: list[BenchRow]
+    notes: list[str]
+    median_abs_error: float | None
+    predicted_step_seconds: float
+    measured_step_seconds: float
+
+
+class BenchReport(_Strict):
+    """`planner bench --json`: predicted against measured."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["bench"] = "bench"
+    layout: LayoutSpec
+    model: ModelSpec = Field(description="The model as run (scaled down where asked).")
+    cluster: ClusterSpec = Field(description="The cluster the prediction is for.")
+    seq_length: int
+    steps: int
+    warmup: int
+    dtype: str
+    world_size: int
+    device: str
+    comparison: BenchComparison
+    ranks: list[dict[str, Any]] = Field(description="Each rank's raw measurements.")
+
+    @classmethod
+    def from_run(cls, *, problem: Any, layout: LayoutSpec, cfg: Any, comparison: dict[str, Any],
+                 ranks: list[dict[str, Any]]) -> BenchReport:
+        return cls(**_versions(), layout=layout, model=problem.model, cluster=problem.cluster,
+                   seq_length=cfg.seq_length, steps=cfg.steps, warmup=cfg.warmup, dtype=cfg.dtype,
+                   world_size=len(ranks), device=ranks[0]["device"],
+                   comparison=BenchComparison.model_validate(comparison), ranks=ranks)
+
+
+SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanDocument, "estimate": EstimateDocument, "check": CheckReport,
+                                       "bench": BenchReport}
+
+
+def json_schema(which: str) -> dict[str, Any]:
+    return SCHEMAS[which].model_json_schema(mode="serialization")

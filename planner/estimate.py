@@ -1,4 +1,6 @@
-"""Glue between the specs and the cost models: complete a partial layout, estimate it, shape the JSON."""
+"""Glue between the specs and the cost models: complete a partial layout, estimate it, the fit rule.
+
+The JSON documents are built in planner/contract.py."""
 
 from __future__ import annotations
 
@@ -71,57 +73,30 @@ def complete_layout(fields: dict, model: ModelSpec, training: TrainingSpec, clus
     return layout
 
 
+def layout_from_arg(text: str, problem: Problem) -> LayoutSpec:
+    """A --layout or --compare value, completed: a key=value string, or a plan JSON file (its `layout` object)."""
+    from pathlib import Path
+
+    from planner.inputs.layout_string import parse_layout_string
+
+    p = Path(text)
+    if p.suffix.lower() == ".json" or (p.exists() and p.is_file()):
+        from cluster_specs import read_structured_file
+
+        doc = read_structured_file(p)
+        if not isinstance(doc, dict) or not isinstance(doc.get("layout"), dict):
+            raise SpecError("expected a plan JSON with a 'layout' object", source=str(p))
+        fields = dict(doc["layout"])
+    else:
+        fields = parse_layout_string(text)
+    return complete_layout(fields, problem.model, problem.training, problem.cluster)
+
+
 def estimate_layout(problem: Problem, layout: LayoutSpec, *, allow_tp_across_nodes: bool = False) -> StepEstimate:
     validate_layout(layout, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=allow_tp_across_nodes)
     return problem.estimate(layout)
 
 
-def predicted_json(est: StepEstimate, headroom_bytes: float = 0.0) -> dict:
-    return {
-        "step_time_seconds": est.step_seconds,
-        "tokens_per_second": est.tokens_per_second,
-        "tokens_per_second_per_gpu": est.tokens_per_second_per_gpu,
-        "mfu": est.mfu,
-        "hfu": est.hfu,
-        "model_flops_per_step": est.model_flops_per_step,
-        "hardware_flops_per_step": est.hardware_flops_per_step,
-        "peak_memory_bytes_per_gpu": est.peak_memory_bytes,
-        "peak_memory_stage": est.peak_stage,
-        "gpu_memory_bytes": est.gpu_memory_bytes,
-        "memory_headroom_bytes": headroom_bytes,
-        "host_memory_bytes_per_node": est.host_memory_bytes_per_node,
-        "fits": est.fits and est.peak_memory_bytes + headroom_bytes <= est.gpu_memory_bytes,
-    }
-
-
-def memory_breakdown_json(est: StepEstimate) -> dict:
-    def stage(st):
-        return {
-            "stage": st.stage, "layers": st.layers, "parameters": st.params,
-            "weights_bytes": st.weights_bytes, "gradients_bytes": st.gradients_bytes,
-            "optimizer_bytes": st.optimizer_bytes, "activations_bytes": st.activations_bytes,
-            "transient_bytes": st.transient_bytes, "overhead_bytes": st.overhead_bytes,
-            "total_bytes": st.total_bytes, "in_flight_micro_batches": st.in_flight_micro_batches,
-        }
-
-    peak = est.stages[est.peak_stage]
-    return {"peak_stage": est.peak_stage, **{k: v for k, v in stage(peak).items() if k.endswith("_bytes")},
-            "stages": [stage(s) for s in est.stages]}
-
-
-def time_breakdown_json(est: StepEstimate) -> dict:
-    t = est.time
-    return {
-        "compute_seconds": t.compute_seconds,
-        "recompute_seconds": t.recompute_seconds,
-        "tp_comm_exposed_seconds": t.tp_comm_seconds,
-        "pipeline_bubble_seconds": t.pipeline_bubble_seconds,
-        "pp_p2p_exposed_seconds": t.pp_p2p_seconds,
-        "dp_comm_exposed_seconds": t.dp_comm_seconds,
-        "optimizer_seconds": t.optimizer_seconds,
-        "offload_seconds": t.offload_seconds,
-        "dp_comm_total_seconds": t.dp_comm_total_seconds,
-        "tp_comm_total_seconds": t.tp_comm_total_seconds,
-        "total_seconds": t.total_seconds,
-        "matmul_efficiency": est.matmul_efficiency,
-    }
+def fits_in_memory(est: StepEstimate, headroom_bytes: float) -> bool:
+    """The one fit rule: the modelled peak plus the headroom within the GPU, and host memory within the node's."""
+    return est.fits and est.peak_memory_bytes + headroom_bytes <= est.gpu_memory_bytes

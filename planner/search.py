@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 
 from cost_models.memory import zero_model_state_bytes
 from cost_models.step import StepEstimate, estimate_step, layer_costs, stage_split
+from planner.contract import Decision, SearchStats, TimeReport
 from planner.errors import InfeasibleError
-from planner.estimate import Problem
-from planner.explain.decision import ROWS, Decision, classify, matches_row, network_bytes_per_second_per_gpu
+from planner.estimate import Problem, fits_in_memory
+from planner.explain.decision import ROWS, classify, matches_row, network_bytes_per_second_per_gpu
 from planner.frameworks.restriction import Restriction
 from planner.inputs.specs import LayoutSpec, layout_problems
 
@@ -62,23 +63,6 @@ class Candidate:
 
 
 @dataclass
-class SearchStats:
-    candidates_considered: int = 0
-    candidates_evaluated: int = 0
-    solver_runs: int = 0
-    solver_seconds: float = 0.0
-    solver_statuses: list[str] = field(default_factory=list)
-    search_seconds: float = 0.0
-    total_seconds: float = 0.0
-
-    def as_json(self) -> dict:
-        return {"candidates_considered": self.candidates_considered, "candidates_evaluated": self.candidates_evaluated,
-                "solver_runs": self.solver_runs, "solver_seconds": self.solver_seconds,
-                "solver_statuses": self.solver_statuses, "search_seconds": self.search_seconds,
-                "total_seconds": self.total_seconds}
-
-
-@dataclass
 class PlanResult:
     pick: Candidate
     alternatives: list[Candidate]
@@ -86,6 +70,7 @@ class PlanResult:
     decision: Decision
     reasons: dict[int, str]  # id(candidate) -> one-line reason
     stats: SearchStats
+    compared: list[Candidate] = field(default_factory=list)  # layouts the user asked to see beside the pick
 
 
 def divisors(n: int) -> list[int]:
@@ -93,7 +78,7 @@ def divisors(n: int) -> list[int]:
 
 
 def _fits(problem: Problem, est: StepEstimate) -> bool:
-    return est.fits and est.peak_memory_bytes + problem.knobs.memory_headroom_bytes <= est.gpu_memory_bytes
+    return fits_in_memory(est, problem.knobs.memory_headroom_bytes)
 
 
 def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero: int, offload: str) -> float:
@@ -368,35 +353,20 @@ def decide(problem: Problem, ranked: list[Candidate], pick: Candidate) -> Decisi
             reasons.append(f"No layout of the recommended kind fits in {hw.gpu_memory_bytes / GIB:.0f} GiB per GPU; "
                            f"the pick ({pick.layout.short()}) is the fastest that does.")
         else:
-            ta, tp_ = alt.estimate.time, pick.estimate.time
-            diffs = {
-                "pipeline bubble": ta.pipeline_bubble_seconds - tp_.pipeline_bubble_seconds,
-                "exposed TP all-reduces": ta.tp_comm_seconds - tp_.tp_comm_seconds,
-                "exposed gradient/parameter traffic": ta.dp_comm_seconds - tp_.dp_comm_seconds,
-                "recomputation": ta.recompute_seconds - tp_.recompute_seconds,
-                "compute": ta.compute_seconds - tp_.compute_seconds,
-                "pipeline send/recv": ta.pp_p2p_seconds - tp_.pp_p2p_seconds,
-                "offload": ta.offload_seconds - tp_.offload_seconds,
-            }
-            what, delta = max(diffs.items(), key=lambda kv: kv[1])
+            ta, tp_ = TimeReport.from_estimate(alt.estimate).exposed(), TimeReport.from_estimate(pick.estimate).exposed()
+            what, delta = max(((k, ta[k] - tp_[k]) for k in ta), key=lambda kv: kv[1])
             if alt.step_seconds <= pick.step_seconds * (1 + 5e-3):
                 reasons.append(f"The best layout of the recommended kind, {alt.layout.short()}, ties with the pick "
                                f"({alt.step_seconds:.3g} s against {pick.step_seconds:.3g} s per step, within 0.5%); "
                                "either is a sound choice.")
-                return Decision(row, scenario, rec, agrees, reasons)
+                return Decision(row=row, scenario=scenario, recommendation=rec, agrees=agrees, reasons=reasons)
             reasons.append(
                 f"The best layout of the recommended kind, {alt.layout.short()}, takes {alt.step_seconds:.3g} s per "
                 f"step against the pick's {pick.step_seconds:.3g} s ({alt.step_seconds / pick.step_seconds - 1:+.1%}): "
                 f"mostly {what}, {delta:.3g} s more per step "
-                f"({_component(ta, what):.3g} s against {_component(tp_, what):.3g} s, with "
+                f"({ta[what]:.3g} s against {tp_[what]:.3g} s, with "
                 f"{alt.estimate.time.compute_seconds:.3g} s of compute).")
-    return Decision(row, scenario, rec, agrees, reasons)
-
-
-def _component(t, what: str) -> float:
-    return {"pipeline bubble": t.pipeline_bubble_seconds, "exposed TP all-reduces": t.tp_comm_seconds,
-            "exposed gradient/parameter traffic": t.dp_comm_seconds, "recomputation": t.recompute_seconds,
-            "compute": t.compute_seconds, "pipeline send/recv": t.pp_p2p_seconds, "offload": t.offload_seconds}[what]
+    return Decision(row=row, scenario=scenario, recommendation=rec, agrees=agrees, reasons=reasons)
 
 
 # ---- the whole plan ---------------------------------------------------------------------------------------
@@ -531,16 +501,18 @@ def _any_fits(problem: Problem, opts: PlanOptions) -> bool:
     return False
 
 
-# ---- JSON and the published-practice comparison --------------------------------------------------------
+# ---- compared layouts and the published-practice comparison --------------------------------------------------------
 
 
-def candidate_json(problem: Problem, c: Candidate, why: str | None) -> dict:
-    from planner.estimate import memory_breakdown_json, predicted_json, time_breakdown_json
+def add_compared(problem: Problem, result: PlanResult, layouts: list[LayoutSpec]) -> PlanResult:
+    """Estimate layouts given with --compare beside the pick (validated as `check` would, TP across nodes allowed)."""
+    from planner.estimate import estimate_layout
 
-    return {"layout": c.layout.model_dump(mode="json"),
-            "predicted": predicted_json(c.estimate, problem.knobs.memory_headroom_bytes),
-            "memory_breakdown": memory_breakdown_json(c.estimate), "time_breakdown": time_breakdown_json(c.estimate),
-            "origin": c.origin, "reason": why}
+    for lay in layouts:
+        cand = Candidate(lay, estimate_layout(problem, lay, allow_tp_across_nodes=True), "compared")
+        result.compared.append(cand)
+        result.reasons[id(cand)] = reason(problem, cand, result.pick)
+    return result
 
 
 def published_layout_ranks(report) -> str:

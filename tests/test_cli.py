@@ -51,14 +51,22 @@ def test_clusters_json():
     assert "dgx-a100-80gb" in names
 
 
-def test_estimate_json_keys():
+def test_estimate_json_values():
     proc = run("estimate", "-c", "dgx-a100-80gb", "-n", "8", "-m", "gpt3-175b", "-b", "64", "-s", "2048",
                "--layout", "tp=8,pp=8,mbs=1,recompute=selective", "--json", check=True)
     doc = json.loads(proc.stdout)
-    for key in ("step_time_seconds", "tokens_per_second", "mfu", "peak_memory_bytes_per_gpu", "fits"):
-        assert key in doc["predicted"]
+    p, mem, t = doc["predicted"], doc["memory_breakdown"], doc["time_breakdown"]
+    # the names scripts read (README), with values that follow from each other
+    assert p["tokens_per_second"] == pytest.approx(64 * 2048 / p["step_time_seconds"], rel=1e-12)
+    assert p["peak_memory_bytes_per_gpu"] == pytest.approx(mem["total_bytes"], rel=1e-12)
+    assert mem["total_bytes"] == pytest.approx(sum(mem[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes",
+                                                                    "activations_bytes", "transient_bytes",
+                                                                    "overhead_bytes")), rel=1e-12)
+    assert t["total_seconds"] == pytest.approx(p["step_time_seconds"], rel=1e-9)
+    assert p["fits"] is (p["peak_memory_bytes_per_gpu"] + 2 * 2**30 <= p["gpu_memory_bytes"])
+    assert 0 < p["mfu"] < p["hfu"] < 1  # selective recompute: hardware FLOPs exceed model FLOPs
     assert doc["layout"]["dp"] == 1 and doc["layout"]["num_micro_batches"] == 64
-    assert "stages" in doc["memory_breakdown"] and "compute_seconds" in doc["time_breakdown"]
+    assert [s["stage"] for s in mem["stages"]] == list(range(8)) and sum(s["layers"] for s in mem["stages"]) == 96
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import statistics
 
 from cost_models.communication import all_reduce_seconds, group_link, p2p_seconds, pp_neighbour_link
-from planner import SCHEMA_VERSION, __version__
 from planner.bench.runner import BenchConfig, launch_local, worker
+from planner.contract import BenchReport
 from planner.estimate import Problem
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
@@ -142,11 +142,7 @@ def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
             "predicted_step_seconds": est.step_seconds, "measured_step_seconds": measured_step}
 
 
-def report_document(problem: Problem, layout: LayoutSpec, cfg: BenchConfig, reports: list[dict]) -> dict:
-    comparison = compare(problem, layout, reports)
+def report_document(problem: Problem, layout: LayoutSpec, cfg: BenchConfig, reports: list[dict]) -> BenchReport:
     per_rank = [{k: v for k, v in r.items() if k != "params"} for r in reports]
-    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "bench",
-            "layout": layout.model_dump(mode="json"), "model": problem.model.model_dump(mode="json"),
-            "cluster": problem.cluster.model_dump(mode="json"), "seq_length": cfg.seq_length,
-            "steps": cfg.steps, "warmup": cfg.warmup, "dtype": cfg.dtype, "world_size": len(reports),
-            "device": reports[0]["device"], "comparison": comparison, "ranks": per_rank}
+    return BenchReport.from_run(problem=problem, layout=layout, cfg=cfg, comparison=compare(problem, layout, reports),
+                                ranks=per_rank)

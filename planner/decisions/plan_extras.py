@@ -25,7 +25,7 @@ def step_time_band(problem, pick):
     return None
 
 
-def extend(doc: dict, problem, result, extras: PlanExtras) -> None:
+def extend(doc, problem, result, extras: PlanExtras) -> None:
     """Add the requested sections to the plan document and the matching terminal lines to `extras.lines`."""
     if extras.tokens is not None:
         from planner.decisions.train import for_problem, render_lines
@@ -33,5 +33,7 @@ def extend(doc: dict, problem, result, extras: PlanExtras) -> None:
         run = for_problem(problem, result.pick.step_seconds, tokens=extras.tokens,
                           price_per_gpu_hour=extras.price_per_gpu_hour, pue=extras.pue,
                           band=step_time_band(problem, result.pick))
-        doc["training_run"] = run.as_json()
+        from planner.contract import TrainingRun
+
+        doc.training_run = TrainingRun.model_validate(run.as_json())
         extras.lines += ["", *render_lines(run)]

@@ -5,8 +5,6 @@ models and the solver decide; this module only classifies and compares.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 HIGH_BANDWIDTH_BYTES_PER_SECOND_PER_GPU = 5e9  # >= 40 Gb/s of network per GPU counts as high bandwidth [choice]
 
 ROWS = {
@@ -18,19 +16,6 @@ ROWS = {
     6: ("Several nodes, low-bandwidth network", "DP + PP + TP + ZeRO-1 (no TP across nodes; ZeRO first, PP if it "
                                                 "still does not fit)"),
 }
-
-
-@dataclass(frozen=True)
-class Decision:
-    row: int
-    scenario: str
-    recommendation: str
-    agrees: bool
-    reasons: list[str]
-
-    def as_json(self) -> dict:
-        return {"row": self.row, "scenario": self.scenario, "recommendation": self.recommendation,
-                "agrees": self.agrees, "reasons": self.reasons}
 
 
 def network_bytes_per_second_per_gpu(hw) -> float:

@@ -54,16 +54,15 @@ def schedule_timeline(*, schedule: str, pp: int, micro_batches: int, virtual_sta
                     t_forward=t_forward, t_backward=t_backward, t_weight=t_weight)
 
 
-def render_layout_schedule(console: Console, candidate) -> None:
+def render_layout_schedule(console: Console, lay, stage_seconds: list[float]) -> None:
     """The pick's schedule with its own per-stage forward and backward times (fewer micro-batches when huge)."""
-    lay, est = candidate.layout, candidate.estimate
     m = lay.num_micro_batches
     shown = m
     while lay.pp * shown * 2 * max(1, lay.virtual_stages) > MAX_OPS_DRAWN and shown > lay.pp:
         shown = max(lay.pp, shown // 2)
     if lay.schedule == "interleaved_1f1b":
         shown -= shown % lay.pp
-    stage_t = list(est.stage_seconds)
+    stage_t = list(stage_seconds)
     tf = [x / 3 for x in stage_t]
     tb = [2 * x / 3 for x in stage_t]
     tl = simulate(schedule=lay.schedule, pp=lay.pp, num_micro_batches=shown, virtual_stages=lay.virtual_stages,
