@@ -1,20 +1,15 @@
-"""The one error type every loader raises: a list of problems, one line each (field, value, allowed)."""
+"""The error every loader raises: a list of problems, one line each (field, value, allowed).
+
+`SpecError` is `planner.errors.InputError` (exit 3), the one error hierarchy's invalid-input class.
+"""
 
 from __future__ import annotations
 
 import difflib
 
+from planner.errors import InputError
 
-class SpecError(ValueError):
-    """Invalid input. `problems` holds one human-readable line per problem."""
-
-    exit_code = 3
-
-    def __init__(self, problems: list[str] | str, *, source: str | None = None):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        self.source = source
-        prefix = f"{source}: " if source else ""
-        super().__init__("\n".join(prefix + p for p in self.problems))
+SpecError = InputError
 
 
 def from_pydantic(exc, *, source: str | None = None, what: str = "") -> SpecError:

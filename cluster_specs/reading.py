@@ -24,6 +24,7 @@ import stat
 from pathlib import Path
 
 from cluster_specs.errors import SpecError
+from planner.errors import ExitCode
 
 MAX_FILE_BYTES = 16 * 2**20
 MAX_DEPTH = 64
@@ -34,7 +35,7 @@ BOM = b"\xef\xbb\xbf"
 class InputIOError(SpecError):
     """The file exists (or should) but the operating system would not let us read it."""
 
-    exit_code = 8
+    exit_code = ExitCode.IO
 
 
 def _kind(mode: int) -> str:

@@ -7,6 +7,53 @@ functions stay pure, cheap to call, and importable without pydantic.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Schedule(StrEnum):
+    """Pipeline schedules (cost-models.md §5)."""
+
+    NAIVE = "naive"  # no micro-batching: the whole local batch at once
+    GPIPE = "gpipe"  # all forwards, then all backwards (Huang et al. 2019)
+    ONE_F_ONE_B = "1f1b"  # PipeDream-Flush (Narayanan et al. 2021 §2.2.1)
+    INTERLEAVED_1F1B = "interleaved_1f1b"  # virtual stages (Narayanan et al. 2021 §2.2.2)
+    ZERO_BUBBLE = "zero_bubble"  # ZB-H1 (Qi et al. 2023)
+    PIPEDREAM_ASYNC = "pipedream_async"  # asynchronous 1F1B, stale weights (Harlap et al. 2018)
+
+
+class Recompute(StrEnum):
+    """Activation recomputation policies (Korthikanti et al. 2022 §5)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # the attention core only
+    FULL = "full"  # the whole layer; only its input is kept
+
+
+class Offload(StrEnum):
+    """What lives on the host (ZeRO-Offload / ZeRO-Infinity)."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"  # optimizer state and gradients; CPU Adam
+    OPTIMIZER_PARAMS = "optimizer+params"  # and the partitioned parameters (ZeRO-3 only)
+
+
+class Precision(StrEnum):
+    """Training precision of weights and activations."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is Precision.FP32 else 2
+
+
+class Zero3Gather(StrEnum):
+    """The unit ZeRO-3 gathers at a time."""
+
+    LAYER = "layer"  # FSDP wraps a whole transformer block (+1 prefetched)
+    MODULE = "module"  # DeepSpeed fetches one Linear at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +175,12 @@ class Layout:
     tp: int
     pp: int
     zero_stage: int = 0
-    offload: str = "none"  # none | optimizer | optimizer+params
+    offload: Offload = Offload.NONE
     micro_batch_size: int = 1
     num_micro_batches: int = 1
-    recompute: str = "none"  # none | selective | full
+    recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
-    schedule: str = "1f1b"  # naive | gpipe | 1f1b | interleaved_1f1b | zero_bubble | pipedream_async
+    schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = 1
     layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible
     recompute_layers_per_stage: tuple[int, ...] | None = None  # full-recompute layers per stage (ILP)
@@ -150,6 +197,6 @@ class Knobs:
     matmul_half_efficiency_gflop: float = 2.0  # per-GEMM size at which efficiency is half its maximum
     end_to_end_efficiency: float = 0.825  # launch gaps, data loading, imperfect kernels (fit: docs/validation.md)
     elementwise_traffic_factor: float = 8.0  # HBM bytes moved by non-GEMM kernels per saved activation byte [fit]
-    zero3_gather: str = "layer"  # "layer": FSDP gathers a whole block (+1 prefetched); "module": DeepSpeed, one Linear
+    zero3_gather: Zero3Gather = Zero3Gather.LAYER  # layer: FSDP, a whole block (+1 prefetched); module: DeepSpeed
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)

@@ -38,9 +38,19 @@ from cost_models.memory import (
     output_activation_bytes,
     vocab_padded,
 )
+from cost_models.stage import stage_split
 
 OPTIMIZER_STEP_BYTES_PER_PARAM = 32  # Adam: read fp32 param, grad, m, v; write param, m, v, bf16 copy [D]
 CPU_ADAM_PARAMS_PER_SECOND_PER_NODE = 2e9  # DeepSpeedCPUAdam order of magnitude [U]
+# A layer's forward + backward is 3 forward passes' worth of work: backward = 2 x forward (Narayanan et al. 2021
+# Eq. 3, 72 = 3 x 24). The elementwise-traffic knob covers forward + backward, so the forward pays a third of it.
+FORWARD_PASSES_PER_TRAINING_PASS = 3
+# Offloaded gradients are fp32 on the host: DeepSpeed's CPU Adam updates fp32 master weights from fp32 gradients
+# (ZeRO-Offload, Ren et al. 2021 §4.1; DeepSpeed stage_1_and_2.py keeps single_partition_of_fp32_groups).
+HOST_GRAD_BYTES = 4
+# DeepSpeed's default reduce_bucket_size (5e8 elements): one bucket of gradients is staged on the GPU before it is
+# copied to the host under optimizer offload (deepspeed/runtime/zero/config.py).
+OFFLOAD_REDUCE_BUCKET_ELEMENTS = 5e8
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +113,6 @@ class StepEstimate:
     padded_vocab_size: int
 
 
-def stage_split(num_layers: int, pp: int) -> tuple[int, ...]:
-    """As even as possible; the remainder goes to the inner stages first (the outer ones carry embeddings)."""
-    base, extra = divmod(num_layers, pp)
-    counts = [base] * pp
-    order = list(range(1, pp - 1)) + [0, pp - 1] if pp > 2 else list(range(pp))
-    for i in order[:extra]:
-        counts[i] += 1
-    return tuple(counts)
-
-
 def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float:
     """Achieved fraction of peak: MAMF fraction x size saturation x end-to-end factor.
 
@@ -172,7 +172,7 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     act_none = act("none")
     # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
     # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
-    t_layer_mem = knobs.elementwise_traffic_factor * act_none / hw.hbm_bytes_per_second / 3  # per forward pass
+    t_layer_mem = knobs.elementwise_traffic_factor * act_none / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS
     tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s, hidden_size=h, tp=t,
                                                    activation_bytes=act_b)
     t_ar = 0.0
@@ -362,7 +362,7 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
             unit = largest_layer if knobs.zero3_gather == "layer" else largest_module
             transient += unit * (2 * training.param_bytes + training.grad_bytes)
         if offload_opt:
-            transient += min(P / shard, 5e8) * training.grad_bytes  # one reduce bucket (DeepSpeed 5e8 elements)
+            transient += min(P / shard, OFFLOAD_REDUCE_BUCKET_ELEMENTS) * training.grad_bytes  # one reduce bucket
         if sched == "pipedream_async":
             weights += max(0.0, flight - 1) * P * training.param_bytes  # stashed weight versions
         stages.append(StageMemory(i, n, P, weights, grads, optim, acts, transient,
@@ -370,7 +370,7 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
     peak_stage = max(stages, key=lambda st: st.total_bytes)
     host = 0.0
     if layout.offload != "none":
-        host = P_max / shard * (training.optimizer_bytes + 4) * hw.gpus_per_node  # states + fp32 grads on CPU
+        host = P_max / shard * (training.optimizer_bytes + HOST_GRAD_BYTES) * hw.gpus_per_node  # states + grads
         if layout.offload == "optimizer+params":
             host += P_max / shard * training.param_bytes * hw.gpus_per_node
     fits = (peak_stage.total_bytes + knobs.memory_headroom_bytes <= hw.gpu_memory_bytes

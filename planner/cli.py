@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from planner import SCHEMA_VERSION, __version__
+from planner.defaults import DEFAULT_HEADROOM_GIB
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Plan, predict and check the parallel layout of large transformer training.")
@@ -206,7 +207,7 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
 
     from cluster_specs import load_cluster
     from cluster_specs.errors import from_pydantic
-    from planner.estimate import DEFAULT_HEADROOM_GIB, Problem
+    from planner.estimate import Problem
     from planner.inputs.models import load_model
     from planner.inputs.specs import TrainingSpec
 
@@ -239,7 +240,7 @@ def estimate(
     cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
     layout: Annotated[str, typer.Option("--layout", "-l", help="e.g. 'tp=8,pp=8,dp=16,zero=1,mbs=1,recompute=selective,"
                                                             "schedule=1f1b', or a plan JSON file.")],
-    nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
+    nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
     allow_tp_across_nodes: Annotated[bool, typer.Option(help="Allow TP groups larger than a node.")] = False,
     calibration: CalibrationOpt = None, framework: FrameworkOpt = None, as_json: JsonOpt = False,
 ):
@@ -267,7 +268,7 @@ def estimate(
 @app.command()
 def plan(
     cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
-    nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
+    nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
     top: Annotated[int, typer.Option("--top", "-k", help="How many runners-up to show.")] = 5,
     objective: Annotated[str, typer.Option(help="throughput (max tokens/s), memory (min peak memory per GPU), "
                                                 "or min-gpus (fewest nodes meeting --target-tokens-per-second).")] = "throughput",
@@ -373,7 +374,7 @@ def check(
                                                           help="When the config does not say.")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="When the config does not say.")] = None,
     tp: Annotated[int | None, typer.Option("--tp", help="DeepSpeed configs: the tensor-parallel degree.")] = None,
-    precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
+    precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
     allow_tp_across_nodes: Annotated[bool, typer.Option(help="Accept TP groups larger than a node.")] = False,
     calibration: CalibrationOpt = None, as_json: JsonOpt = False,
 ):

@@ -1,58 +1,102 @@
-"""Errors and exit codes: the one place that maps a failure to a process exit status.
+"""Errors and exit codes: the one error hierarchy and the one table that maps a failure to an exit status.
 
-0  success
-1  `check`: the config violates a rule (one line per violation)
-2  usage error (bad flag or option; typer/click's own code)
-3  invalid input (malformed file, unknown preset, a field out of range, a layout that does not divide)
-4  no feasible layout: nothing fits in memory (the message says the least memory any layout needs)
-5  the solver failed (no optimal or feasible solution within its time limit)
-6  an optional dependency is missing (torch for `bench`/`calibrate`)
-7  the benchmark failed at run time (a rank died or timed out)
-8  I/O error: the operating system could not read a file (permission denied, I/O error)
+Every error the planner raises on purpose is a `PlannerError`; its class fixes the exit code. `cluster_specs`
+raises `InputError` too (re-exported there as `SpecError`), so "invalid input" is exit 3 in exactly one place.
+Standard library only: `cluster_specs` imports this module.
 """
 
 from __future__ import annotations
 
-from cluster_specs.errors import SpecError
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import ClassVar
 
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INPUT = 3
-EXIT_INFEASIBLE = 4
-EXIT_SOLVER = 5
-EXIT_MISSING_DEPENDENCY = 6
-EXIT_BENCH_FAILED = 7
-EXIT_IO = 8
+
+class ExitCode(IntEnum):
+    """The process exit statuses of `planner` (README "Exit codes" shows this table)."""
+
+    OK = 0  # success
+    CHECK_FAILED = 1  # `check`: the config violates a rule (one line per violation)
+    USAGE = 2  # bad flag or option (typer/click's own code)
+    INPUT = 3  # invalid input: malformed file, unknown preset, a field out of range, a layout that does not divide
+    INFEASIBLE = 4  # no feasible layout: nothing fits (the message says the least memory any layout needs)
+    SOLVER = 5  # the ILP solver failed
+    MISSING_DEPENDENCY = 6  # an optional dependency is missing (torch for `bench`/`calibrate`)
+    BENCH_FAILED = 7  # the benchmark failed at run time (a rank died or timed out)
+    IO = 8  # a file could not be read or written
+    INTERNAL = 9  # a bug in the planner: one line "please report", the traceback only with --debug
+
+
+# the same codes as plain names, for call sites that predate the enum
+EXIT_OK = ExitCode.OK
+EXIT_CHECK_FAILED = ExitCode.CHECK_FAILED
+EXIT_USAGE = ExitCode.USAGE
+EXIT_INPUT = ExitCode.INPUT
+EXIT_INFEASIBLE = ExitCode.INFEASIBLE
+EXIT_SOLVER = ExitCode.SOLVER
+EXIT_MISSING_DEPENDENCY = ExitCode.MISSING_DEPENDENCY
+EXIT_BENCH_FAILED = ExitCode.BENCH_FAILED
+EXIT_IO = ExitCode.IO
+EXIT_INTERNAL = ExitCode.INTERNAL
 
 
 class PlannerError(Exception):
-    exit_code = EXIT_INPUT
+    """Root of every deliberate failure. `problems` holds one line per problem (field, value, what is allowed).
 
-    def __init__(self, message: str, *, problems: list[str] | None = None):
-        super().__init__(message)
-        self.problems = problems or [message]
+    `PlannerError("one line")`, `PlannerError(["line", "line"], source="file.yaml")` and
+    `PlannerError("summary", problems=[...])` all work; `str()` is the lines joined (prefixed by the source).
+    """
+
+    exit_code: ClassVar[ExitCode] = ExitCode.INTERNAL
+
+    def __init__(self, message: str | Sequence[str], *, problems: Sequence[str] | None = None,
+                 source: str | None = None):
+        lines = [message] if isinstance(message, str) else list(message)
+        self.problems: list[str] = list(problems) if problems else lines
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(prefix + line for line in lines))
+
+
+class InputError(PlannerError, ValueError):
+    """Invalid input (exit 3): a malformed file, an unknown preset, a field out of range, a layout that does not
+    divide. Also a `ValueError`, so pure code that validates its arguments can be caught the usual way."""
+
+    exit_code = ExitCode.INPUT
 
 
 class InfeasibleError(PlannerError):
-    exit_code = EXIT_INFEASIBLE
+    exit_code = ExitCode.INFEASIBLE
 
 
 class SolverError(PlannerError):
-    exit_code = EXIT_SOLVER
+    exit_code = ExitCode.SOLVER
 
 
 class MissingDependencyError(PlannerError):
-    exit_code = EXIT_MISSING_DEPENDENCY
+    exit_code = ExitCode.MISSING_DEPENDENCY
 
 
 class BenchmarkError(PlannerError):
-    exit_code = EXIT_BENCH_FAILED
+    exit_code = ExitCode.BENCH_FAILED
+
+
+class FileAccessError(PlannerError):
+    """A file could not be read or written (permissions, a missing directory, a full disk): exit 8."""
+
+    exit_code = ExitCode.IO
+
+
+class InternalError(PlannerError):
+    """A bug: something the planner's own invariants rule out (exit 9)."""
+
+    exit_code = ExitCode.INTERNAL
 
 
 def exit_code_for(exc: BaseException) -> int | None:
-    if isinstance(exc, SpecError):
-        return getattr(exc, "exit_code", EXIT_INPUT)  # cluster_specs.reading.InputIOError carries 8
+    """The exit code of a deliberate failure; None for anything else (a bug: the caller decides, exit 9)."""
     if isinstance(exc, PlannerError):
-        return exc.exit_code
+        return int(exc.exit_code)
+    if isinstance(exc, OSError):  # reading or writing a file failed outside the readers' own checks
+        return int(ExitCode.IO)
     return None

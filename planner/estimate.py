@@ -1,38 +1,17 @@
 """Glue between the specs and the cost models: complete a partial layout, estimate it, the fit rule.
 
-The JSON documents are built in planner/contract.py."""
+The JSON documents are built in planner/contract.py; `Problem` lives in planner/problem.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from cluster_specs import ClusterSpec, SpecError
-from cost_models.inputs import Hardware, Knobs
-from cost_models.step import StepEstimate, estimate_step
-from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec, validate_layout
+from cost_models.step import StepEstimate
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+from planner.problem import DEFAULT_HEADROOM_GIB, GIB, Problem
+from planner.rules import validate_layout
 
-GIB = 2**30
-DEFAULT_HEADROOM_GIB = 2.0  # kept free on top of the modelled peak (plan and check); --headroom-gib changes it
-
-
-@dataclass(frozen=True)
-class Problem:
-    """The three inputs, converted once for the cost models."""
-
-    model: ModelSpec
-    training: TrainingSpec
-    cluster: ClusterSpec
-    knobs: Knobs = field(default_factory=Knobs)
-
-    def __post_init__(self):
-        object.__setattr__(self, "hardware", self.cluster.to_cost_model(self.training.precision))
-        object.__setattr__(self, "cm_model", self.model.to_cost_model(seq_length=self.training.seq_length))
-        object.__setattr__(self, "cm_training", self.training.to_cost_model())
-
-    hardware: Hardware = field(init=False)
-
-    def estimate(self, layout: LayoutSpec) -> StepEstimate:
-        return estimate_step(self.cm_model, self.cm_training, self.hardware, layout.to_cost_model(), self.knobs)
+__all__ = ["DEFAULT_HEADROOM_GIB", "GIB", "Problem", "complete_layout", "estimate_layout", "fits_in_memory",
+           "layout_from_arg"]
 
 
 def complete_layout(fields: dict, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> LayoutSpec:

@@ -3,11 +3,12 @@ with the exact split and the ILP, classify into the decision table, and explain.
 
 Search order and pruning (each rule is a dominance argument in the cost model, or a layout rule):
 - degrees: tp divides the node (unless TP across nodes is allowed) and the heads/KV heads/FFN; pp <= layers;
-  dp = GPUs / (tp pp) divides the global batch; micro-batch sizes are the divisors of B/dp up to 128;
+  dp = GPUs / (tp pp) divides the global batch; micro-batch sizes are the divisors of B/dp up to
+  `PlanOptions.max_micro_batch_size`;
 - ZeRO 2/3 only without pipelining (layout rule); ZeRO stages are skipped when dp = 1 (nothing to shard);
 - sequence parallelism whenever tp > 1: same traffic as TP, less memory (Korthikanti §4.2.2), never slower here;
 - recompute ladder none -> selective -> full: once one fits, the next is only slower, so it is not evaluated;
-- schedules: 1F1B, interleaved 1F1B (v = 2..8 where the layers and micro-batches divide), ZB-H1. GPipe has
+- schedules: 1F1B, interleaved 1F1B (v = 2..`max_virtual_stages` where the layers and micro-batches divide), ZB-H1. GPipe has
   1F1B's time and more memory and naive is slower still, so both are dominated; PipeDream's asynchronous 1F1B
   changes the optimisation (stale weights) and is searched only with --allow-async;
 - offload is a fallback: searched only when nothing fits on the GPUs;
@@ -20,17 +21,29 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
+from cost_models.inputs import Offload, Recompute, Schedule
 from cost_models.memory import zero_model_state_bytes
-from cost_models.step import StepEstimate, estimate_step, layer_costs, stage_split
+from cost_models.stage import stage_split
+from cost_models.step import StepEstimate, estimate_step, layer_costs
 from planner.contract import Decision, SearchStats, TimeReport
 from planner.errors import InfeasibleError
-from planner.estimate import Problem, fits_in_memory
+from planner.estimate import fits_in_memory
 from planner.explain.decision import ROWS, classify, matches_row, network_bytes_per_second_per_gpu
 from planner.frameworks.restriction import Restriction
-from planner.inputs.specs import LayoutSpec, layout_problems
+from planner.inputs.specs import LayoutSpec
+from planner.problem import GIB, Problem
+from planner.rules import layout_violations
 
-GIB = 2**30
+# Search-space bounds. 128: the largest micro-batch of any published run in ../shared/validation/published_runs.json
+# (llm-foundry MPT-125m/350m at 512 tokens); larger ones only add candidates whose GEMMs are already saturated.
 MAX_MICRO_BATCH_SIZE = 128
+# 8: the published interleaved runs in the same file use 3 and 6 virtual stages; 8 leaves room above them while the
+# bubble gain (1/v) flattens and the p2p traffic keeps growing with v (Narayanan et al. 2021 §2.2.2).
+MAX_VIRTUAL_STAGES = 8
+# Step times within 0.1% tie (the cost model's own resolution is coarser: its median error is ~10%), and among ties
+# the simpler layout is picked; the explanation calls a recommended-kind layout within 0.5% "a tie" for the reader.
+TIE_RELATIVE = 1e-3
+DECISION_TIE_RELATIVE = 5e-3
 
 
 @dataclass
@@ -44,6 +57,8 @@ class PlanOptions:
     solver_time_limit_seconds: float = 10.0
     solver_candidates: int = 3
     progress: bool = False
+    max_micro_batch_size: int = MAX_MICRO_BATCH_SIZE
+    max_virtual_stages: int = MAX_VIRTUAL_STAGES
     restriction: Restriction | None = None  # --framework / --fix / --schedules (planner/frameworks/restriction.py)
 
     def allows(self, fields: dict) -> dict | None:
@@ -113,24 +128,25 @@ def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool):
             zeros = [0, 1] if pp > 1 else [0, 1, 2, 3]
             if dp == 1:
                 zeros = [1, 3] if offload else [0]
-            offloads = ["none"]
+            offloads = [Offload.NONE]
             if offload:
-                offloads = ["optimizer", "optimizer+params"]
-            schedules: list[tuple[str, int]] = [("1f1b", 1)]
+                offloads = [Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS]
+            schedules: list[tuple[Schedule, int]] = [(Schedule.ONE_F_ONE_B, 1)]
             if pp > 1:
-                schedules.append(("zero_bubble", 1))
+                schedules.append((Schedule.ZERO_BUBBLE, 1))
                 if opts.allow_async:
-                    schedules.append(("pipedream_async", 1))
-            for mbs in (d for d in divisors(per_dp) if d <= MAX_MICRO_BATCH_SIZE):
+                    schedules.append((Schedule.PIPEDREAM_ASYNC, 1))
+            for mbs in (d for d in divisors(per_dp) if d <= opts.max_micro_batch_size):
                 m = per_dp // mbs
                 sched = list(schedules)
                 if pp > 1 and m % pp == 0:
-                    sched += [("interleaved_1f1b", v) for v in range(2, 9) if L % (pp * v) == 0]
+                    sched += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, opts.max_virtual_stages + 1)
+                              if L % (pp * v) == 0]
                 for zero in zeros:
                     for off in offloads:
-                        if off == "optimizer" and zero == 0:
+                        if off == Offload.OPTIMIZER and zero == 0:
                             continue
-                        if off == "optimizer+params" and zero != 3:
+                        if off == Offload.OPTIMIZER_PARAMS and zero != 3:
                             continue
                         for schedule, v in sched:
                             base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "offload": off,
@@ -158,7 +174,7 @@ def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: 
         for base in bases:
             if progress is not None:
                 progress.advance(task)
-            ladder = [r for r in ("none", "selective", "full") if opts.allows({**base, "recompute": r})]
+            ladder = [r for r in Recompute if opts.allows({**base, "recompute": r})]
             stats.candidates_considered += len(ladder)
             lb = _states_lower_bound_bytes(problem, base["tp"], base["pp"], base["dp"], base["zero_stage"], base["offload"])
             if lb > cap:
@@ -183,9 +199,6 @@ def _stderr_console():
     from rich.console import Console
 
     return Console(stderr=True)
-
-
-TIE_RELATIVE = 1e-3  # step times within 0.1% count as a tie
 
 
 def _simplicity(lay: LayoutSpec) -> tuple:
@@ -278,8 +291,8 @@ def refine_ilp(problem: Problem, cand: Candidate, opts: PlanOptions, stats: Sear
         return None
     new = layout.model_copy(update={"recompute": base_policy, "layers_per_stage": res.layers_per_stage,
                                     "recompute_layers_per_stage": res.recompute_layers_per_stage})
-    if layout_problems(new, problem.model, problem.training, problem.cluster,
-                       allow_tp_across_nodes=opts.allow_tp_across_nodes):
+    if layout_violations(new, problem.model, problem.training, problem.cluster,
+                         allow_tp_across_nodes=opts.allow_tp_across_nodes):
         return None
     est = problem.estimate(new)
     if _fits(problem, est) and est.step_seconds < cand.step_seconds:
@@ -355,9 +368,10 @@ def decide(problem: Problem, ranked: list[Candidate], pick: Candidate) -> Decisi
         else:
             ta, tp_ = TimeReport.from_estimate(alt.estimate).exposed(), TimeReport.from_estimate(pick.estimate).exposed()
             what, delta = max(((k, ta[k] - tp_[k]) for k in ta), key=lambda kv: kv[1])
-            if alt.step_seconds <= pick.step_seconds * (1 + 5e-3):
+            if alt.step_seconds <= pick.step_seconds * (1 + DECISION_TIE_RELATIVE):
                 reasons.append(f"The best layout of the recommended kind, {alt.layout.short()}, ties with the pick "
-                               f"({alt.step_seconds:.3g} s against {pick.step_seconds:.3g} s per step, within 0.5%); "
+                               f"({alt.step_seconds:.3g} s against {pick.step_seconds:.3g} s per step, within "
+                               f"{DECISION_TIE_RELATIVE:.1%}); "
                                "either is a sound choice.")
                 return Decision(row=row, scenario=scenario, recommendation=rec, agrees=agrees, reasons=reasons)
             reasons.append(

@@ -1,7 +1,8 @@
 """`make bench`: planning speed over a ladder of cluster and model sizes, and the cost of one estimate.
 
-Prints, per case, candidates considered, candidates fully evaluated, solver time and total planning time
-(medians of several runs), then `planner plan` end to end as a process (start-up included), and the median
+Plans with the CLI's defaults (`default_knobs()`: 2 GiB headroom), so its picks are `planner plan`'s. Prints,
+per case, candidates considered, candidates fully evaluated, solver time and total planning time (medians of
+several runs), then `planner plan` end to end as a process (start-up included), and the median
 time of one `estimate_step`. Speed is measured here, never asserted in tests (the machines are shared).
 """
 
@@ -28,15 +29,15 @@ REPEATS = 5
 def main() -> None:
     from cluster_specs import load_cluster
     from cost_models.step import estimate_step
-    from planner.estimate import Problem
     from planner.inputs.models import load_model
     from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.problem import Problem, default_knobs
     from planner.search import PlanOptions, plan
 
     print(f"{'case':<22}{'considered':>11}{'evaluated':>11}{'ILP runs':>9}{'solver s':>10}{'plan s':>9}  pick")
     for label, cluster, nodes, model, batch, seq in LADDER:
         problem = Problem(load_model(model), TrainingSpec(global_batch_size=batch, seq_length=seq),
-                          load_cluster(cluster, nodes=nodes))
+                          load_cluster(cluster, nodes=nodes), default_knobs())
         totals, solver = [], []
         for _ in range(REPEATS):
             t0 = time.perf_counter()
@@ -58,7 +59,7 @@ def main() -> None:
           f"{statistics.median(walls):.2f} s over {REPEATS} runs (min {min(walls):.2f}, max {max(walls):.2f})")
 
     problem = Problem(load_model("llama3-405b"), TrainingSpec(global_batch_size=2048, seq_length=8192),
-                      load_cluster("dgx-h100", nodes=2048))
+                      load_cluster("dgx-h100", nodes=2048), default_knobs())
     layout = LayoutSpec(tp=8, pp=16, dp=128, micro_batch_size=1, num_micro_batches=16,
                         sequence_parallel=True).to_cost_model()
     runs = [timeit.timeit(lambda: estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout,

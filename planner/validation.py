@@ -17,8 +17,9 @@ from pathlib import Path
 from cluster_specs import ClusterSpec, SpecError, load_cluster
 from cost_models import compute
 from cost_models.inputs import Knobs
-from planner.estimate import Problem
-from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec, layout_problems
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+from planner.problem import Problem
+from planner.rules import layout_violations
 
 GIB = 2**30
 
@@ -261,6 +262,11 @@ def _candidates(case: Case) -> list[dict]:
     return out
 
 
+# Published runs are estimated as published: the planner's own ZeRO rules (no ZeRO-2/3 with pipelining, offload
+# only with a ZeRO stage that shards it) are not held against them.
+ZERO_RULES_NOT_CHECKED = frozenset({"zero_with_pipelining", "offload_needs_zero", "param_offload_needs_zero3"})
+
+
 def evaluate(case: Case, knobs: Knobs | None = None) -> CaseResult:
     knobs = knobs or case.knobs
     best = None
@@ -273,7 +279,8 @@ def evaluate(case: Case, knobs: Knobs | None = None) -> CaseResult:
         # each candidate is estimated at its own batch and its step time scaled to the published one
         training = replace_batch(case.training, layout.micro_batch_size * layout.num_micro_batches * layout.dp)
         problem = Problem(case.model, training, case.cluster, knobs)
-        problems = [p for p in layout_problems(layout, case.model, training, case.cluster) if "zero_stage" not in p]
+        problems = [str(v) for v in layout_violations(layout, case.model, training, case.cluster)
+                    if v.rule not in ZERO_RULES_NOT_CHECKED]
         if problems:
             return CaseResult(case, layout, None, None, False, None, "; ".join(problems))
         est = problem.estimate(layout)

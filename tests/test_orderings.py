@@ -2,9 +2,10 @@
 the cost models on a realistic case, not be written into code."""
 
 from cluster_specs import load_cluster
-from planner.estimate import Problem, complete_layout
+from planner.estimate import complete_layout
 from planner.inputs.models import load_model
 from planner.inputs.specs import TrainingSpec
+from planner.problem import Problem
 
 
 def _estimate(fields):

@@ -9,10 +9,11 @@ import pytest
 
 from cluster_specs import load_cluster
 from planner import errors
-from planner.estimate import Problem
 from planner.inputs.models import load_model
-from planner.inputs.specs import TrainingSpec, layout_problems
+from planner.inputs.specs import TrainingSpec
+from planner.problem import Problem
 from planner.refine.split import best_split_dp, best_split_uniform
+from planner.rules import layout_violations
 from planner.search import PlanOptions, plan
 
 GIB = 2**30
@@ -109,7 +110,7 @@ def test_decision_rows(cluster, nodes, model, batch, seq, precision, row, check)
     for c in res.ranked:
         assert c.estimate.fits and c.estimate.peak_memory_bytes + pr.knobs.memory_headroom_bytes <= c.estimate.gpu_memory_bytes
     for c in [res.pick, *res.alternatives]:
-        assert layout_problems(c.layout, pr.model, pr.training, pr.cluster) == []
+        assert layout_violations(c.layout, pr.model, pr.training, pr.cluster) == []
         assert res.reasons[id(c)]
 
 

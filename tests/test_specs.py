@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from cluster_specs import SpecError, cluster_names, gpu_names, load_cluster, load_gpu
 from planner.inputs.models import hf_config_to_spec, load_model, model_names
-from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec, layout_problems
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+from planner.rules import Violation, layout_violations
 
 GIB = 2**30
 
@@ -94,22 +95,31 @@ def test_layout_rules_report_every_problem():
     training = TrainingSpec(global_batch_size=1536, seq_length=2048)
     cluster = load_cluster("dgx-a100-80gb", nodes=128)
     ok = LayoutSpec(tp=8, pp=8, dp=16, micro_batch_size=1, num_micro_batches=96)
-    assert layout_problems(ok, model, training, cluster) == []
+    assert layout_violations(ok, model, training, cluster) == []
     bad = LayoutSpec(tp=7, pp=200, dp=3, micro_batch_size=1, num_micro_batches=5, schedule="interleaved_1f1b",
                      sequence_parallel=True)
-    problems = layout_problems(bad, model, training, cluster)
-    text = "\n".join(problems)
+    problems = layout_violations(bad, model, training, cluster)
+    text = "\n".join(str(p) for p in problems)
     for needle in ["dp*tp*pp", "num_attention_heads", "must divide gpus_per_node", "num_layers (96)", "global_batch_size",
                    "virtual_stages: 1", "multiple of pp", "seq_length"]:
         assert needle in text, needle
+    # typed: each violation names its rule and field, the value as given and a fix (no string parsing needed)
+    by_rule = {p.rule: p for p in problems}
+    assert by_rule["gpus_match_cluster"] == Violation(
+        "gpus_match_cluster", "dp*tp*pp", "3*7*200 = 4200", "must equal the cluster's 1024 GPUs (128 nodes x 8)",
+        "choose degrees whose product is the number of GPUs")
+    assert by_rule["tp_divides_heads"].field == "tp" and by_rule["tp_divides_heads"].value == "7"
+    assert str(by_rule["batch_product"]) == ("global_batch_size: 1536 -> must equal micro_batch_size x "
+                                             "num_micro_batches x dp = 1 x 5 x 3 = 15")
+    assert all(p.fix and p.allowed for p in problems)
 
 
 def test_gqa_rule():
     model = load_model("llama3-70b")  # 64 heads, 8 KV heads
     training = TrainingSpec(global_batch_size=16, seq_length=8192)
     for tp, ok in [(8, True), (16, True), (4, True), (32, True), (3, False)]:
-        problems = layout_problems(LayoutSpec(tp=tp, dp=1, micro_batch_size=1, num_micro_batches=16), model, training)
-        assert (not any("num_kv_heads" in p or "num_attention_heads" in p for p in problems)) == ok, tp
+        problems = layout_violations(LayoutSpec(tp=tp, dp=1, micro_batch_size=1, num_micro_batches=16), model, training)
+        assert (not any(p.rule in ("tp_fits_kv_heads", "tp_divides_heads") for p in problems)) == ok, tp
 
 
 # ---- property-based: loaders return a valid spec or raise SpecError, nothing else -------------------------

@@ -1,7 +1,6 @@
 """The three inputs (model, training setup, cluster) and the output (layout), as frozen pydantic models.
 
-`layout_problems` is the one place that checks parallel degrees against a model, a cluster and a batch;
-`validate_layout` raises with all the problems at once.
+The rules that check a layout against a model, a cluster and a batch live in planner/rules.py.
 """
 
 from __future__ import annotations
@@ -10,14 +9,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cluster_specs import ClusterSpec, SpecError
 from cost_models import inputs as cm
 from cost_models.compute import parameter_counts
-from cost_models.step import stage_split
+from cost_models.inputs import Offload, Precision, Recompute, Schedule
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "pipedream_async")
-RECOMPUTE = ("none", "selective", "full")
-OFFLOAD = ("none", "optimizer", "optimizer+params")
+SCHEDULES = tuple(s.value for s in Schedule)  # the names `--schedules` accepts
 
 
 class _Frozen(BaseModel):
@@ -155,7 +151,7 @@ class ModelSpec(_Frozen):
         return parameter_counts(self.to_cost_model()).as_dict()
 
 
-PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+PRECISION_BYTES = {p.value: p.bytes for p in Precision}
 
 
 class TrainingSpec(_Frozen):
@@ -163,7 +159,7 @@ class TrainingSpec(_Frozen):
 
     global_batch_size: int = Field(ge=1, description="sequences per optimizer step")
     seq_length: int = Field(ge=1)
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    precision: Precision = Precision.BF16
     optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
     grad_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
         default=None,
@@ -204,12 +200,12 @@ class LayoutSpec(_Frozen):
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     zero_stage: int = Field(default=0, ge=0, le=3)
-    offload: Literal["none", "optimizer", "optimizer+params"] = "none"
+    offload: Offload = Offload.NONE
     micro_batch_size: int = Field(default=1, ge=1)
     num_micro_batches: int = Field(default=1, ge=1, description="per pipeline per step (gradient accumulation)")
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
-    schedule: Literal["naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "pipedream_async"] = "1f1b"
+    schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual_stages: int = Field(default=1, ge=1)
     layers_per_stage: list[int] | None = None
     recompute_layers_per_stage: list[int] | None = None
@@ -249,95 +245,3 @@ class LayoutSpec(_Frozen):
             if self.virtual_stages > 1:
                 parts.append(f"vpp={self.virtual_stages}")
         return ",".join(parts)
-
-
-def layout_problems(
-    layout: LayoutSpec,
-    model: ModelSpec,
-    training: TrainingSpec,
-    cluster: ClusterSpec | None = None,
-    *,
-    allow_tp_across_nodes: bool = False,
-) -> list[str]:
-    """Every rule a layout must satisfy, as one line per violation: field, value, what is allowed."""
-    p: list[str] = []
-    t = layout.tp
-    if cluster is not None and layout.num_gpus != cluster.num_gpus:
-        p.append(
-            f"dp*tp*pp: {layout.dp}*{t}*{layout.pp} = {layout.num_gpus} -> must equal the cluster's "
-            f"{cluster.num_gpus} GPUs ({cluster.num_nodes} nodes x {cluster.gpus_per_node})"
-        )
-    heads, kv = model.num_attention_heads, model.kv_heads
-    if heads % t:
-        p.append(f"tp: {t} -> must divide num_attention_heads ({heads})")
-    if kv % t and t % kv:
-        p.append(f"tp: {t} -> num_kv_heads ({kv}) must be divisible by tp, or tp by num_kv_heads (GQA replication)")
-    if model.ffn % t:
-        p.append(f"tp: {t} -> must divide ffn_hidden_size ({model.ffn})")
-    if model.hidden_size % t:
-        p.append(f"tp: {t} -> must divide hidden_size ({model.hidden_size})")
-    if layout.sequence_parallel and t == 1:
-        p.append("sequence_parallel: true -> needs tp > 1")
-    if layout.sequence_parallel and training.seq_length % t:
-        p.append(f"sequence_parallel: seq_length {training.seq_length} -> must be divisible by tp ({t})")
-    if cluster is not None and not allow_tp_across_nodes and t > cluster.gpus_per_node:
-        p.append(
-            f"tp: {t} -> exceeds the {cluster.gpus_per_node} GPUs of a node: TP all-reduces would cross the network "
-            "(allow with --allow-tp-across-nodes)"
-        )
-    if cluster is not None and t <= cluster.gpus_per_node and cluster.gpus_per_node % t:
-        p.append(f"tp: {t} -> must divide gpus_per_node ({cluster.gpus_per_node}) so TP groups stay in one node")
-    chunks = layout.pp * layout.virtual_stages
-    if model.num_layers < chunks:
-        p.append(f"pp*virtual_stages: {layout.pp}*{layout.virtual_stages} -> must not exceed num_layers ({model.num_layers})")
-    want_batch = layout.micro_batch_size * layout.num_micro_batches * layout.dp
-    if want_batch != training.global_batch_size:
-        p.append(
-            f"global_batch_size: {training.global_batch_size} -> must equal micro_batch_size x num_micro_batches x dp "
-            f"= {layout.micro_batch_size} x {layout.num_micro_batches} x {layout.dp} = {want_batch}"
-        )
-    if layout.pp == 1 and layout.schedule not in ("1f1b", "gpipe", "naive"):
-        p.append(f"schedule: {layout.schedule} -> needs pp > 1 (use 1f1b with pp=1)")
-    if layout.virtual_stages > 1 and layout.schedule != "interleaved_1f1b":
-        p.append(f"virtual_stages: {layout.virtual_stages} -> only interleaved_1f1b uses virtual stages")
-    if layout.schedule == "interleaved_1f1b":
-        if layout.virtual_stages < 2:
-            p.append("virtual_stages: 1 -> interleaved_1f1b needs >= 2")
-        if layout.num_micro_batches % layout.pp:
-            p.append(
-                f"num_micro_batches: {layout.num_micro_batches} -> interleaved_1f1b needs a multiple of pp ({layout.pp}) "
-                "(Narayanan et al. 2021 §2.2.2)"
-            )
-        if layout.layers_per_stage is None and model.num_layers % chunks:
-            p.append(
-                f"num_layers: {model.num_layers} -> interleaved_1f1b needs a multiple of pp*virtual_stages ({chunks})"
-            )
-    if layout.zero_stage >= 2 and layout.pp > 1:
-        p.append(
-            f"zero_stage: {layout.zero_stage} -> with pp > 1 only ZeRO-0/1 are supported (gradients and parameters are "
-            "needed across micro-batches; DeepSpeed and Megatron both refuse ZeRO-2/3 with pipelining)"
-        )
-    if layout.offload != "none" and layout.zero_stage == 0:
-        p.append(f"offload: {layout.offload} -> needs zero_stage >= 1 (ZeRO-Offload shards the optimizer)")
-    if layout.offload == "optimizer+params" and layout.zero_stage != 3:
-        p.append("offload: optimizer+params -> needs zero_stage 3 (ZeRO-Infinity offloads partitioned parameters)")
-    if layout.layers_per_stage is not None:
-        lps = layout.layers_per_stage
-        if len(lps) != layout.pp or any(n < 1 for n in lps) or sum(lps) != model.num_layers:
-            p.append(
-                f"layers_per_stage: {lps} -> needs pp ({layout.pp}) entries, each >= 1, summing to num_layers "
-                f"({model.num_layers})"
-            )
-    if layout.recompute_layers_per_stage is not None:
-        rps = layout.recompute_layers_per_stage
-        lps = layout.layers_per_stage or list(stage_split(model.num_layers, layout.pp))
-        if len(rps) != layout.pp or any(r < 0 or r > n for r, n in zip(rps, lps, strict=False)):
-            p.append(f"recompute_layers_per_stage: {rps} -> needs pp entries, each between 0 and that stage's layers {lps}")
-    return p
-
-
-def validate_layout(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec | None = None,
-                    **kw) -> None:
-    problems = layout_problems(layout, model, training, cluster, **kw)
-    if problems:
-        raise SpecError(problems, source="layout")

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
-from planner.inputs.specs import LayoutSpec, layout_problems
+from planner.inputs.specs import LayoutSpec
+from planner.rules import layout_violations
 
 GIB = 2**30
 
@@ -203,9 +204,9 @@ def check(view: ConfigView, problem, *, allow_tp_across_nodes: bool = False) -> 
         for line in from_pydantic(exc).problems:
             violations.append({"rule": "field", "message": line, "hint": "use an allowed value"})
         return None, violations, None
-    for p in layout_problems(layout, problem.model, problem.training, problem.cluster,
-                             allow_tp_across_nodes=allow_tp_across_nodes):
-        violations.append({"rule": p.split(":")[0].split(" ")[0], "message": p, "hint": hint_for(p)})
+    for v in layout_violations(layout, problem.model, problem.training, problem.cluster,
+                               allow_tp_across_nodes=allow_tp_across_nodes):
+        violations.append({"rule": v.field, "message": str(v), "hint": v.fix})
     if not view.vocab_padded_by_framework and layout.tp > 1 and problem.model.vocab_size % layout.tp:
         msg = f"vocab_size: {problem.model.vocab_size} -> not divisible by tp ({layout.tp}); the embedding cannot be sharded"
         violations.append({"rule": "vocab_size", "message": msg, "hint": hint_for("vocab")})
@@ -237,7 +238,7 @@ def _memory_hint(problem, layout: LayoutSpec) -> str:
                                                "num_micro_batches": layout.num_micro_batches * layout.micro_batch_size // f}))
     found = []
     for t in tries:
-        if layout_problems(t, problem.model, problem.training, problem.cluster):
+        if layout_violations(t, problem.model, problem.training, problem.cluster):
             continue
         est = problem.estimate(t)
         if est.fits and est.peak_memory_bytes + problem.knobs.memory_headroom_bytes <= est.gpu_memory_bytes:

@@ -1,0 +1,46 @@
+"""`Problem`: the three inputs of a planning question (model, training setup, cluster) and the modelling knobs,
+with their cost-model views derived once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from cluster_specs import ClusterSpec
+from cost_models.inputs import Hardware, Knobs, Training, Transformer
+from cost_models.step import StepEstimate, estimate_step
+from planner.defaults import DEFAULT_HEADROOM_GIB
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+
+GIB = 2**30
+DEFAULT_HEADROOM_BYTES = DEFAULT_HEADROOM_GIB * GIB
+
+
+def default_knobs() -> Knobs:
+    """The knobs every entry point plans with unless told otherwise: `Knobs()` plus the default headroom."""
+    return Knobs(memory_headroom_bytes=DEFAULT_HEADROOM_BYTES)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The inputs; `hardware`, `cm_model` and `cm_training` are their cost-model views, computed on first use."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    knobs: Knobs = field(default_factory=Knobs)
+
+    @cached_property
+    def hardware(self) -> Hardware:
+        return self.cluster.to_cost_model(self.training.precision)
+
+    @cached_property
+    def cm_model(self) -> Transformer:
+        return self.model.to_cost_model(seq_length=self.training.seq_length)
+
+    @cached_property
+    def cm_training(self) -> Training:
+        return self.training.to_cost_model()
+
+    def estimate(self, layout: LayoutSpec) -> StepEstimate:
+        return estimate_step(self.cm_model, self.cm_training, self.hardware, layout.to_cost_model(), self.knobs)
