@@ -207,7 +207,7 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
 
     from cluster_specs import load_cluster
     from cluster_specs.errors import from_pydantic
-    from planner.estimate import Problem
+    from planner.problem import Problem
     from planner.inputs.models import load_model
     from planner.inputs.specs import TrainingSpec
 
@@ -553,7 +553,7 @@ def bench(
     if calibration is not None:
         cl, knobs_kw = apply_calibration(cl, calibration)
     problem = bench_problem(md, lay, seq, cl, dtype, Knobs(**knobs_kw))
-    from planner.inputs.specs import validate_layout
+    from planner.rules import validate_layout
 
     validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
     cfg = make_config(md, lay, seq, steps=steps, warmup=warmup, dtype=dtype, timeout_seconds=timeout)
