@@ -181,8 +181,7 @@ def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: 
                 least_peak = min(least_peak, lb)
                 continue
             for rec in ladder:
-                layout = LayoutSpec.model_construct(**base, recompute=rec, layers_per_stage=None,
-                                                    recompute_layers_per_stage=None)
+                layout = LayoutSpec.trusted(**base, recompute=rec)
                 est = estimate_step(cm_model, cm_training, hw, layout.to_cost_model(), knobs)
                 stats.candidates_evaluated += 1
                 least_peak = min(least_peak, est.peak_memory_bytes)
@@ -281,7 +280,7 @@ def refine_ilp(problem: Problem, cand: Candidate, opts: PlanOptions, stats: Sear
     layout = cand.layout
     if layout.pp < 2 or layout.schedule == "interleaved_1f1b" or layout.recompute == "none":
         return None
-    base_policy = "selective" if layout.recompute == "full" else "none"
+    base_policy = Recompute.SELECTIVE if layout.recompute == Recompute.FULL else Recompute.NONE
     coeffs = _stage_coefficients(problem, layout, base_policy)
     res = solve_stage_recompute(coeffs, problem.model.num_layers, time_limit_seconds=opts.solver_time_limit_seconds)
     stats.solver_runs += 1
@@ -343,9 +342,9 @@ def reason(problem: Problem, c: Candidate, pick: Candidate | None = None) -> str
 
 
 def _fits_one_card(problem: Problem) -> bool:
-    one = LayoutSpec.model_construct(tp=1, pp=1, dp=1, zero_stage=0, offload="none", micro_batch_size=1,
-                                     num_micro_batches=1, recompute="full", sequence_parallel=False, schedule="1f1b",
-                                     virtual_stages=1, layers_per_stage=None, recompute_layers_per_stage=None)
+    one = LayoutSpec.trusted(tp=1, pp=1, dp=1, zero_stage=0, offload=Offload.NONE, micro_batch_size=1,
+                             num_micro_batches=1, recompute=Recompute.FULL, sequence_parallel=False,
+                             schedule=Schedule.ONE_F_ONE_B, virtual_stages=1)
     est = problem.estimate(one)
     return _fits(problem, est)
 

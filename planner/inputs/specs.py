@@ -5,7 +5,7 @@ The rules that check a layout against a model, a cluster and a batch live in pla
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -209,6 +209,17 @@ class LayoutSpec(_Frozen):
     virtual_stages: int = Field(default=1, ge=1)
     layers_per_stage: list[int] | None = None
     recompute_layers_per_stage: list[int] | None = None
+
+    @classmethod
+    def trusted(cls, **fields: Any) -> LayoutSpec:
+        """Build without validation (the search's hot path: its candidates satisfy the field constraints by
+        construction); option strings become their enum members, unset fields take their defaults."""
+        for key, enum in (("offload", Offload), ("recompute", Recompute), ("schedule", Schedule)):
+            if key in fields:
+                fields[key] = enum(fields[key])
+        fields.setdefault("layers_per_stage", None)
+        fields.setdefault("recompute_layers_per_stage", None)
+        return cls.model_construct(**fields)
 
     @property
     def num_gpus(self) -> int:

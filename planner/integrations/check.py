@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
+from cost_models.inputs import Recompute
 from planner.inputs.specs import LayoutSpec
 from planner.rules import layout_violations
 
@@ -228,8 +229,9 @@ def _memory_hint(problem, layout: LayoutSpec) -> str:
     """Try the usual remedies and name the first ones that fit, with their predicted memory."""
     tries = []
     if layout.recompute != "full":
-        tries.append(layout.model_copy(update={"recompute": "selective" if layout.recompute == "none" else "full"}))
-        tries.append(layout.model_copy(update={"recompute": "full"}))
+        tries.append(layout.model_copy(update={"recompute": Recompute.SELECTIVE if layout.recompute == "none"
+                                               else Recompute.FULL}))
+        tries.append(layout.model_copy(update={"recompute": Recompute.FULL}))
     if layout.zero_stage < (1 if layout.pp > 1 else 3) and layout.dp > 1:
         tries.append(layout.model_copy(update={"zero_stage": layout.zero_stage + 1}))
     if layout.micro_batch_size > 1:
