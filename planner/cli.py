@@ -207,9 +207,9 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
 
     from cluster_specs import load_cluster
     from cluster_specs.errors import from_pydantic
-    from planner.problem import Problem
     from planner.inputs.models import load_model
     from planner.inputs.specs import TrainingSpec
+    from planner.problem import Problem
 
     cl = load_cluster(cluster, nodes=nodes)
     md = load_model(model)
