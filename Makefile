@@ -41,17 +41,12 @@ validate: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m planner.speed_bench
 
-# The GPU check of issue #6, as one script for a machine with a GPU (the device tool's H200): calibrate the GPU,
-# then the memory model against CUDA's measured peak for a multi-layer proxy under each recompute policy (ZeRO 0).
+# The GPU check (issue #12), for a machine with a GPU (the device tool's H200), in under 5 minutes: calibrate, then
+# single-GPU cases (8B under each recompute policy, 70B/175B layer proxies, ZeRO-0 and FSDP2 recipes), predicted vs
+# measured into docs/validation-gpu.md. Plain python3 (torch, typer, rich, PyYAML, pydantic): no venv needed.
 GPU_OUT ?= gpu-check
-gpu-check: $(DEVSTAMP)
-	mkdir -p $(GPU_OUT)
-	$(BIN)/planner calibrate --nproc 1 --gpu H200 --model llama3-8b --seq-len 4096 -o $(GPU_OUT)/h200.yaml
-	for rc in none selective full; do \
-	  $(BIN)/planner bench -c $(GPU_OUT)/h200.yaml -m llama3-8b --layout "dp=1,mbs=1,recompute=$$rc" \
-	    --layers-per-stage 8 --seq-len 4096 --dtype bfloat16 --nproc 1 --steps 5 --warmup 2 \
-	    --json -o $(GPU_OUT)/bench-$$rc.json > /dev/null || exit 1; \
-	done
+gpu-check:
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(PYTHON) -m planner.bench.gpu_check --out $(GPU_OUT) --doc docs/validation-gpu.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -90,6 +90,8 @@ class Measured(_Frozen):
     knobs: dict[str, float] = Field(default_factory=dict)
     gemm: list[dict] = Field(default_factory=list)
     collectives: list[dict] = Field(default_factory=list)
+    summary: dict = Field(default_factory=dict)  # the measured headline figures (fitted GEMM peak, links)
+    noise: dict = Field(default_factory=dict)  # spread of the repeats and the machine's load while measuring
     notes: list[str] = Field(default_factory=list)
 
 

@@ -495,6 +495,13 @@ def bench(
     steps: Annotated[int, typer.Option(help="Measured steps.")] = 3,
     warmup: Annotated[int, typer.Option(help="Warm-up steps.")] = 1,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
+    optimizer: Annotated[str, typer.Option(help="adamw (fp32 master weights and moments: the training recipe) or "
+                                                "sgd (momentum; for numerics checks).")] = "adamw",
+    top: Annotated[int, typer.Option("--top", help="With a plan: also run the runners-up within the plan's error "
+                                                   "band, up to this many layouts in all.")] = 1,
+    save_calibration: Annotated[Path | None, typer.Option(
+        "--save-calibration", help="With --top: write the measured figures as a calibration file for "
+                                   "`plan --calibration`.")] = None,
     timeout: Annotated[float, typer.Option(help="Process-group timeout in seconds: a stuck rank fails the run.")] = 120.0,
     calibration: CalibrationOpt = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the report JSON here (atomically).")] = None,
@@ -510,6 +517,10 @@ def bench(
 
     if dtype not in ("float32", "bfloat16"):
         raise SpecError(f"--dtype: {dtype!r} -> allowed: float32, bfloat16")
+    if optimizer not in ("adamw", "sgd"):
+        raise SpecError(f"--optimizer: {optimizer!r} -> allowed: adamw, sgd")
+    if top < 1 or (top > 1 and plan_file is None):
+        raise SpecError(f"--top: {top} -> needs a plan JSON and a value >= 1")
     if plan_file is not None:
         doc = read_structured_file(plan_file)
         if not isinstance(doc, dict) or "layout" not in doc or "inputs" not in doc:
@@ -532,56 +543,92 @@ def bench(
         tr = TrainingSpec(global_batch_size=fields.get("micro_batch_size", 1) * fields["num_micro_batches"] * fields["dp"],
                           seq_length=seq)
         lay = complete_layout(fields, md, tr, cl)
-    upd = {}
-    if dp:
-        upd["dp"] = dp
-    if micro_batches:
-        upd["num_micro_batches"] = micro_batches
-    if upd:
-        lay = lay.model_copy(update=upd)
-    if lay.zero_stage >= 2 and lay.pp > 1:
-        raise SpecError("zero_stage: >= 2 with pp > 1 is not supported (see `planner check`)")
-    if nproc is not None and nproc != lay.num_gpus:
-        raise SpecError(f"--nproc: {nproc} -> the layout needs dp*tp*pp = {lay.num_gpus} ranks (use --dp to shrink it)")
     _need_torch()
-    from cost_models.inputs import Knobs
-    from planner.bench.session import bench_problem, make_config, report_document, run, scale_model
+    from planner.bench.session import BenchOptions, bench_one, fit_layout
 
-    md = scale_model(md, lay, layers_per_stage=layers_per_stage, hidden_size=hidden_size,
-                     vocab_size=vocab_size)
+    opts = BenchOptions(nproc=nproc, dp=dp, micro_batches=micro_batches, layers_per_stage=layers_per_stage,
+                        hidden_size=hidden_size, vocab_size=vocab_size, steps=steps, warmup=warmup, dtype=dtype,
+                        optimizer=optimizer, timeout_seconds=timeout)
     knobs_kw = calibration_knobs(cl)
     if calibration is not None:
         cl, knobs_kw = apply_calibration(cl, calibration)
-    problem = bench_problem(md, lay, seq, cl, dtype, Knobs(**knobs_kw))
-    from planner.rules import validate_layout
-
-    validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
-    cfg = make_config(md, lay, seq, steps=steps, warmup=warmup, dtype=dtype, timeout_seconds=timeout)
-    reports = run(cfg, nproc=nproc)
-    import os
-
-    if int(os.environ.get("RANK", "0")) != 0:
+    if top > 1:
+        return _bench_shortlist(doc, top, md, seq, cl, knobs_kw, opts, output, save_calibration, as_json)
+    report = bench_one(md, fit_layout(lay, opts), seq, cl, knobs_kw, opts)
+    if report is None:  # not rank 0 of a torchrun job
         return
-    doc = report_document(problem, lay, cfg, reports)
     if output is not None:
-        write_atomically(output, doc.model_dump_json(indent=2) + "\n")
+        write_atomically(output, json.dumps(report, indent=2) + "\n")
     if as_json:
-        _emit_json(doc)
+        _emit_json(report)
+        return
+    _print_bench(report)
+    if output is not None:
+        _stderr().print(f"wrote {output}")
+
+
+def _print_bench(doc: dict) -> None:
+    from rich.table import Table
+
+    from planner.inputs.specs import LayoutSpec
+
+    lay = LayoutSpec.model_validate(doc["layout"])
+    table = Table(title=f"Benchmark: {doc['model']['name']}, {lay.short()}, {doc['world_size']} ranks on "
+                        f"{doc['device']} ({doc['optimizer']}, {doc['dtype']}); predicted on {doc['cluster']['name']}",
+                  title_justify="left")
+    for col in ("quantity", "predicted", "measured", "error"):
+        table.add_column(col, justify="right" if col != "quantity" else "left")
+    for r in doc["comparison"]["rows"]:
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        table.add_row(r["quantity"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}", err)
+    _stdout().print(table)
+    for note in doc["comparison"].get("notes", []):
+        _stdout().print(f"[dim]note: {note}[/dim]")
+
+
+def _bench_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opts, output, save_calibration,
+                     as_json: bool) -> None:
+    """`bench --top K`: run the pick and its runners-up, say which to launch, write the calibration."""
+    import yaml
+
+    from planner.bench.session import bench_one, fit_layout
+    from planner.bench.shortlist import calibration_document, decide, shortlist
+    from planner.inputs.specs import LayoutSpec
+
+    entries, rule = shortlist(plan, top)
+    layouts = [fit_layout(LayoutSpec.model_validate(e["layout"]), opts) for e in entries]  # refuse before running
+    docs = [bench_one(md, lay, seq, cl, knobs_kw, opts) for lay in layouts]
+    if docs[0] is None:
+        return
+    results = [{"layout_short": LayoutSpec.model_validate(e["layout"]).short(), "role": e["role"],
+                "plan_predicted_step_seconds": e["predicted_step_seconds"],
+                "predicted": d["comparison"]["predicted_step_seconds"],
+                "measured": d["comparison"]["measured_step_seconds"]} for e, d in zip(entries, docs, strict=True)]
+    for r in results:
+        r["error"] = (r["predicted"] - r["measured"]) / r["measured"]
+    summary = {"kind": "bench-shortlist", "rule": rule, "results": results, "decision": decide(results),
+               "runs": docs}
+    if save_calibration is not None:
+        cal = calibration_document(docs[0]["cluster"], knobs_kw, results, source=rule)
+        write_atomically(save_calibration, "# Written by `planner bench --top`: use as `plan --calibration FILE`.\n"
+                         + yaml.safe_dump(cal, sort_keys=False))
+        summary["calibration_file"] = str(save_calibration)
+    if output is not None:
+        write_atomically(output, json.dumps(summary, indent=2) + "\n")
+    if as_json:
+        _emit_json(summary)
         return
     from rich.table import Table
 
-    table = Table(title=f"Benchmark: {problem.model.name}, {lay.short()}, {len(reports)} ranks on "
-                        f"{reports[0]['device']}; predicted on {problem.cluster.name}", title_justify="left")
-    for col in ("quantity", "predicted", "measured", "error"):
-        table.add_column(col, justify="right" if col != "quantity" else "left")
-    for r in doc.comparison.rows:
-        err = "-" if r.error is None else f"{r.error:+.1%}"
-        table.add_row(r.quantity, f"{r.predicted:.4g}", f"{r.measured:.4g}", err)
+    table = Table(title=f"Short list ({rule})", title_justify="left")
+    for col in ("layout", "role", "predicted s", "measured s", "error"):
+        table.add_column(col, justify="left" if col in ("layout", "role") else "right")
+    for r in results:
+        table.add_row(r["layout_short"], r["role"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}", f"{r['error']:+.1%}")
     _stdout().print(table)
-    for note in doc.comparison.notes:
-        _stdout().print(f"[dim]note: {note}[/dim]")
-    if output is not None:
-        _stderr().print(f"wrote {output}")
+    _stdout().print(f"launch: {summary['decision']['launch']} ({summary['decision']['reason']})", highlight=False)
+    if save_calibration is not None:
+        _stderr().print(f"wrote {save_calibration}")
 
 
 @app.command()
@@ -605,18 +652,19 @@ def calibrate(
     if nproc < 1:
         raise SpecError(f"--nproc: {nproc} -> must be >= 1")
     _need_torch()
-    from planner.bench.calibrate import DEFAULT_GEMMS, model_gemms
     from planner.bench.calibrate import calibrate as measure
+    from planner.bench.calibrate import model_gemms
 
-    gemms = DEFAULT_GEMMS
+    extra = None
     if model:
         from planner.inputs.models import load_model
 
         md = load_model(model)
-        gemms = model_gemms(tokens=micro_batch_size * seq_len, hidden=md.hidden_size, ffn=md.ffn, tp=tp)
+        extra = model_gemms(tokens=micro_batch_size * seq_len, hidden=md.hidden_size, ffn=md.ffn, tp=tp,
+                            kv_dim=md.kv_heads * md.hidden_size // md.num_attention_heads, vocab=md.vocab_size)
     top = int(max_message_mib * 2**20)
     messages = sorted({max(4096, top // 4**k) // 4 * 4 for k in range(4)})
-    spec = measure(nproc=nproc, gemms=gemms, messages=messages, repeats=repeats, gpu_name=gpu)
+    spec = measure(nproc=nproc, messages=messages, repeats=repeats, gpu_name=gpu, extra_gemms=extra)
     text = "# Written by `planner calibrate`: this machine, measured. Use as --cluster FILE or --calibration FILE.\n"
     text += yaml.safe_dump(spec, sort_keys=False)
     write_atomically(output, text)
@@ -624,10 +672,28 @@ def calibrate(
     if as_json:
         _emit_json(spec)
         return
-    g = spec["gpu"]
-    _stdout().print(f"wrote {output}: {nproc} x {g['name']}, {max(g['tflops'].values()):.3g} TFLOP/s per rank, "
-                    f"all-reduce bus bandwidth {spec['intra_node']['gb_per_s']:.3g} GB/s, latency "
-                    f"{spec['intra_node']['latency_us']:.3g} µs", highlight=False)
+    _print_calibration(output, nproc, spec)
+
+
+def _print_calibration(output: Path, nproc: int, spec: dict) -> None:
+    """The measured figures (never a catalog peak), how well the GEMM line fits, and how noisy it was."""
+    s, n = spec["measured"]["summary"], spec["measured"]["noise"]
+    link = "pinned host->device" if s["host_to_device_pinned"] else "host memory copy (no host-device link on CPU)"
+    out = _stdout()
+    out.print(f"wrote {output}: {nproc} x {s['device_name']} (torch {s['torch_version']}, {s['dtype']})", highlight=False)
+    out.print(f"  GEMM {s['dtype']}: fitted peak {s['gemm_fitted_peak_tflops']:.3g} TFLOP/s; best measured "
+              f"{s['gemm_best_tflops']:.3g} at {s['gemm_best_shape']}, smallest {s['gemm_smallest_tflops']:.3g} at "
+              f"{s['gemm_smallest_shape']}; fit error median {s['gemm_fit_median_abs_error']:.0%}, max "
+              f"{s['gemm_fit_max_abs_error']:.0%}", highlight=False)
+    out.print(f"  memory copy {s['memory_copy_gb_per_s']:.3g} GB/s; {link} {s['host_to_device_gb_per_s']:.3g} GB/s; "
+              f"all-reduce bus bandwidth {spec['intra_node']['gb_per_s']:.3g} GB/s, latency "
+              f"{spec['intra_node']['latency_us']:.3g} µs", highlight=False)
+    load = "-" if n["load_average"] is None else f"{n['load_average']:.1f}"
+    out.print(f"  noise: repeats spread {n['median_spread']:.0%} (median), {n['max_spread']:.0%} (max); load average "
+              f"{load} on {n['cores']} cores", highlight=False)
+    for note in spec["measured"]["notes"]:
+        if note.startswith(("the machine was busy", "noisy")):
+            _stderr().print(f"warning: {note}", highlight=False)
 
 
 @app.command()

@@ -1,34 +1,162 @@
-"""`planner calibrate`: measure this machine (GEMM FLOP/s at the model's shapes, memory bandwidth, collective
-bus bandwidth and latency, point-to-point bandwidth) on `nproc` ranks at once, and write a cluster file whose
-numbers are the measured ones. On CUDA the GEMMs run in bf16 with NCCL; on CPU in fp32 with gloo."""
+"""`planner calibrate`: measure this machine on `nproc` ranks at once and write a cluster file of what was measured.
+
+- GEMMs on a grid from tiny to large (m, k, n), plus the model's own shapes when one is named, so the shapes a
+  benchmark or plan uses are inside the measured range, never extrapolated from large ones. The cost model's size
+  curve eff(x) = x / (x + x_half) means a GEMM of F FLOPs takes (F + x_half * 1e9) / peak: a straight line in F,
+  fitted by least squares on relative error (fit_gemm_line); the file records how well it holds on every shape.
+- device memory bandwidth (a device-to-device copy), and the host-to-device link with pinned host memory on CUDA
+  (on CPU there is no such link: the file says so and uses the host memory copy);
+- collective bus bandwidth and latency on the ranks (NCCL on CUDA, gloo on CPU).
+
+Every figure is the median of `repeats` timed runs; its spread (max/min - 1) is recorded, and the summary warns
+when the machine was busy (load average above its cores, or a spread over BUSY_SPREAD).
+On CUDA the GEMMs run in bf16, on CPU in fp32.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
 import statistics
+import time
 from datetime import UTC, datetime
 
 import torch
 import torch.distributed as dist
 
-DEFAULT_GEMMS = [(512, 512, 512), (1024, 1024, 1024), (2048, 1024, 4096), (2048, 4096, 1024)]
+CPU_SIZES = (32, 64, 128, 256, 512, 1024)
+GPU_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_MESSAGES = [2**12, 2**16, 2**20, 2**23]
+BUSY_SPREAD = 0.25  # a measurement whose repeats differ by more than this is called noisy
 
 
-def model_gemms(*, tokens: int, hidden: int, ffn: int, tp: int = 1) -> list[tuple[int, int, int]]:
-    """(m, k, n) of a layer's GEMMs per GPU: QKV-like h -> h/t, MLP h -> f/t and f/t -> h."""
-    return [(tokens, hidden, max(1, hidden // tp)), (tokens, hidden, max(1, ffn // tp)), (tokens, max(1, ffn // tp), hidden)]
+def gemm_grid(sizes: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(m, k, n) shapes: every cube, and for each m the transformer's rectangles (k -> 4k and 4k -> k, as in an MLP,
+    and k -> k/4, as in a GQA projection)."""
+    shapes = {(s, s, s) for s in sizes}
+    for m in sizes:
+        for k in sizes[:-2]:
+            shapes.update({(m, k, 4 * k), (m, 4 * k, k), (m, 4 * k, max(1, k))})
+    return sorted(shapes, key=lambda g: g[0] * g[1] * g[2])
+
+
+def model_gemms(*, tokens: int, hidden: int, ffn: int, tp: int = 1, kv_dim: int | None = None,
+                vocab: int | None = None) -> list[tuple[int, int, int]]:
+    """(m, k, n) of a layer's GEMMs per GPU: QKV h -> h/t (and h -> kv/t), MLP h -> f/t and f/t -> h, logits."""
+    out = [(tokens, hidden, max(1, hidden // tp)), (tokens, hidden, max(1, ffn // tp)),
+           (tokens, max(1, ffn // tp), hidden)]
+    if kv_dim:
+        out.append((tokens, hidden, max(1, kv_dim // tp)))
+    if vocab:
+        out.append((tokens, hidden, max(1, vocab // tp)))
+    return out
+
+
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """(median seconds, spread = max/min - 1) of fn over `repeats` calls after one untimed call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), max(times) / max(min(times), 1e-12) - 1
+
+
+def fit_gemm_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Fit t = a + F / peak to (flops, seconds) points, minimising the squared relative error; a >= 0.
+    Returns (peak FLOP/s, a seconds)."""
+    w = [1 / t**2 for _, t in points]
+    sw = sum(w)
+    swf = sum(wi * f for wi, (f, _) in zip(w, points, strict=True))
+    swt = sum(wi * t for wi, (_, t) in zip(w, points, strict=True))
+    swff = sum(wi * f * f for wi, (f, _) in zip(w, points, strict=True))
+    swft = sum(wi * f * t for wi, (f, t) in zip(w, points, strict=True))
+    det = sw * swff - swf * swf
+    a, b = 0.0, swft / swff
+    if det > 0:
+        a_, b_ = (swff * swt - swf * swft) / det, (sw * swft - swf * swt) / det
+        if a_ >= 0 and b_ > 0:
+            a, b = a_, b_
+    return 1 / b, a
+
+
+def _gemms(args: dict, device, dtype, sync) -> list[dict]:
+    out = []
+    for m, k, n in args["gemms"]:
+        a = torch.randn(m, k, dtype=dtype, device=device)
+        b = torch.randn(k, n, dtype=dtype, device=device)
+        dist.barrier()
+        reps = args["repeats"] if 2 * m * k * n > 1e8 else 4 * args["repeats"]  # small ones are cheap and noisier
+        t, spread = timed(lambda a=a, b=b: (a @ b, sync()), reps)
+        out.append({"m": m, "k": k, "n": n, "flops": 2 * m * k * n, "seconds": t, "spread": spread})
+    return out
+
+
+def _links(args: dict, device, cuda: bool, sync) -> dict:
+    x = torch.empty(args["copy_bytes"] // 4, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    dist.barrier()
+    t, spread = timed(lambda: (y.copy_(x), sync()), args["repeats"])
+    out = {"memory_bytes_per_second": 2 * x.numel() * 4 / t, "memory_spread": spread}
+    if cuda:  # the host link: pinned host memory -> device, the path offloading uses
+        host = torch.empty(args["copy_bytes"] // 4, dtype=torch.float32, pin_memory=True)
+        dist.barrier()
+        t, spread = timed(lambda: (x.copy_(host, non_blocking=True), sync()), args["repeats"])
+        out.update(host_to_device_pinned_bytes_per_second=host.numel() * 4 / t, host_to_device_spread=spread)
+    return out
+
+
+def _collectives(args: dict, rank: int, world: int, device, sync) -> tuple[list[dict], float | None]:
+    # torch 2.13 deprecates *_into_tensor / *_tensor in favour of *_single (../shared/reference/cpu-notes.md)
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    colls: list[dict] = []
+    if world == 1:
+        return colls, None
+    reps = args["repeats"]
+    for size in args["messages"]:
+        buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+        out = torch.empty(size // 4 * world, dtype=torch.float32, device=device)
+
+        def ping(buf=buf):
+            if rank == 0:
+                dist.send(buf, dst=1)
+            elif rank == 1:
+                dist.recv(buf, src=0)
+            sync()
+
+        for op, fn, nbytes, factor in (
+                ("all_reduce", lambda buf=buf: (dist.all_reduce(buf), sync()), size, 2 * (world - 1) / world),
+                ("all_gather", lambda buf=buf, out=out: (all_gather(out, buf), sync()), size * world, (world - 1) / world),
+                ("reduce_scatter", lambda buf=buf, out=out: (reduce_scatter(buf, out), sync()), size * world,
+                 (world - 1) / world),
+                ("send_recv", ping, size, 1.0)):
+            dist.barrier()
+            t, spread = timed(fn, reps)
+            colls.append({"op": op, "bytes": nbytes, "group_size": 2 if op == "send_recv" else world, "seconds": t,
+                          "bus_bytes_per_second": factor * nbytes / t, "spread": spread})
+    # per-step latency from a 2-rank all-reduce of a small message (the world-size figure above also carries the
+    # scheduling noise of every rank sharing the machine)
+    pair = dist.new_group([0, 1])
+    small = torch.ones(1024, dtype=torch.float32, device=device)
+    dist.barrier()
+    latency = None
+    if rank < 2:
+        t, _ = timed(lambda: (dist.all_reduce(small, group=pair), sync()), max(reps, 11))
+        latency = t / 2  # a 2-rank ring all-reduce takes 2 steps
+    dist.barrier()
+    return colls, latency
 
 
 def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
     from datetime import timedelta
 
-    from planner.bench.runner import median_seconds
-
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", rank % max(1, torch.cuda.device_count())) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     dtype = torch.bfloat16 if cuda else torch.float32
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=args["timeout"]))
@@ -37,115 +165,124 @@ def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
         if cuda:
             torch.cuda.synchronize()
 
-    # torch 2.13 deprecates *_into_tensor / *_tensor in favour of *_single (../shared/reference/cpu-notes.md)
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    gemms = []
-    for m, k, n in args["gemms"]:
-        a = torch.randn(m, k, dtype=dtype, device=device)
-        b = torch.randn(k, n, dtype=dtype, device=device)
-        dist.barrier()
-        t = median_seconds(lambda a=a, b=b: (a @ b, sync()), args["repeats"], warmup=True)
-        gemms.append({"m": m, "k": k, "n": n, "flops": 2 * m * k * n, "seconds": t, "flops_per_second": 2 * m * k * n / t})
-    x = torch.empty(args["copy_bytes"] // 4, dtype=torch.float32, device=device)
-    y = torch.empty_like(x)
-    dist.barrier()
-    t = median_seconds(lambda: (y.copy_(x), sync()), args["repeats"], warmup=True)
-    mem_bw = 2 * x.numel() * 4 / t
-    colls = []
-    n = world
-    for size in args["messages"]:
-        buf = torch.ones(size // 4, dtype=torch.float32, device=device)
-        out = torch.empty(size // 4 * n, dtype=torch.float32, device=device) if n > 1 else None
-        if n > 1:
-            dist.barrier()
-            t = median_seconds(lambda buf=buf: (dist.all_reduce(buf), sync()), args["repeats"], warmup=True)
-            colls.append({"op": "all_reduce", "bytes": size, "group_size": n, "seconds": t,
-                          "bus_bytes_per_second": 2 * (n - 1) / n * size / t})
-            dist.barrier()
-            t = median_seconds(lambda buf=buf, out=out: (all_gather(out, buf), sync()), args["repeats"], warmup=True)
-            colls.append({"op": "all_gather", "bytes": size * n, "group_size": n, "seconds": t,
-                          "bus_bytes_per_second": (n - 1) / n * size * n / t})
-            dist.barrier()
-            t = median_seconds(lambda buf=buf, out=out: (reduce_scatter(buf, out), sync()), args["repeats"], warmup=True)
-            colls.append({"op": "reduce_scatter", "bytes": size * n, "group_size": n, "seconds": t,
-                          "bus_bytes_per_second": (n - 1) / n * size * n / t})
-            dist.barrier()
-
-            def ping(buf=buf):
-                if rank == 0:
-                    dist.send(buf, dst=1)
-                elif rank == 1:
-                    dist.recv(buf, src=0)
-                sync()
-            t = median_seconds(ping, args["repeats"], warmup=True)
-            colls.append({"op": "send_recv", "bytes": size, "group_size": 2, "seconds": t, "bus_bytes_per_second": size / t})
-    # per-step latency from a 2-rank all-reduce of a small message (the world-size figure above also carries the
-    # scheduling noise of every rank sharing the machine)
-    pair_latency = None
-    if n > 1:
-        pair = dist.new_group([0, 1])
-        small = torch.ones(1024, dtype=torch.float32, device=device)
-        dist.barrier()
-        if rank < 2:
-            t = median_seconds(lambda: (dist.all_reduce(small, group=pair), sync()), max(args["repeats"], 11), warmup=True)
-            pair_latency = t / 2  # a 2-rank ring all-reduce takes 2 steps
-        dist.barrier()
-    return {"rank": rank, "device": device.type, "pair_latency_seconds": pair_latency, "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
-            "gemms": gemms, "memory_bytes_per_second": mem_bw, "collectives": colls,
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    gemms = _gemms(args, device, dtype, sync)
+    links = _links(args, device, cuda, sync)
+    colls, latency = _collectives(args, rank, world, device, sync)
+    return {"rank": rank, "device": device.type, "pair_latency_seconds": latency,
+            "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
+            "gemms": gemms, **links, "collectives": colls, "torch_version": torch.__version__,
+            "load_average": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
             "device_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None}
 
 
-def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, messages: list[int] | None = None,
-              repeats: int = 5, copy_bytes: int = 64 * 2**20, timeout_seconds: float = 120.0,
-              gpu_name: str | None = None) -> dict:
-    """Measure, then return a cluster-spec mapping (with a `measured` section) for this machine."""
-    from planner.bench.runner import run_ranks
-
-    args = {"gemms": gemms or DEFAULT_GEMMS, "messages": messages or DEFAULT_MESSAGES, "repeats": repeats,
-            "copy_bytes": copy_bytes, "timeout": timeout_seconds}
-    reports = run_ranks(_rank, args, nproc, timeout_seconds)
-    r0 = reports[0]
-    cuda = r0["device"] == "cuda"
-    # per shape, the slowest rank (ranks share the machine)
+def gemm_summary(reports: list[dict]) -> dict:
+    """Per shape the slowest rank (ranks share the machine); the fitted line; how far each shape is from it."""
     per_shape = []
-    for i, g in enumerate(r0["gemms"]):
-        rate = min(r["gemms"][i]["flops_per_second"] for r in reports)
-        per_shape.append({**{k: g[k] for k in ("m", "k", "n", "flops")}, "flops_per_second": rate})
-    best = max(g["flops_per_second"] for g in per_shape)
-    # fit the size curve eff(x) = x / (x + x_half) on the measured shapes (cost_models.step.matmul_efficiency)
-    halves = [g["flops"] / 1e9 * (best / g["flops_per_second"] - 1) for g in per_shape if g["flops_per_second"] < best]
-    x_half = statistics.median(halves) if halves else 1e-3
-    dtype = "bf16" if cuda else "fp32"
+    for i, g in enumerate(reports[0]["gemms"]):
+        worst = max((r["gemms"][i] for r in reports), key=lambda x: x["seconds"])
+        per_shape.append({**{k: g[k] for k in ("m", "k", "n", "flops")}, "seconds": worst["seconds"],
+                          "flops_per_second": g["flops"] / worst["seconds"],
+                          "spread": max(r["gemms"][i]["spread"] for r in reports)})
+    peak, overhead = fit_gemm_line([(g["flops"], g["seconds"]) for g in per_shape])
+    for g in per_shape:
+        g["fit_error"] = (overhead + g["flops"] / peak) / g["seconds"] - 1
+    best = max(per_shape, key=lambda g: g["flops_per_second"])
+    errs = sorted(abs(g["fit_error"]) for g in per_shape)
+    return {"shapes": per_shape, "peak_flops_per_second": peak, "overhead_seconds": overhead,
+            "x_half_gflop": overhead * peak / 1e9, "best": best, "smallest": per_shape[0],
+            "fit_median_abs_error": statistics.median(errs), "fit_max_abs_error": errs[-1]}
+
+
+def noise_summary(reports: list[dict], nproc: int, gemm: dict) -> dict:
+    spreads = [g["spread"] for g in gemm["shapes"]] + [r["memory_spread"] for r in reports]
+    spreads += [c["spread"] for r in reports for c in r["collectives"]]
+    loads = [x for r in reports for x in r["load_average"] if x is not None]
+    cores = os.cpu_count() or 1
+    load = max(loads) if loads else None
+    warnings = []
+    if load is not None and load > cores:
+        warnings.append(f"the machine was busy: load average {load:.1f} on {cores} cores (other processes took "
+                        "CPU time while measuring; the figures are pessimistic and vary between runs)")
+    median_spread = statistics.median(spreads)
+    if median_spread > BUSY_SPREAD:
+        warnings.append(f"noisy: the repeats of a measurement differ by {median_spread:.0%} (median of max/min - 1)")
+    return {"median_spread": median_spread, "max_spread": max(spreads), "load_average": load, "cores": cores,
+            "ranks": nproc, "warnings": warnings}
+
+
+def _gpu_entry(r0: dict, reports: list[dict], gemm: dict, nproc: int, gpu_name: str | None, dtype: str) -> dict:
+    mem_bw = min(r["memory_bytes_per_second"] for r in reports)
     if gpu_name:
         from cluster_specs import load_gpu
 
         gpu = load_gpu(gpu_name).model_dump(mode="json")
         peak = gpu["tflops"].get(dtype) or gpu["tflops"].get("fp16")
-        gpu["matmul_efficiency"] = min(1.0, best / (peak * 1e12))
-    else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 8 * 2**30
-        mem = r0["device_memory_bytes"] or total / nproc
-        gpu = {"name": f"measured-{r0['device_name'] or r0['device']}"[:60], "memory_gib": mem / 2**30,
-               "tflops": {dtype: best / 1e12}, "hbm_gb_per_s": min(r["memory_bytes_per_second"] for r in reports) / 1e9,
-               "matmul_efficiency": 1.0, "source": "measured by planner calibrate"}
+        gpu["matmul_efficiency"] = min(1.0, gemm["peak_flops_per_second"] / (peak * 1e12))
+        gpu["hbm_gb_per_s"] = mem_bw / 1e9
+        gpu["source"] = (f"{gpu.get('source', '')}; matmul_efficiency and hbm_gb_per_s measured by planner "
+                         "calibrate").lstrip("; ")
+        return gpu
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 8 * 2**30
+    mem = r0["device_memory_bytes"] or total / nproc
+    return {"name": f"measured-{r0['device_name'] or r0['device']}"[:60], "memory_gib": mem / 2**30,
+            "tflops": {dtype: gemm["peak_flops_per_second"] / 1e12}, "hbm_gb_per_s": mem_bw / 1e9,
+            "matmul_efficiency": 1.0, "source": "measured by planner calibrate"}
+
+
+def _intra(r0: dict, nproc: int, cuda: bool) -> dict:
     allr = [c for c in r0["collectives"] if c["op"] == "all_reduce"]
-    if allr:
-        big = max(allr, key=lambda c: c["bytes"])
-        small = min(allr, key=lambda c: c["bytes"])
-        busbw = big["bus_bytes_per_second"]
-        latency = r0.get("pair_latency_seconds")
-        if latency is None:
-            latency = max(0.0, small["seconds"] - 2 * (nproc - 1) / nproc * small["bytes"] / busbw) / (2 * (nproc - 1))
-        intra = {"kind": "nvlink" if cuda else "pcie", "gb_per_s": busbw / 1e9, "efficiency": 1.0,
-                 "latency_us": latency * 1e6}
-    else:
-        intra = {"kind": "none", "gb_per_s": 0.0, "efficiency": 1.0, "latency_us": 0.0}
-    host_gib = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30 if hasattr(os, "sysconf") else 64
-    knobs = {"matmul_half_efficiency_gflop": x_half}
+    if not allr:
+        return {"kind": "none", "gb_per_s": 0.0, "efficiency": 1.0, "latency_us": 0.0}
+    big = max(allr, key=lambda c: c["bytes"])
+    small = min(allr, key=lambda c: c["bytes"])
+    busbw = big["bus_bytes_per_second"]
+    latency = r0.get("pair_latency_seconds")
+    if latency is None:
+        latency = max(0.0, small["seconds"] - 2 * (nproc - 1) / nproc * small["bytes"] / busbw) / (2 * (nproc - 1))
+    return {"kind": "nvlink" if cuda else "pcie", "gb_per_s": busbw / 1e9, "efficiency": 1.0,
+            "latency_us": latency * 1e6}
+
+
+def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, messages: list[int] | None = None,
+              repeats: int = 5, copy_bytes: int = 64 * 2**20, timeout_seconds: float = 120.0,
+              gpu_name: str | None = None, extra_gemms: list[tuple[int, int, int]] | None = None) -> dict:
+    """Measure, then return a cluster-spec mapping (with a `measured` section) for this machine."""
+    from planner.bench.runner import run_ranks
+
+    grid = gemms or gemm_grid(GPU_SIZES if torch.cuda.is_available() else CPU_SIZES)
+    grid = sorted(set(grid) | set(extra_gemms or []), key=lambda g: g[0] * g[1] * g[2])
+    args = {"gemms": grid, "messages": messages or DEFAULT_MESSAGES, "repeats": repeats,
+            "copy_bytes": copy_bytes, "timeout": timeout_seconds}
+    reports = run_ranks(_rank, args, nproc, timeout_seconds)
+    r0 = reports[0]
+    cuda = r0["device"] == "cuda"
+    dtype = "bf16" if cuda else "fp32"
+    gemm = gemm_summary(reports)
+    noise = noise_summary(reports, nproc, gemm)
+    gpu = _gpu_entry(r0, reports, gemm, nproc, gpu_name, dtype)
+    knobs = {"matmul_half_efficiency_gflop": gemm["x_half_gflop"]}
     if not cuda:  # measured peaks already include everything a CPU step pays; nothing overlaps under gloo
         knobs.update(end_to_end_efficiency=1.0, per_process_overhead_bytes=0.0, dp_overlap_fraction=0.0,
                      pp_overlap_fraction=0.0, elementwise_traffic_factor=8.0)
+    if cuda:
+        h2d = min(r["host_to_device_pinned_bytes_per_second"] for r in reports)
+        h2d_note = f"host_to_device: pinned host memory -> device copy of {copy_bytes / 2**20:.0f} MiB"
+    else:
+        h2d = min(r["memory_bytes_per_second"] for r in reports)
+        h2d_note = "host_to_device: CPU ranks have no host-device link; the host memory copy bandwidth stands in"
+    host_gib = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30 if hasattr(os, "sysconf") else 64
+    summary = {"gemm_fitted_peak_tflops": gemm["peak_flops_per_second"] / 1e12,
+               "gemm_best_tflops": gemm["best"]["flops_per_second"] / 1e12,
+               "gemm_best_shape": [gemm["best"][k] for k in ("m", "k", "n")],
+               "gemm_smallest_tflops": gemm["smallest"]["flops_per_second"] / 1e12,
+               "gemm_smallest_shape": [gemm["smallest"][k] for k in ("m", "k", "n")],
+               "gemm_fit_median_abs_error": gemm["fit_median_abs_error"],
+               "gemm_fit_max_abs_error": gemm["fit_max_abs_error"],
+               "memory_copy_gb_per_s": min(r["memory_bytes_per_second"] for r in reports) / 1e9,
+               "host_to_device_gb_per_s": h2d / 1e9, "host_to_device_pinned": cuda,
+               "dtype": dtype, "device_name": r0["device_name"], "torch_version": r0["torch_version"]}
+    intra = _intra(r0, nproc, cuda)
     return {
         "name": f"local-{platform.node() or 'machine'}"[:60],
         "description": f"{nproc} x {gpu['name']} on this machine, measured by planner calibrate",
@@ -154,14 +291,16 @@ def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, me
         "gpus_per_node": nproc,
         "intra_node": intra,
         "inter_node": {"kind": "none", "nics_per_node": 0, "nic_gbit_per_s": 0.0},
-        "host_to_device": {"gb_per_s": max(0.1, min(r["memory_bytes_per_second"] for r in reports) / 1e9), "efficiency": 1.0},
+        "host_to_device": {"gb_per_s": max(0.1, h2d / 1e9), "efficiency": 1.0},
         "host_memory_gib": host_gib,
         "measured": {
             "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "knobs": knobs,
-            "gemm": per_shape,
+            "gemm": gemm["shapes"],
             "collectives": r0["collectives"],
+            "summary": summary,
+            "noise": {k: v for k, v in noise.items() if k != "warnings"},
             "notes": [f"{nproc} ranks measured at once, {'NCCL/bf16' if cuda else 'gloo/fp32'}; per GEMM shape the "
-                      "slowest rank counts"],
+                      "slowest rank counts; each figure is the median of its repeats", h2d_note, *noise["warnings"]],
         },
     }

@@ -35,6 +35,7 @@ from torch import nn
 
 from cost_models.inputs import Transformer
 from planner.bench.model import Block, _norm
+from planner.bench.optim import local_grad, make_optimizer, optimizer_state_bytes
 
 
 @dataclass
@@ -44,9 +45,11 @@ class BenchConfig:
     layout: dict  # LayoutSpec fields
     steps: int = 3
     warmup: int = 1
-    lr: float = 0.05
+    lr: float | None = None  # default: 1e-4 for AdamW, 0.05 for SGD
     seed: int = 1234
     dtype: str = "float32"
+    optimizer: str = "adamw"  # adamw: fp32 master weights + fp32 moments (the real recipe); sgd: numerics tests
+    adam_eps: float = 1e-8
     timeout_seconds: float = 120.0
     measure_collectives: bool = True
     collect_params: bool = False
@@ -55,6 +58,10 @@ class BenchConfig:
 
     def transformer(self) -> Transformer:
         return Transformer(**self.shape)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else (1e-4 if self.optimizer == "adamw" else 0.05)
 
 
 # ---- model pieces per stage ---------------------------------------------------------------------------------
@@ -79,7 +86,17 @@ class StageModule(nn.Module):
             torch.manual_seed(seed + 200_000)
             self.norm = _norm(shape)
             self.output = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+            if shape.tied_embeddings:  # the same initial values as the embedding (tied, or synchronised copies)
+                torch.manual_seed(seed + 100_000)
+                self.output.weight.data.copy_(nn.Embedding(shape.vocab_size, shape.hidden_size).weight.data)
         self.first, self.last = first, last
+        self.tied = shape.tied_embeddings
+        self.tie()
+
+    def tie(self) -> None:
+        """One parameter for embedding and output when this module holds both (call again after TP)."""
+        if self.tied and self.first and self.last:
+            self.output.weight = self.embed.weight
 
     def forward(self, x):
         if self.first:
@@ -95,10 +112,12 @@ class StageModule(nn.Module):
 
 
 def stage_layer_ids(num_layers: int, num_stages: int, layers_per_stage: list[int] | None) -> list[list[int]]:
+    """Layer ids per stage: the given counts, else THE split (cost_models.stage.stage_split, as the estimate)."""
+    from cost_models.stage import stage_split
+
     counts = layers_per_stage if layers_per_stage and len(layers_per_stage) == num_stages else None
     if counts is None:
-        base, extra = divmod(num_layers, num_stages)
-        counts = [base + (1 if i < extra else 0) for i in range(num_stages)]
+        counts = list(stage_split(num_layers, num_stages))
     out, start = [], 0
     for c in counts:
         out.append(list(range(start, start + c)))
@@ -136,15 +155,19 @@ def apply_tp(module: StageModule, tp_mesh, *, sequence_parallel: bool) -> None:
         parallelize_module,
     )
 
+    # vocabulary-parallel embedding and output layer (Megatron's VocabParallelEmbedding / column-parallel logits)
     top: dict = {}
-    if sequence_parallel:
-        if module.first:
-            top["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
-        if module.last:
+    if module.first:
+        top["embed"] = RowwiseParallel(input_layouts=Replicate(),
+                                       output_layouts=Shard(1) if sequence_parallel else Replicate())
+    if module.last:
+        if sequence_parallel:
             top["norm"] = SequenceParallel()
-            top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
-        if top:
-            parallelize_module(module, tp_mesh, top)
+        top["output"] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                        output_layouts=Replicate())
+    if top:
+        parallelize_module(module, tp_mesh, top)
+        module.tie()
     for block in module.layers.values():
         plan = {
             "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
@@ -184,12 +207,15 @@ def apply_recompute(module: StageModule, policy: str) -> None:
             block.attn = _Checkpointed(block.attn)
 
 
-def apply_fsdp(module: StageModule, dp_mesh, *, reshard: bool) -> None:
-    from torch.distributed.fsdp import fully_shard
+def apply_fsdp(module: StageModule, dp_mesh, *, reshard: bool, compute_dtype) -> None:
+    """FSDP2 as torchtitan applies it: each layer a unit, then the root; fp32 sharded parameters (the master copy),
+    gathered in the compute dtype, gradients reduced in fp32 (MixedPrecisionPolicy)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for block in module.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
 
 
 def _local(t):
@@ -200,7 +226,7 @@ class ShardedOptimizer:
     """ZeRO-1: each DP rank keeps optimizer state only for the parameters it owns (balanced by size), steps them,
     and broadcasts them to the DP group (the algorithm of torch's ZeroRedundancyOptimizer)."""
 
-    def __init__(self, params: list[nn.Parameter], *, dp_group, dp_ranks: list[int], lr: float):
+    def __init__(self, params: list[nn.Parameter], *, dp_group, dp_ranks: list[int], lr: float, optimizer: str, eps: float):
         self.params = params
         self.group = dp_group
         self.ranks = dp_ranks
@@ -213,7 +239,7 @@ class ShardedOptimizer:
             self.owner.append((p, dp_ranks[k]))
         self.owner.sort()
         mine = [params[i] for i, r in self.owner if r == me]
-        self.inner = torch.optim.SGD(mine, lr=lr, momentum=0.9) if mine else None
+        self.inner = make_optimizer(optimizer, mine, lr=lr, eps=eps) if mine else None
 
     def step(self):
         if self.inner is not None:
@@ -227,12 +253,6 @@ class ShardedOptimizer:
 
     def state_bytes(self) -> int:
         return optimizer_state_bytes(self.inner) if self.inner is not None else 0
-
-
-def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer's state tensors (momentum buffers) held by this rank."""
-    return sum(_local(v).numel() * _local(v).element_size() for st in opt.state.values() for v in st.values()
-               if torch.is_tensor(v))
 
 
 # ---- measurement helpers -----------------------------------------------------------------------------------
@@ -279,18 +299,19 @@ def median_seconds(fn, repeats: int = 5, *, warmup: bool = False) -> float:
 # ---- the worker --------------------------------------------------------------------------------------------
 
 
-def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> dict:
+def _start(rank: int, world: int, cfg: BenchConfig, init_method: str | None):
+    """Join the process group; the device this rank uses and the (pp, dp, tp) mesh, TP innermost."""
     from datetime import timedelta
 
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) if cuda else torch.device("cpu")
+    device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count()))
+              if cuda else torch.device("cpu"))
     if cuda:
         torch.cuda.set_device(device)
-    backend = "nccl" if cuda else "gloo"
-    kwargs = {"backend": backend, "timeout": timedelta(seconds=cfg.timeout_seconds)}
+    kwargs = {"backend": "nccl" if cuda else "gloo", "timeout": timedelta(seconds=cfg.timeout_seconds)}
     if init_method:
         kwargs.update(init_method=init_method, rank=rank, world_size=world)
     dist.init_process_group(**kwargs)
@@ -298,137 +319,226 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
     tp, pp, dp = lay["tp"], lay["pp"], lay["dp"]
     if tp * pp * dp != world:
         raise RuntimeError(f"layout needs dp*tp*pp = {dp * tp * pp} ranks, got {world}")
-    mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
-    shape = cfg.transformer()
-    dtype = getattr(torch, cfg.dtype)
+    return device, init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+@dataclass
+class _Plan:
+    schedule: str
+    v: int
+    n_stages: int
+    split: list[list[int]]
+    my_stages: list[int]
+
+
+def _stage_plan(cfg: BenchConfig, pp_rank: int) -> _Plan:
+    lay = cfg.layout
+    pp = lay["pp"]
     schedule = lay.get("schedule", "1f1b") if pp > 1 else "1f1b"
     v = lay.get("virtual_stages", 1) if schedule == "interleaved_1f1b" else 1
     n_stages = num_global_stages(schedule, pp, v)
-    layer_split = stage_layer_ids(shape.num_layers, n_stages, lay.get("layers_per_stage") if n_stages == pp else None)
-    my_stages = stages_of_rank(schedule, pp, v, pp_rank)
+    split = stage_layer_ids(cfg.transformer().num_layers, n_stages,
+                            lay.get("layers_per_stage") if n_stages == pp else None)
+    return _Plan(schedule, v, n_stages, split, stages_of_rank(schedule, pp, v, pp_rank))
+
+
+def build_modules(cfg: BenchConfig, plan: _Plan, mesh, device) -> list[StageModule]:
+    """This rank's stage modules with TP, recompute and (ZeRO >= 2) FSDP2 applied, in torchtitan's order."""
+    lay = cfg.layout
+    dtype = getattr(torch, cfg.dtype)
+    fsdp = lay.get("zero_stage", 0) >= 2
     modules = []
-    for s in my_stages:
+    for s in plan.my_stages:
         with torch.device(device):
-            m = StageModule(shape, cfg.seq_length, layer_split[s], first=s == 0, last=s == n_stages - 1, seed=cfg.seed)
-        m = m.to(dtype)
-        if tp > 1:
+            m = StageModule(cfg.transformer(), cfg.seq_length, plan.split[s], first=s == 0,
+                            last=s == plan.n_stages - 1, seed=cfg.seed)
+        m = m.to(torch.float32 if fsdp else dtype)  # FSDP2 keeps fp32 shards and gathers in the compute dtype
+        if lay["tp"] > 1:
             apply_tp(m, mesh["tp"], sequence_parallel=bool(lay.get("sequence_parallel")))
         if lay.get("recompute", "none") != "none":
             apply_recompute(m, lay["recompute"])
-        if lay.get("zero_stage", 0) >= 2 and dp > 1:
-            apply_fsdp(m, mesh["dp"], reshard=lay["zero_stage"] == 3)
+        if fsdp:
+            apply_fsdp(m, mesh["dp"], reshard=lay["zero_stage"] == 3, compute_dtype=dtype)
         modules.append(m)
-    params = [p for m in modules for p in m.parameters()]
+    return modules
+
+
+def tied_embedding_group(cfg: BenchConfig, mesh, plan_of) -> object | None:
+    """Megatron's embedding group: the first- and last-stage ranks of each (dp, tp) position, when the model ties
+    its embeddings and the two stages live on different pipeline ranks. Every rank must call this (new_group)."""
+    lay = cfg.layout
+    pp = lay["pp"]
+    if not cfg.transformer().tied_embeddings or pp == 1:
+        return None
+    last_rank = next(r for r in range(pp) if plan_of(r).n_stages - 1 in plan_of(r).my_stages)
+    if last_rank == 0:
+        return None
+    ranks = mesh.mesh
+    mine = None
+    for i in range(lay["dp"]):
+        for j in range(lay["tp"]):
+            pair = [int(ranks[0, i, j]), int(ranks[last_rank, i, j])]
+            g = dist.new_group(pair)
+            if dist.get_rank() in pair:
+                mine = g
+    return mine
+
+
+def sync_tied_gradients(modules: list[StageModule], group) -> None:
+    """Sum the embedding and output-layer gradients of a tied model held as two copies (equal updates follow)."""
+    emb = [m.embed.weight for m in modules if m.first and m.tied]
+    out = [m.output.weight for m in modules if m.last and m.tied]
+    if emb and out and emb[0] is not out[0]:
+        total = local_grad(emb[0]) + local_grad(out[0])
+        local_grad(emb[0]).copy_(total)
+        local_grad(out[0]).copy_(total)
+    elif group is not None and (emb or out):
+        dist.all_reduce(local_grad((emb or out)[0]), group=group)
+
+
+def make_schedule(cfg: BenchConfig, plan: _Plan, modules, mesh, device, loss_fn):
+    if cfg.layout["pp"] == 1:
+        return None
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+        ScheduleZBVZeroBubble,
+    )
+
+    m_count = cfg.layout["num_micro_batches"]
+    stages = [PipelineStage(mod, idx, plan.n_stages, device, group=mesh["pp"].get_group())
+              for mod, idx in zip(modules, plan.my_stages, strict=True)]
+    if plan.schedule in ("gpipe", "naive"):
+        return ScheduleGPipe(stages[0], m_count, loss_fn=loss_fn, scale_grads=False)
+    if plan.schedule in ("1f1b", "pipedream_async"):
+        return Schedule1F1B(stages[0], m_count, loss_fn=loss_fn, scale_grads=False)
+    if plan.schedule == "interleaved_1f1b":
+        return ScheduleInterleaved1F1B(stages, m_count, loss_fn=loss_fn, scale_grads=False)
+    return ScheduleZBVZeroBubble(stages, m_count, loss_fn=loss_fn, scale_grads=False)
+
+
+def _nbytes(ts) -> int:
+    return sum(_local(t).numel() * _local(t).element_size() for t in ts if t is not None)
+
+
+def _memory_report(cuda: bool) -> dict:
+    return {
+        "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else None,
+        "allocator_config": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if cuda else None,
+    }
+
+
+def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> dict:
+    device, mesh = _start(rank, world, cfg, init_method)
+    cuda = device.type == "cuda"
+    lay = cfg.layout
+    dp = lay["dp"]
+    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
+    plan = _stage_plan(cfg, pp_rank)
+    modules = build_modules(cfg, plan, mesh, device)
+    tied_group = tied_embedding_group(cfg, mesh, lambda r: _stage_plan(cfg, r))
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())
     zero = lay.get("zero_stage", 0)
     dp_group = mesh["dp"].get_group()
-    dp_ranks = dist.get_process_group_ranks(dp_group)
     if zero == 1 and dp > 1:
-        opt = ShardedOptimizer(params, dp_group=dp_group, dp_ranks=dp_ranks, lr=cfg.lr)
+        opt = ShardedOptimizer(params, dp_group=dp_group, dp_ranks=dist.get_process_group_ranks(dp_group),
+                               lr=cfg.learning_rate, optimizer=cfg.optimizer, eps=cfg.adam_eps)
     else:
-        opt = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
-
-    mbs, m_count = lay["micro_batch_size"], lay["num_micro_batches"]
-    V, s = shape.vocab_size, cfg.seq_length
-
-    def batch(step: int):
-        g = torch.Generator().manual_seed(cfg.seed * 1000 + step)
-        tokens = torch.randint(0, V, (dp * m_count * mbs, s), generator=g)
-        targets = torch.randint(0, V, (dp * m_count * mbs, s), generator=g)
-        lo = dp_rank * m_count * mbs
-        return tokens[lo:lo + m_count * mbs].to(device), targets[lo:lo + m_count * mbs].to(device)
+        opt = make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, eps=cfg.adam_eps)
+    mbs, m_count, V = lay["micro_batch_size"], lay["num_micro_batches"], cfg.transformer().vocab_size
 
     def loss_fn(logits, target):
         return F.cross_entropy(logits.reshape(-1, V).float(), target.reshape(-1))
 
-    sched = None
-    if pp > 1:
-        from torch.distributed.pipelining import (
-            PipelineStage,
-            Schedule1F1B,
-            ScheduleGPipe,
-            ScheduleInterleaved1F1B,
-            ScheduleZBVZeroBubble,
-        )
-
-        stages = [PipelineStage(mod, idx, n_stages, device, group=mesh["pp"].get_group())
-                  for mod, idx in zip(modules, my_stages, strict=True)]
-        if schedule in ("gpipe", "naive"):
-            sched = ScheduleGPipe(stages[0], m_count, loss_fn=loss_fn, scale_grads=False)
-        elif schedule in ("1f1b", "pipedream_async"):
-            sched = Schedule1F1B(stages[0], m_count, loss_fn=loss_fn, scale_grads=False)
-        elif schedule == "interleaved_1f1b":
-            sched = ScheduleInterleaved1F1B(stages, m_count, loss_fn=loss_fn, scale_grads=False)
-        else:
-            sched = ScheduleZBVZeroBubble(stages, m_count, loss_fn=loss_fn, scale_grads=False)
-    excluded = {p.untyped_storage()._cdata for p in params}
-    meter = SavedActivationMeter(excluded)
+    sched = make_schedule(cfg, plan, modules, mesh, device, loss_fn)
+    meter = SavedActivationMeter({p.untyped_storage()._cdata for p in params})
+    measured: dict = {}
 
     def train_step(step: int, measure: bool):
         if cfg.fail_rank == rank:
             os._exit(3)  # tests: a rank that dies
-        x, y = batch(step)
+        x, y = training_batch(cfg, step, dp_rank, device)
         ctx = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack) if measure else _null()
         with ctx:
             if sched is not None:
-                has_first = 0 in my_stages
-                has_last = (n_stages - 1) in my_stages
-                if has_first and has_last:
-                    sched.step(x, target=y, losses=[])
-                elif has_first:
-                    sched.step(x)
-                elif has_last:
-                    sched.step(target=y, losses=[])
-                else:
-                    sched.step()
+                run_schedule(sched, plan, x, y)
             else:
                 for i in range(m_count):
-                    xm, ym = x[i * mbs:(i + 1) * mbs], y[i * mbs:(i + 1) * mbs]
-                    loss_fn(modules[0](xm), ym).backward()
+                    loss_fn(modules[0](x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs]).backward()
+        sync_tied_gradients(modules, tied_group)
         if zero <= 1 and dp > 1:
             for p in params:
                 if p.grad is not None:
-                    g = _local(p.grad)
+                    g = local_grad(p)
                     dist.all_reduce(g, group=dp_group)
                     g.div_(dp)
+        if measure:
+            measured["gradient_bytes"] = _nbytes([p.grad for p in params])
         opt.step()
         opt.zero_grad()
 
-    step_times = []
+    step_times = timed_steps(cfg, train_step, cuda)
+    report = {
+        "rank": rank, "pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": mesh["tp"].get_local_rank(),
+        "stages": plan.my_stages, "layers": [mm.layer_ids for mm in modules],
+        "step_seconds": step_times, "median_step_seconds": statistics.median(step_times),
+        "parameter_bytes": _nbytes(params), "gradient_bytes": measured["gradient_bytes"],
+        "optimizer_state_bytes": optimizer_state_bytes(opt), "optimizer": cfg.optimizer,
+        "saved_activation_peak_bytes": meter.peak, **_memory_report(cuda), "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if cuda else None, "torch_version": torch.__version__,
+    }
+    if cfg.measure_collectives:
+        report["collectives"] = measure_collectives(mesh, cfg.transformer(), cfg, device, getattr(torch, cfg.dtype))
+    if cfg.collect_params:
+        report["params"] = full_params(modules)
+    dist.barrier()
+    return report
+
+
+def training_batch(cfg: BenchConfig, step: int, dp_rank: int, device):
+    """This DP rank's share of the step's tokens and targets (the same global batch on every layout)."""
+    lay = cfg.layout
+    rows = lay["num_micro_batches"] * lay["micro_batch_size"]
+    V = cfg.transformer().vocab_size
+    g = torch.Generator().manual_seed(cfg.seed * 1000 + step)
+    tokens = torch.randint(0, V, (lay["dp"] * rows, cfg.seq_length), generator=g)
+    targets = torch.randint(0, V, (lay["dp"] * rows, cfg.seq_length), generator=g)
+    lo = dp_rank * rows
+    return tokens[lo:lo + rows].to(device), targets[lo:lo + rows].to(device)
+
+
+def run_schedule(sched, plan: _Plan, x, y) -> None:
+    has_first, has_last = 0 in plan.my_stages, (plan.n_stages - 1) in plan.my_stages
+    if has_first and has_last:
+        sched.step(x, target=y, losses=[])
+    elif has_first:
+        sched.step(x)
+    elif has_last:
+        sched.step(target=y, losses=[])
+    else:
+        sched.step()
+
+
+def timed_steps(cfg: BenchConfig, train_step, cuda: bool) -> list[float]:
+    """Run warm-up + measured steps; the first step also counts saved activations (hooks cost time, so it is a
+    warm-up step whenever there is one). CUDA peak statistics cover every step."""
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    times = []
     for step in range(cfg.warmup + cfg.steps):
         dist.barrier()
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        train_step(step, measure=step == cfg.warmup)
+        train_step(step, measure=step == 0)
         if cuda:
             torch.cuda.synchronize()
         if step >= cfg.warmup:
-            step_times.append(time.perf_counter() - t0)
-
-    def nbytes(ts):
-        return sum(_local(t).numel() * _local(t).element_size() for t in ts if t is not None)
-
-    report = {
-        "rank": rank, "pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": mesh["tp"].get_local_rank(),
-        "stages": my_stages, "layers": [mm.layer_ids for mm in modules],
-        "step_seconds": step_times, "median_step_seconds": statistics.median(step_times),
-        "parameter_bytes": nbytes(params),
-        # gradients are freed after each step; while alive they match the (local, possibly sharded) parameters
-        "gradient_bytes": nbytes(params),
-        "optimizer_state_bytes": opt.state_bytes() if isinstance(opt, ShardedOptimizer) else optimizer_state_bytes(opt),
-        "saved_activation_peak_bytes": meter.peak,
-        "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
-        "device": device.type,
-    }
-    if cfg.measure_collectives:
-        report["collectives"] = measure_collectives(mesh, shape, cfg, device, dtype)
-    if cfg.collect_params:
-        report["params"] = full_params(modules)
-    dist.barrier()
-    return report
+            times.append(time.perf_counter() - t0)
+    return times
 
 
 class _null:
@@ -482,6 +592,8 @@ def full_params(modules) -> dict[str, list]:
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
             key = name.replace("inner.", "")
             out[key] = t.detach().cpu().double().tolist()
+        if m.tied and m.first and m.last:  # one parameter, listed once by named_parameters
+            out["output.weight"] = out["embed.weight"]
     return out
 
 
@@ -580,7 +692,7 @@ def reference_params(cfg: BenchConfig) -> dict[str, list]:
     lay = cfg.layout
     dtype = getattr(torch, cfg.dtype)
     model = StageModule(shape, cfg.seq_length, list(range(shape.num_layers)), first=True, last=True, seed=cfg.seed).to(dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    opt = make_optimizer(cfg.optimizer, list(model.parameters()), lr=cfg.learning_rate, eps=cfg.adam_eps)
     dp, m_count, mbs, V = lay["dp"], lay["num_micro_batches"], lay["micro_batch_size"], shape.vocab_size
     for step in range(cfg.warmup + cfg.steps):
         g = torch.Generator().manual_seed(cfg.seed * 1000 + step)
@@ -594,7 +706,10 @@ def reference_params(cfg: BenchConfig) -> dict[str, list]:
                 loss.backward()
         opt.step()
         opt.zero_grad()
-    return {name: p.detach().double().tolist() for name, p in model.named_parameters()}
+    out = {name: p.detach().double().tolist() for name, p in model.named_parameters()}
+    if model.tied:  # the distributed run holds the tied weight as two synchronised copies (pp > 1)
+        out["output.weight"] = out["embed.weight"]
+    return out
 
 
 def max_param_error(params: dict[str, list], ref: dict[str, list]) -> float:

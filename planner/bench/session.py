@@ -4,6 +4,7 @@ the same cluster, and put predicted and measured side by side."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from cost_models.communication import all_reduce_seconds, group_link, p2p_seconds, pp_neighbour_link
 from planner.bench.runner import BenchConfig, launch_local, worker
@@ -38,13 +39,32 @@ def scale_model(model: ModelSpec, layout: LayoutSpec, *, layers_per_stage: int |
     return model.model_copy(update=upd) if upd else model
 
 
-def bench_problem(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, dtype: str, knobs) -> Problem:
-    """Prediction inputs matching what the benchmark runs: SGD with momentum, parameters and gradients in `dtype`,
-    on a cluster with exactly dp*tp*pp GPUs (one node of that many when it fits in a node)."""
-    world = layout.num_gpus
+def bench_layout(layout: LayoutSpec, model: ModelSpec) -> LayoutSpec:
+    """The layout with its stage split written out: the split the estimate uses (cost_models.stage.stage_split), so
+    the benchmark builds the very stages whose memory it compares."""
+    if layout.pp > 1 and layout.layers_per_stage is None and layout.schedule not in ("interleaved_1f1b", "zero_bubble"):
+        from cost_models.stage import stage_split
+
+        return layout.model_copy(update={"layers_per_stage": list(stage_split(model.num_layers, layout.pp))})
+    return layout
+
+
+def bench_training(layout: LayoutSpec, seq_length: int, dtype: str, optimizer: str) -> TrainingSpec:
+    """What the benchmark trains: compute in `dtype`; AdamW with fp32 master weights and moments (12 B/param,
+    sharded by ZeRO-1 and FSDP2); gradients in the compute dtype under ZeRO-0/1 (the parameters' .grad) and in
+    fp32 under FSDP2 (MixedPrecisionPolicy reduce_dtype, sharded). SGD (tests) keeps one momentum buffer."""
     precision = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
-    training = TrainingSpec(global_batch_size=layout.micro_batch_size * layout.num_micro_batches * layout.dp,
-                            seq_length=seq_length, precision=precision, optimizer="sgd", grad_dtype=precision)
+    grad = precision if layout.zero_stage <= 1 else "fp32"
+    return TrainingSpec(global_batch_size=layout.micro_batch_size * layout.num_micro_batches * layout.dp,
+                        seq_length=seq_length, precision=precision, optimizer=optimizer, grad_dtype=grad)
+
+
+def bench_problem(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, dtype: str, knobs,
+                  optimizer: str = "adamw") -> Problem:
+    """Prediction inputs matching what the benchmark runs (bench_training), on a cluster with exactly dp*tp*pp
+    GPUs (one node of that many when it fits in a node)."""
+    world = layout.num_gpus
+    training = bench_training(layout, seq_length, dtype, optimizer)
     if world <= cluster.gpus_per_node:
         data = cluster.model_dump(mode="json")
         data.update(num_nodes=1, gpus_per_node=world)
@@ -59,13 +79,14 @@ def bench_problem(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster
 
 
 def make_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, *, steps: int, warmup: int, dtype: str,
-                timeout_seconds: float, collect_params: bool = False, fail_rank: int | None = None) -> BenchConfig:
+                timeout_seconds: float, collect_params: bool = False, fail_rank: int | None = None,
+                optimizer: str = "adamw") -> BenchConfig:
     from dataclasses import asdict
 
     shape = asdict(model.to_cost_model(seq_length=seq_length))
     return BenchConfig(shape=shape, seq_length=seq_length, layout=layout.model_dump(mode="json"), steps=steps,
                        warmup=warmup, dtype=dtype, timeout_seconds=timeout_seconds, collect_params=collect_params,
-                       fail_rank=fail_rank)
+                       fail_rank=fail_rank, optimizer=optimizer)
 
 
 def run(cfg: BenchConfig, *, nproc: int | None) -> list[dict]:
@@ -91,26 +112,49 @@ def _err(pred: float, meas: float) -> float | None:
     return (pred - meas) / meas if meas else None
 
 
+def _row(quantity: str, pred: float, meas: float, unit: float) -> dict:
+    return {"quantity": quantity, "predicted": pred / unit, "measured": meas / unit, "error": _err(pred, meas)}
+
+
+def memory_rows(est, reports: list[dict]) -> list[dict]:
+    """Per pipeline stage (its first rank; all TP/DP ranks of a stage hold the same): on CUDA the allocator's peak
+    allocated and peak reserved against the predicted bytes the allocator holds (the estimate less the process
+    overhead outside it: context, NCCL); everywhere, the state tensors counted one by one."""
+    rows = []
+    for r in sorted(reports, key=lambda r: r["rank"]):
+        if r["dp_rank"] or r["tp_rank"]:
+            continue
+        stage = est.stages[min(r["pp_rank"], len(est.stages) - 1)]
+        tag = f"stage {r['pp_rank']}"
+        allocated = stage.total_bytes - stage.overhead_bytes
+        parts = (("parameters", stage.weights_bytes, r["parameter_bytes"]),
+                 ("gradients", stage.gradients_bytes, r["gradient_bytes"]),
+                 ("optimizer state", stage.optimizer_bytes, r["optimizer_state_bytes"]),
+                 ("saved activations (peak)", stage.activations_bytes, r["saved_activation_peak_bytes"]))
+        if r.get("cuda_max_allocated_bytes") is not None:
+            conf = r.get("allocator_config") or "default"
+            rows.append(_row(f"{tag}: peak allocated (GiB, CUDA)", allocated, r["cuda_max_allocated_bytes"], GIB))
+            rows.append(_row(f"{tag}: peak reserved (GiB, CUDA, PYTORCH_CUDA_ALLOC_CONF={conf})",
+                             allocated + predicted_reserve_bytes(stage), r["cuda_max_reserved_bytes"], GIB))
+        else:
+            rows.append(_row(f"{tag}: state + saved activations (MiB, tensor accounting)",
+                             sum(p for _, p, _ in parts), sum(m for _, _, m in parts), 2**20))
+        rows.extend(_row(f"{tag}: {name} (MiB)", pred, meas, 2**20) for name, pred, meas in parts)
+    return rows
+
+
+def predicted_reserve_bytes(stage) -> float:
+    """Bytes the caching allocator reserves beyond the peak allocated: not modelled yet (0), so reserved is
+    compared with the allocated prediction."""
+    return 0.0
+
+
 def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
     est = problem.estimate(layout)
     measured_step = max(r["median_step_seconds"] for r in reports)
     rows = [{"quantity": "step time (s)", "predicted": est.step_seconds, "measured": measured_step,
              "error": _err(est.step_seconds, measured_step)}]
-    on_gpu = reports[0]["device"] == "cuda"
-    for r in sorted(reports, key=lambda r: r["rank"]):
-        if r["dp_rank"] or r["tp_rank"]:
-            continue
-        stage = est.stages[r["pp_rank"]] if r["pp_rank"] < len(est.stages) else est.stages[-1]
-        tag = f"stage {r['pp_rank']}"
-        if on_gpu:
-            pred = stage.total_bytes - stage.overhead_bytes
-            rows.append({"quantity": f"{tag}: peak memory (GiB, CUDA max allocated)", "predicted": pred / GIB,
-                         "measured": r["cuda_max_allocated_bytes"] / GIB, "error": _err(pred, r["cuda_max_allocated_bytes"])})
-        for name, pred, meas in (("parameters", stage.weights_bytes, r["parameter_bytes"]),
-                                 ("optimizer state", stage.optimizer_bytes, r["optimizer_state_bytes"]),
-                                 ("saved activations (peak)", stage.activations_bytes, r["saved_activation_peak_bytes"])):
-            rows.append({"quantity": f"{tag}: {name} (MiB)", "predicted": pred / 2**20, "measured": meas / 2**20,
-                         "error": _err(pred, meas)})
+    rows += memory_rows(est, reports)
     hw = problem.hardware
     coll = reports[0].get("collectives", {})
     links = {"tp_all_reduce": group_link(hw, group_size=layout.tp, stride=1).link,
@@ -146,3 +190,55 @@ def report_document(problem: Problem, layout: LayoutSpec, cfg: BenchConfig, repo
     per_rank = [{k: v for k, v in r.items() if k != "params"} for r in reports]
     return BenchReport.from_run(problem=problem, layout=layout, cfg=cfg, comparison=compare(problem, layout, reports),
                                 ranks=per_rank)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """How to run a layout (the CLI's options): overrides to fit the machine, scaling, steps, recipe."""
+
+    nproc: int | None = None
+    dp: int | None = None
+    micro_batches: int | None = None
+    layers_per_stage: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+    steps: int = 3
+    warmup: int = 1
+    dtype: str = "float32"
+    optimizer: str = "adamw"
+    timeout_seconds: float = 120.0
+
+
+def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
+    """The layout with the machine-fitting overrides applied, refused when the benchmark cannot run it."""
+    from cluster_specs import SpecError
+
+    upd = {k: v for k, v in (("dp", opts.dp), ("num_micro_batches", opts.micro_batches)) if v}
+    lay = layout.model_copy(update=upd) if upd else layout
+    if lay.zero_stage >= 2 and lay.pp > 1:
+        raise SpecError("zero_stage: >= 2 with pp > 1 is not supported (see `planner check`)")
+    if opts.nproc is not None and opts.nproc != lay.num_gpus:
+        raise SpecError(f"--nproc: {opts.nproc} -> the layout needs dp*tp*pp = {lay.num_gpus} ranks (use --dp to "
+                        "shrink it)")
+    return lay
+
+
+def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, knobs_kw: dict,
+              opts: BenchOptions) -> dict | None:
+    """Scale, predict, run and compare one layout; the report document (None on ranks other than 0 of torchrun)."""
+    import os
+
+    from cost_models.inputs import Knobs
+    from planner.rules import validate_layout
+
+    md = scale_model(model, layout, layers_per_stage=opts.layers_per_stage, hidden_size=opts.hidden_size,
+                     vocab_size=opts.vocab_size)
+    lay = bench_layout(layout, md)
+    problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, Knobs(**knobs_kw), opts.optimizer)
+    validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
+    cfg = make_config(md, lay, seq_length, steps=opts.steps, warmup=opts.warmup, dtype=opts.dtype,
+                      timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer)
+    reports = run(cfg, nproc=opts.nproc)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    return report_document(problem, lay, cfg, reports).model_dump(mode="json")

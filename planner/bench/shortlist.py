@@ -1,0 +1,77 @@
+"""`planner bench --top K plan.json`: measure the pick and the runners-up the model cannot separate from it, say
+which to launch, and turn the measurements into a calibration the next `plan --calibration` reads (no torch)."""
+
+from __future__ import annotations
+
+import statistics
+from datetime import UTC, datetime
+
+DEFAULT_BAND = 0.10  # runners-up within 10% of the pick's predicted step time (when the plan carries no band)
+
+
+def plan_band(doc: dict) -> tuple[float, str]:
+    """The relative error band of the plan's step-time prediction: the plan's own when it states one
+    (`predicted.step_time_band` as [low, high] relative errors), else DEFAULT_BAND, and where it came from."""
+    band = (doc.get("predicted") or {}).get("step_time_band")
+    if isinstance(band, dict):
+        band = [band.get("low"), band.get("high")]
+    if isinstance(band, list | tuple) and len(band) == 2 and all(isinstance(x, int | float) for x in band):
+        return max(abs(band[0]), abs(band[1])), "the plan's error band"
+    return DEFAULT_BAND, f"a default tolerance of {DEFAULT_BAND:.0%} (the plan states no error band)"
+
+
+def shortlist(doc: dict, k: int) -> tuple[list[dict], str]:
+    """The pick, then alternatives whose predicted step time is within the band of the pick's, fastest first, at
+    most k in all. Each entry: {"layout", "predicted_step_seconds", "role"}."""
+    band, source = plan_band(doc)
+    pick_t = doc["predicted"]["step_time_seconds"]
+    out = [{"layout": doc["layout"], "predicted_step_seconds": pick_t, "role": "pick"}]
+    alts = sorted(doc.get("alternatives") or [], key=lambda a: a["predicted"]["step_time_seconds"])
+    for alt in alts:
+        t = alt["predicted"]["step_time_seconds"]
+        if len(out) >= k:
+            break
+        if abs(t - pick_t) <= band * pick_t and alt["layout"] != doc["layout"]:
+            out.append({"layout": alt["layout"], "predicted_step_seconds": t, "role": "runner-up"})
+    return out, f"runners-up within {band:.0%} of the pick's predicted step time ({source})"
+
+
+def decide(results: list[dict]) -> dict:
+    """Which layout to launch: the fastest measured step. `results`: {"layout_short", "predicted", "measured"}."""
+    best = min(results, key=lambda r: r["measured"])
+    pick = results[0]
+    if best is pick:
+        why = "the pick is also the fastest measured"
+    else:
+        why = (f"{best['layout_short']} measured {pick['measured'] / best['measured'] - 1:.0%} faster than the pick "
+               f"({pick['layout_short']})")
+    return {"launch": best["layout_short"], "reason": why}
+
+
+def calibration_document(cluster: dict, knobs: dict, results: list[dict], *, source: str) -> dict:
+    """The cluster the predictions were made on, with a `measured` section whose end_to_end_efficiency is scaled
+    by the median predicted/measured step-time ratio of the runs (so the next plan predicts what was measured),
+    and the runs themselves for the record."""
+    ratio = statistics.median(r["predicted"] / r["measured"] for r in results)
+    new_knobs = dict(knobs)
+    new_knobs["end_to_end_efficiency"] = knobs.get("end_to_end_efficiency", _default_e2e()) * ratio
+    data = {k: v for k, v in cluster.items() if k != "measured"}
+    prior = cluster.get("measured") or {}
+    data["measured"] = {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "knobs": new_knobs,
+        "gemm": prior.get("gemm", []),
+        "collectives": prior.get("collectives", []),
+        "notes": [*prior.get("notes", []),
+                  f"planner bench --top: {len(results)} layouts measured ({source}); median predicted/measured "
+                  f"step time {ratio:.3f} folded into end_to_end_efficiency",
+                  *(f"{r['layout_short']}: predicted {r['predicted']:.4g} s, measured {r['measured']:.4g} s"
+                    for r in results)],
+    }
+    return data
+
+
+def _default_e2e() -> float:
+    from cost_models.inputs import Knobs
+
+    return Knobs().end_to_end_efficiency

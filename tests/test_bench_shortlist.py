@@ -1,0 +1,51 @@
+"""`bench --top K`: which layouts are measured, which one to launch, and the calibration written back (pure)."""
+
+import pytest
+
+from planner.bench.shortlist import DEFAULT_BAND, calibration_document, decide, plan_band, shortlist
+
+
+def _plan(pick_t, alts, band=None):
+    lay = {"dp": 8, "tp": 1, "pp": 1}
+    doc = {"layout": lay, "predicted": {"step_time_seconds": pick_t},
+           "alternatives": [{"layout": {"dp": 8 // t, "tp": t, "pp": 1}, "predicted": {"step_time_seconds": s}}
+                            for t, s in alts]}
+    if band is not None:
+        doc["predicted"]["step_time_band"] = band
+    return doc
+
+
+def test_runners_up_are_those_within_the_band_fastest_first():
+    doc = _plan(1.0, [(2, 1.12), (4, 1.05), (8, 1.5)])
+    entries, rule = shortlist(doc, 5)
+    # default band 10%: 1.05 is in, 1.12 and 1.5 are out
+    assert [e["predicted_step_seconds"] for e in entries] == [1.0, 1.05]
+    assert [e["role"] for e in entries] == ["pick", "runner-up"]
+    assert "10%" in rule and "default" in rule
+    assert DEFAULT_BAND == 0.10
+
+
+def test_the_plans_own_band_wins_and_k_caps_the_list():
+    doc = _plan(1.0, [(2, 1.12), (4, 1.05), (8, 1.5)], band=[-0.15, 0.2])
+    assert plan_band(doc) == (0.2, "the plan's error band")
+    entries, _ = shortlist(doc, 5)
+    assert [e["predicted_step_seconds"] for e in entries] == [1.0, 1.05, 1.12]
+    entries, _ = shortlist(doc, 2)
+    assert [e["predicted_step_seconds"] for e in entries] == [1.0, 1.05]
+
+
+def test_launch_the_fastest_measured():
+    res = [{"layout_short": "a", "predicted": 1.0, "measured": 1.3}, {"layout_short": "b", "predicted": 1.05, "measured": 1.1}]
+    d = decide(res)
+    assert d["launch"] == "b" and "18% faster" in d["reason"]  # 1.3 / 1.1 - 1 = 0.18
+    assert decide(res[:1])["launch"] == "a"
+
+
+def test_calibration_scales_end_to_end_efficiency_by_the_median_ratio():
+    res = [{"layout_short": "a", "predicted": 1.0, "measured": 2.0}, {"layout_short": "b", "predicted": 1.0, "measured": 1.0},
+           {"layout_short": "c", "predicted": 3.0, "measured": 4.0}]
+    cal = calibration_document({"name": "x", "gpu": "H100", "measured": None}, {"end_to_end_efficiency": 0.8}, res,
+                               source="test")
+    # ratios 0.5, 1.0, 0.75 -> median 0.75
+    assert cal["measured"]["knobs"]["end_to_end_efficiency"] == pytest.approx(0.6)
+    assert any("a: predicted 1 s, measured 2 s" in n for n in cal["measured"]["notes"])
