@@ -81,15 +81,25 @@ def fit_gemm_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 1 / b, a
 
 
-def _gemms(args: dict, device, dtype, sync) -> list[dict]:
+def _gemms(args: dict, device, dtype, sync, cuda: bool) -> list[dict]:
+    """Seconds per GEMM. On CUDA, `inner` products are queued back to back before one synchronisation, as a
+    training step queues them (one product per sync would add the launch-and-wait latency to every GEMM)."""
     out = []
     for m, k, n in args["gemms"]:
         a = torch.randn(m, k, dtype=dtype, device=device)
         b = torch.randn(k, n, dtype=dtype, device=device)
         dist.barrier()
-        reps = args["repeats"] if 2 * m * k * n > 1e8 else 4 * args["repeats"]  # small ones are cheap and noisier
-        t, spread = timed(lambda a=a, b=b: (a @ b, sync()), reps)
-        out.append({"m": m, "k": k, "n": n, "flops": 2 * m * k * n, "seconds": t, "spread": spread})
+        flops = 2 * m * k * n
+        reps = args["repeats"] if flops > 1e8 else 4 * args["repeats"]  # small ones are cheap and noisier
+        inner = (20 if flops < 1e11 else 4) if cuda else 1
+
+        def run(a=a, b=b, inner=inner):
+            for _ in range(inner):
+                a @ b
+            sync()
+
+        t, spread = timed(run, reps)
+        out.append({"m": m, "k": k, "n": n, "flops": flops, "seconds": t / inner, "spread": spread})
     return out
 
 
@@ -166,7 +176,7 @@ def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
             torch.cuda.synchronize()
 
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    gemms = _gemms(args, device, dtype, sync)
+    gemms = _gemms(args, device, dtype, sync, cuda)
     links = _links(args, device, cuda, sync)
     colls, latency = _collectives(args, rank, world, device, sync)
     return {"rank": rank, "device": device.type, "pair_latency_seconds": latency,
