@@ -90,8 +90,10 @@ class Measured(_Frozen):
     knobs: dict[str, float] = Field(default_factory=dict)
     gemm: list[dict] = Field(default_factory=list)
     collectives: list[dict] = Field(default_factory=list)
-    summary: dict = Field(default_factory=dict)  # the measured headline figures (fitted GEMM peak, links)
-    noise: dict = Field(default_factory=dict)  # spread of the repeats and the machine's load while measuring
+    summary: dict = Field(default_factory=dict, description="the measured headline figures: fitted and best GEMM "
+                          "rate, smallest-shape rate, fit errors, memory copy and host-to-device bandwidth")
+    noise: dict = Field(default_factory=dict, description="spread of the repeats (max/min - 1) and the machine's "
+                        "load average while measuring")
     notes: list[str] = Field(default_factory=list)
 
 

@@ -688,6 +688,11 @@ def _print_calibration(output: Path, nproc: int, spec: dict) -> None:
     out.print(f"  memory copy {s['memory_copy_gb_per_s']:.3g} GB/s; {link} {s['host_to_device_gb_per_s']:.3g} GB/s; "
               f"all-reduce bus bandwidth {spec['intra_node']['gb_per_s']:.3g} GB/s, latency "
               f"{spec['intra_node']['latency_us']:.3g} µs", highlight=False)
+    if s.get("layer_probes"):
+        errs = ", ".join(f"{p['fit_error']:+.0%}" for p in s["layer_probes"] if p.get("fit_error") is not None)
+        out.print(f"  layer probes (forward + backward of one layer, {len(s['layer_probes'])} sizes): x_half "
+                  f"{s['x_half_gflop_used']:.3g} GFLOP (GEMM line alone: {s['x_half_gflop_gemm_line']:.3g}), "
+                  f"end-to-end factor {s['end_to_end_efficiency']:.3g}; fit errors {errs}", highlight=False)
     load = "-" if n["load_average"] is None else f"{n['load_average']:.1f}"
     out.print(f"  noise: repeats spread {n['median_spread']:.0%} (median), {n['max_spread']:.0%} (max); load average "
               f"{load} on {n['cores']} cores", highlight=False)

@@ -34,6 +34,14 @@ def test_the_plans_own_band_wins_and_k_caps_the_list():
     assert [e["predicted_step_seconds"] for e in entries] == [1.0, 1.05]
 
 
+def test_an_error_band_of_measured_over_predicted_factors():
+    doc = _plan(1.0, [(2, 1.12), (4, 1.05)])
+    doc["error_band"] = {"lower_factor": 0.85, "upper_factor": 1.3, "source": "LOSO"}
+    width, source = plan_band(doc)
+    assert width == pytest.approx(0.3) and "LOSO" in source
+    assert [e["predicted_step_seconds"] for e in shortlist(doc, 3)[0]] == [1.0, 1.05, 1.12]
+
+
 def test_launch_the_fastest_measured():
     res = [{"layout_short": "a", "predicted": 1.0, "measured": 1.3}, {"layout_short": "b", "predicted": 1.05, "measured": 1.1}]
     d = decide(res)

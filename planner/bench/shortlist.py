@@ -10,11 +10,15 @@ DEFAULT_BAND = 0.10  # runners-up within 10% of the pick's predicted step time (
 
 
 def plan_band(doc: dict) -> tuple[float, str]:
-    """The relative error band of the plan's step-time prediction: the plan's own when it states one
-    (`predicted.step_time_band` as [low, high] relative errors), else DEFAULT_BAND, and where it came from."""
-    band = (doc.get("predicted") or {}).get("step_time_band")
-    if isinstance(band, dict):
-        band = [band.get("low"), band.get("high")]
+    """The relative error band of the plan's step-time prediction: the plan's own when it states one (an
+    `error_band` of measured/predicted factors {lower_factor, upper_factor}, at the top or under `predicted` or
+    `training_run`; or `predicted.step_time_band` as [low, high] relative errors), else DEFAULT_BAND; and its source."""
+    pred = doc.get("predicted") or {}
+    for band in (doc.get("error_band"), pred.get("error_band"), (doc.get("training_run") or {}).get("error_band")):
+        if isinstance(band, dict) and {"lower_factor", "upper_factor"} <= set(band):
+            width = max(abs(1 - band["lower_factor"]), abs(band["upper_factor"] - 1))
+            return width, f"the plan's error band ({band.get('source', 'no source given')})"
+    band = pred.get("step_time_band")
     if isinstance(band, list | tuple) and len(band) == 2 and all(isinstance(x, int | float) for x in band):
         return max(abs(band[0]), abs(band[1])), "the plan's error band"
     return DEFAULT_BAND, f"a default tolerance of {DEFAULT_BAND:.0%} (the plan states no error band)"
