@@ -180,8 +180,9 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         t_ar = all_reduce_seconds(message_bytes=tp_msg, group_size=t, link=group_link(hw, group_size=t, stride=1).link)
     logits_gemm = 2 * tokens * h * V / t
     pc = parameter_counts(model)
+    t_tp_dispatch = knobs.tp_layer_overhead_seconds / 3 if t > 1 else 0.0  # forward's share (backward = 2 forwards)
     return LayerCosts(
-        t_layer_forward=(gemm + core) / t / rate + t_layer_mem,
+        t_layer_forward=(gemm + core) / t / rate + t_layer_mem + t_tp_dispatch,
         t_recompute_policy=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate,
         t_recompute_full=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute="full") / t / rate
         + t_layer_mem,

@@ -693,6 +693,9 @@ def _print_calibration(output: Path, nproc: int, spec: dict) -> None:
         out.print(f"  layer probes (forward + backward of one layer, {len(s['layer_probes'])} sizes): x_half "
                   f"{s['x_half_gflop_used']:.3g} GFLOP (GEMM line alone: {s['x_half_gflop_gemm_line']:.3g}), "
                   f"end-to-end factor {s['end_to_end_efficiency']:.3g}; fit errors {errs}", highlight=False)
+    if s.get("tp_probes"):
+        out.print(f"  TP probe (the same layers at tp=2 over rank pairs): {s['tp_layer_overhead_seconds'] * 1e3:.3g} ms "
+                  "per layer and micro-batch beyond the model's FLOPs and collectives", highlight=False)
     load = "-" if n["load_average"] is None else f"{n['load_average']:.1f}"
     out.print(f"  noise: repeats spread {n['median_spread']:.0%} (median), {n['max_spread']:.0%} (max); load average "
               f"{load} on {n['cores']} cores", highlight=False)

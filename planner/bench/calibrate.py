@@ -193,6 +193,30 @@ def _layer_probe(args: dict, device, dtype) -> list[dict]:
     return out
 
 
+def _tp_probe(args: dict, world: int, dtype) -> list[dict]:
+    """The same layers tensor-parallel over pairs of ranks (tp=2, sequence parallel, as the benchmark applies it):
+    what sharded operators cost beyond their FLOPs and collectives on these ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from planner.bench.runner import StageModule, apply_tp
+
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("pair", "tp"))
+    out = []
+    for tokens, hidden in args["probes"]:
+        torch.manual_seed(0)
+        m = StageModule(probe_shape(hidden), tokens, [0], first=False, last=False, seed=0).to(dtype)
+        apply_tp(m, mesh["tp"], sequence_parallel=True)
+        x = torch.randn(1, tokens // 2, hidden, dtype=dtype, requires_grad=True)
+
+        def step(m=m, x=x):
+            m(x).sum().backward()
+
+        dist.barrier()
+        t, spread = timed(step, args["repeats"])
+        out.append({"tokens": tokens, "hidden": hidden, "seconds": t, "spread": spread})
+    return out
+
+
 def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
     from datetime import timedelta
 
@@ -212,11 +236,12 @@ def _rank(rank: int, world: int, args: dict, init_method: str) -> dict:
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     gemms = _gemms(args, device, dtype, sync, cuda)
     probes = [] if cuda else _layer_probe(args, device, dtype)
+    tp_probes = _tp_probe(args, world, dtype) if not cuda and world >= 2 and world % 2 == 0 else []
     links = _links(args, device, cuda, sync)
     colls, latency = _collectives(args, rank, world, device, sync)
     return {"rank": rank, "device": device.type, "pair_latency_seconds": latency,
             "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
-            "gemms": gemms, "layer_probes": probes, **links, "collectives": colls, "torch_version": torch.__version__,
+            "gemms": gemms, "layer_probes": probes, "tp_probes": tp_probes, **links, "collectives": colls, "torch_version": torch.__version__,
             "load_average": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
             "device_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None}
 
@@ -295,10 +320,36 @@ def layer_probe_fit(reports: list[dict], gpu: dict, knobs: dict, dtype: str) -> 
     return {"end_to_end_efficiency": e2e, "matmul_half_efficiency_gflop": x_half}, rows
 
 
+def tp_probe_overhead(reports: list[dict], gpu: dict, knobs: dict, dtype: str, intra: dict) -> tuple[float, list]:
+    """tp_layer_overhead_seconds: the measured tp=2 probe (median over ranks) less the model's time for the same
+    layer at tp=2 with sequence parallelism (3 forwards + its 4 TP collectives on the measured link), median over
+    the probe shapes, never negative."""
+    from cluster_specs import ClusterSpec
+    from cost_models.inputs import Knobs, Layout, Training
+    from cost_models.step import layer_costs
+    from planner.inputs.specs import PRECISION_BYTES
+
+    hw = ClusterSpec.model_validate({"gpu": gpu, "num_nodes": 1, "gpus_per_node": 2, "intra_node": intra,
+                                     "inter_node": {"kind": "none", "nics_per_node": 0, "nic_gbit_per_s": 0.0},
+                                     "host_to_device": {"gb_per_s": 1.0}}).to_cost_model(dtype)
+    nb = PRECISION_BYTES[dtype]
+    kn = Knobs(**{**knobs, "tp_layer_overhead_seconds": 0.0})
+    rows = []
+    for i, p in enumerate(reports[0]["tp_probes"]):
+        measured = statistics.median(r["tp_probes"][i]["seconds"] for r in reports)
+        training = Training(global_batch_size=1, seq_length=p["tokens"], activation_bytes=nb, param_bytes=nb,
+                            grad_bytes=nb, optimizer_bytes=8, grad_reduce_bytes=nb)
+        lc = layer_costs(probe_shape(p["hidden"]), training, hw, Layout(dp=1, tp=2, pp=1, sequence_parallel=True), kn)
+        model = 3 * lc.t_layer_forward + 4 * lc.t_tp_all_reduce * lc.tp_expose
+        rows.append({**p, "seconds": measured, "model_seconds_without_overhead": model,
+                     "overhead_seconds": max(0.0, measured - model)})
+    return statistics.median(r["overhead_seconds"] for r in rows), rows
+
+
 def noise_summary(reports: list[dict], nproc: int, gemm: dict) -> dict:
     spreads = [g["spread"] for g in gemm["shapes"]] + [r["memory_spread"] for r in reports]
     spreads += [c["spread"] for r in reports for c in r["collectives"]]
-    spreads += [p["spread"] for r in reports for p in r["layer_probes"]]
+    spreads += [p["spread"] for r in reports for p in r["layer_probes"] + r["tp_probes"]]
     loads = [x for r in reports for x in r["load_average"] if x is not None]
     cores = os.cpu_count() or 1
     load = max(loads) if loads else None
@@ -346,6 +397,22 @@ def _intra(r0: dict, nproc: int, cuda: bool) -> dict:
             "latency_us": latency * 1e6}
 
 
+def cpu_knobs(reports: list[dict], gpu: dict, nproc: int, dtype: str) -> tuple[dict, list[dict], list[dict]]:
+    """Knobs for CPU ranks: measured peaks already include everything a CPU step pays and nothing overlaps under
+    gloo; a layer of small GEMMs pays per-operator costs (and, on a shared machine, waits for a core) that the GEMM
+    line does not see, so x_half and the end-to-end factor are fitted to whole layers measured the same way, and
+    tensor parallelism's dispatch cost to the same layers at tp=2."""
+    knobs: dict = {"end_to_end_efficiency": 1.0, "per_process_overhead_bytes": 0.0, "dp_overlap_fraction": 0.0,
+                   "pp_overlap_fraction": 0.0, "elementwise_traffic_factor": 8.0}
+    fitted, probes = layer_probe_fit(reports, gpu, knobs, dtype)
+    knobs.update(fitted)
+    tp_rows: list[dict] = []
+    if reports[0]["tp_probes"]:
+        knobs["tp_layer_overhead_seconds"], tp_rows = tp_probe_overhead(reports, gpu, knobs, dtype,
+                                                                        _intra(reports[0], nproc, False))
+    return knobs, probes, tp_rows
+
+
 def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, messages: list[int] | None = None,
               repeats: int = 5, copy_bytes: int = 64 * 2**20, timeout_seconds: float = 120.0,
               gpu_name: str | None = None, extra_gemms: list[tuple[int, int, int]] | None = None) -> dict:
@@ -365,13 +432,9 @@ def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, me
     gpu = _gpu_entry(r0, reports, gemm, nproc, gpu_name, dtype)
     knobs = {"matmul_half_efficiency_gflop": gemm["x_half_gflop"]}
     probes: list[dict] = []
-    if not cuda:  # measured peaks already include everything a CPU step pays; nothing overlaps under gloo
-        knobs.update(end_to_end_efficiency=1.0, per_process_overhead_bytes=0.0, dp_overlap_fraction=0.0,
-                     pp_overlap_fraction=0.0, elementwise_traffic_factor=8.0)
-        # a CPU layer of small GEMMs pays per-operator costs (and, on a shared machine, waits for a core) that the
-        # GEMM line does not see: fit x_half and the end-to-end factor to whole layers measured the same way
-        fitted, probes = layer_probe_fit(reports, gpu, knobs, dtype)
-        knobs.update(fitted)
+    tp_rows: list[dict] = []
+    if not cuda:
+        knobs, probes, tp_rows = cpu_knobs(reports, gpu, nproc, dtype)
     if cuda:
         h2d = min(r["host_to_device_pinned_bytes_per_second"] for r in reports)
         h2d_note = f"host_to_device: pinned host memory -> device copy of {copy_bytes / 2**20:.0f} MiB"
@@ -389,6 +452,7 @@ def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, me
                "x_half_gflop_gemm_line": gemm["x_half_gflop"],
                "x_half_gflop_used": knobs["matmul_half_efficiency_gflop"],
                "end_to_end_efficiency": knobs.get("end_to_end_efficiency"),
+               "tp_layer_overhead_seconds": knobs.get("tp_layer_overhead_seconds"), "tp_probes": tp_rows,
                "layer_probes": probes,
                "memory_copy_gb_per_s": min(r["memory_bytes_per_second"] for r in reports) / 1e9,
                "host_to_device_gb_per_s": h2d / 1e9, "host_to_device_pinned": cuda,
