@@ -10,12 +10,16 @@ the layout with PyTorch's own APIs, in torchtitan's order (TP -> activation chec
   micro-batches of the mean token cross-entropy, averaged over data-parallel ranks;
 - ZeRO-0 as a gradient all-reduce over the DP group; ZeRO-1 as sharded optimizer state (each DP rank steps the
   parameters it owns and broadcasts them, ZeroRedundancyOptimizer's algorithm, which also works on TP's DTensor
-  parameters); ZeRO-2/3 as FSDP2 fully_shard with resharding after forward off/on;
-- recomputation with torch.utils.checkpoint: full (each layer) or selective (the attention block).
+  parameters); ZeRO-2/3 as FSDP2 fully_shard with resharding after forward off/on (also at world size 1);
+- recomputation with torch.utils.checkpoint: full (each layer) or selective (the attention block);
+- the training recipe: AdamW on fp32 master weights with fp32 moments (planner.bench.optim), compute in the
+  benchmark's dtype; under FSDP2 fp32 shards gathered in that dtype with gradients reduced in fp32
+  (MixedPrecisionPolicy); tied embeddings as one parameter, or across pipeline stages as two copies whose
+  gradients are summed over the embedding group (Megatron's). SGD with momentum only when asked (numerics tests).
 
-It times warm-up and measured steps, measures memory (CUDA's max allocated; on CPU the bytes of parameters,
-gradients, optimizer state and the peak of saved activations), and times collectives on the actual TP and DP
-groups and between pipeline neighbours.
+It times warm-up and measured steps, measures memory (CUDA's peak allocated and peak reserved; everywhere the
+bytes of parameters, gradients, optimizer state and the peak of saved activations), and times collectives on the
+actual TP and DP groups and between pipeline neighbours.
 """
 
 from __future__ import annotations

@@ -180,8 +180,12 @@ def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
         notes.append("zero_bubble runs as torch's ZBVZeroBubble (two stages per rank in a V), the predicted time is "
                      "ZB-H1's")
     if reports[0]["device"] == "cpu":
-        notes.append("on CPU, step times include Python and gloo overheads that a GPU run hides; calibrate the "
-                     "machine (`planner calibrate`) for a like-for-like prediction")
+        notes.append("on CPU, step times include Python, DTensor and gloo overheads that a GPU run hides: predict on a "
+                     "calibration of the same ranks (`planner calibrate --nproc N`), whose layer probes carry them")
+    if layout.zero_stage >= 2:
+        notes.append("FSDP2: the fp32 shards are both the parameters and AdamW's masters, so the run counts 4 B of "
+                     "parameters + 8 B of moments where the estimate books 2 B of bf16 weights + 12 B of optimizer "
+                     "state; the run's gathered bf16 copies are transient (in the CUDA peak, not in these rows)")
     return {"rows": rows, "notes": notes, "median_abs_error": statistics.median(errors) if errors else None,
             "predicted_step_seconds": est.step_seconds, "measured_step_seconds": measured_step}
 
