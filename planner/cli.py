@@ -591,12 +591,12 @@ def _bench_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opt
     """`bench --top K`: run the pick and its runners-up, say which to launch, write the calibration."""
     import yaml
 
-    from planner.bench.session import bench_one, fit_layout
+    from planner.bench.session import bench_one, fit_shortlist
     from planner.bench.shortlist import calibration_document, decide, shortlist
     from planner.inputs.specs import LayoutSpec
 
     entries, rule = shortlist(plan, top)
-    layouts = [fit_layout(LayoutSpec.model_validate(e["layout"]), opts) for e in entries]  # refuse before running
+    entries, layouts, skipped = fit_shortlist(entries, opts)  # refuse or skip before running anything
     docs = [bench_one(md, lay, seq, cl, knobs_kw, opts) for lay in layouts]
     if docs[0] is None:
         return
@@ -607,7 +607,7 @@ def _bench_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opt
     for r in results:
         r["error"] = (r["predicted"] - r["measured"]) / r["measured"]
     summary = {"kind": "bench-shortlist", "rule": rule, "results": results, "decision": decide(results),
-               "runs": docs}
+               "skipped": skipped, "runs": docs}
     if save_calibration is not None:
         cal = calibration_document(docs[0]["cluster"], knobs_kw, results, source=rule)
         write_atomically(save_calibration, "# Written by `planner bench --top`: use as `plan --calibration FILE`.\n"
@@ -626,6 +626,8 @@ def _bench_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opt
     for r in results:
         table.add_row(r["layout_short"], r["role"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}", f"{r['error']:+.1%}")
     _stdout().print(table)
+    for line in skipped:
+        _stdout().print(f"[dim]not run: {line}[/dim]")
     _stdout().print(f"launch: {summary['decision']['launch']} ({summary['decision']['reason']})", highlight=False)
     if save_calibration is not None:
         _stderr().print(f"wrote {save_calibration}")

@@ -35,8 +35,9 @@ LAYOUTS = [
                                            sequence_parallel=True)),
     ("dp2 x tp2 + SP, ZeRO-3 (FSDP2 over TP)", LLAMA, dict(tp=2, pp=1, dp=2, zero_stage=3, micro_batch_size=1,
                                                            num_micro_batches=2, sequence_parallel=True)),
-    ("dp2 x tp2, ZeRO-2, full recompute", GPT, dict(tp=2, pp=1, dp=2, zero_stage=2, micro_batch_size=1,
-                                                    num_micro_batches=2, recompute="full")),
+    ("dp2 x tp2 + SP, ZeRO-2, full recompute, learned positions", GPT, dict(
+        tp=2, pp=1, dp=2, zero_stage=2, micro_batch_size=1, num_micro_batches=2, recompute="full",
+        sequence_parallel=True)),
     ("dp4, ZeRO-3, selective recompute", GPT, dict(tp=1, pp=1, dp=4, zero_stage=3, micro_batch_size=1,
                                                    num_micro_batches=2, recompute="selective")),
     ("pp2 x tp2, 1F1B", LLAMA, dict(tp=2, pp=2, dp=1, micro_batch_size=1, num_micro_batches=4, schedule="1f1b")),

@@ -95,6 +95,7 @@ class StageModule(nn.Module):
                 self.output.weight.data.copy_(nn.Embedding(shape.vocab_size, shape.hidden_size).weight.data)
         self.first, self.last = first, last
         self.tied = shape.tied_embeddings
+        self.sp_mesh = None  # set by apply_tp when learned positions must be added before sequence sharding
         self.tie()
 
     def tie(self) -> None:
@@ -108,6 +109,11 @@ class StageModule(nn.Module):
             x = self.embed(tokens)
             if hasattr(self, "pos"):
                 x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+                if self.sp_mesh is not None:  # Megatron's scatter to the sequence-parallel region, after the positions
+                    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+                    x = DTensor.from_local(x, self.sp_mesh, [Replicate()], run_check=False)
+                    x = x.redistribute(self.sp_mesh, [Shard(1)]).to_local()
         for layer in self.layers.values():
             x = layer(x)
         if self.last:
@@ -162,8 +168,12 @@ def apply_tp(module: StageModule, tp_mesh, *, sequence_parallel: bool) -> None:
     # vocabulary-parallel embedding and output layer (Megatron's VocabParallelEmbedding / column-parallel logits)
     top: dict = {}
     if module.first:
+        # with learned positions the embedding's output stays whole until the positions are added (forward)
+        positions = hasattr(module, "pos")
         top["embed"] = RowwiseParallel(input_layouts=Replicate(),
-                                       output_layouts=Shard(1) if sequence_parallel else Replicate())
+                                       output_layouts=Shard(1) if sequence_parallel and not positions else Replicate())
+        if sequence_parallel and positions:
+            module.sp_mesh = tp_mesh
     if module.last:
         if sequence_parallel:
             top["norm"] = SequenceParallel()

@@ -227,6 +227,25 @@ def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
     return lay
 
 
+def fit_shortlist(entries: list[dict], opts: BenchOptions) -> tuple[list[dict], list[LayoutSpec], list[str]]:
+    """The short list's layouts fitted to --nproc: each keeps its TP x PP and takes dp = nproc / (tp pp) (unless
+    --dp is given); a layout whose tp x pp does not divide nproc is skipped, with why."""
+    from dataclasses import replace
+
+    kept, layouts, skipped = [], [], []
+    for e in entries:
+        lay = LayoutSpec.model_validate(e["layout"])
+        o = opts
+        if opts.nproc and not opts.dp:
+            if opts.nproc % (lay.tp * lay.pp):
+                skipped.append(f"{lay.short()}: tp*pp = {lay.tp * lay.pp} does not divide --nproc {opts.nproc}")
+                continue
+            o = replace(opts, dp=opts.nproc // (lay.tp * lay.pp))
+        kept.append(e)
+        layouts.append(fit_layout(lay, o))
+    return kept, layouts, skipped
+
+
 def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, knobs_kw: dict,
               opts: BenchOptions) -> dict | None:
     """Scale, predict, run and compare one layout; the report document (None on ranks other than 0 of torchrun)."""
