@@ -347,7 +347,7 @@ class BenchRow(_Strict):
     quantity: str = Field(description="What was measured, with its unit.")
     predicted: float
     measured: float
-    error: float | None = Field(description="measured / predicted - 1 (null when predicted is 0).")
+    error: float | None = Field(description="predicted / measured - 1 (null when measured is 0).")
 
 
 class BenchComparison(_Strict):
@@ -370,9 +370,15 @@ class BenchReport(_Strict):
     seq_length: int
     steps: int
     warmup: int
-    dtype: str
+    dtype: str = Field(description="Compute dtype of the run (float32 or bfloat16).")
+    optimizer: str = Field(description="adamw: fp32 master weights and fp32 moments (the training recipe); "
+                                       "sgd: momentum, for numerics checks.")
     world_size: int
     device: str
+    device_name: str | None = Field(description="The GPU's name (CUDA), null on CPU.")
+    torch_version: str | None
+    allocator_config: str | None = Field(description="PYTORCH_CUDA_ALLOC_CONF during the run ('' when unset; "
+                                                     "null on CPU).")
     comparison: BenchComparison
     ranks: list[dict[str, Any]] = Field(description="Each rank's raw measurements.")
 
@@ -381,7 +387,9 @@ class BenchReport(_Strict):
                  ranks: list[dict[str, Any]]) -> BenchReport:
         return cls(**_versions(), layout=layout, model=problem.model, cluster=problem.cluster,
                    seq_length=cfg.seq_length, steps=cfg.steps, warmup=cfg.warmup, dtype=cfg.dtype,
-                   world_size=len(ranks), device=ranks[0]["device"],
+                   optimizer=cfg.optimizer, world_size=len(ranks), device=ranks[0]["device"],
+                   device_name=ranks[0].get("device_name"), torch_version=ranks[0].get("torch_version"),
+                   allocator_config=ranks[0].get("allocator_config"),
                    comparison=BenchComparison.model_validate(comparison), ranks=ranks)
 
 
