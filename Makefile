@@ -31,7 +31,7 @@ lint: $(DEVSTAMP)
 	$(BIN)/ruff check planner cost_models cluster_specs tests
 
 # The published JSON Schemas are generated from planner/contract.py (tests/test_contract.py checks they are current)
-SCHEMAS := plan estimate check bench
+SCHEMAS := plan estimate check bench check-batch
 schema: $(STAMP)
 	for s in $(SCHEMAS); do $(BIN)/planner schema $$s > docs/schema/$$s.schema.json || exit 1; done
 

@@ -345,74 +345,96 @@ def plan(
 @app.command()
 def export(
     plan_file: Annotated[Path, typer.Argument(help="A plan JSON from `planner plan --json`/`-o`.")],
-    to: Annotated[str, typer.Option("--to", help="megatron, deepspeed, torchtitan or torchrun")],
+    to: Annotated[str | None, typer.Option("--to", help="megatron, nemo, megatron-deepspeed, deepspeed, torchtitan or "
+                                                        "torchrun (default: the plan's --framework)")] = None,
+    framework: FrameworkOpt = None,
+    torchtitan_format: Annotated[str, typer.Option("--torchtitan-format", help="python (torchtitan 0.3 recipe "
+                                                   "module) or toml (torchtitan <= 0.2)")] = "python",
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (atomically) instead of stdout.")] = None,
-    program: Annotated[str, typer.Option(help="torchrun: the program to launch.")] = "-m planner.bench",
+    program: Annotated[str | None, typer.Option(help="torchrun: the program to launch (default: the planner's "
+                                                     "benchmark, given the plan path).")] = None,
+    program_args: Annotated[str | None, typer.Option(help="torchrun: the program's arguments.")] = None,
 ):
-    """Turn a plan into launch settings for Megatron-LM, DeepSpeed, torchtitan or torchrun."""
+    """Turn a plan into launch settings the framework accepts (the nearest expressible layout, or a refusal)."""
     from cluster_specs import SpecError, read_structured_file
-    from planner.integrations.exports import EXPORTERS, to_torchrun
+    from planner.integrations.exports import export as make_export
 
-    if to not in EXPORTERS:
-        raise SpecError(f"--to: {to!r} -> allowed: {', '.join(EXPORTERS)}")
+    if torchtitan_format not in ("python", "toml"):
+        raise SpecError(f"--torchtitan-format: {torchtitan_format!r} -> allowed: python, toml")
     doc = read_structured_file(plan_file)
     if not isinstance(doc, dict):
         raise SpecError("expected a plan JSON object", source=str(plan_file))
-    text = to_torchrun(doc, program=program, plan_path=str(plan_file)) if to == "torchrun" else EXPORTERS[to](doc)
+    result = make_export(doc, to, framework=framework, torchtitan_format=torchtitan_format, program=program,
+                         program_args=program_args, plan_path=str(plan_file))
+    err = _stderr()
+    for line in result.notes:
+        err.print(f"note: {line}", highlight=False, markup=False)
     if output is not None:
-        write_atomically(output, text)
-        _stderr().print(f"wrote {output}")
+        write_atomically(output, result.text)
+        err.print(f"wrote {output}")
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(result.text)
 
 
 @app.command()
 def check(
-    config: Annotated[Path, typer.Argument(help="plan JSON, DeepSpeed JSON, torchtitan TOML, or a Megatron-LM args file")],
+    configs: Annotated[list[Path], typer.Argument(help="Configs: plan JSON, DeepSpeed JSON (HF \"auto\" too), "
+                                                      "torchtitan TOML or Python recipe, Megatron arguments or launch "
+                                                      "script, Megatron-Bridge overrides. Several are checked in turn.")],
     cluster: ClusterOpt, model: ModelOpt, nodes: NodesOpt = None,
     global_batch_size: Annotated[int | None, typer.Option("--global-batch-size", "-b",
-                                                          help="When the config does not say.")] = None,
+                                                          help="When the config does not say (fills HF \"auto\").")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="When the config does not say.")] = None,
-    tp: Annotated[int | None, typer.Option("--tp", help="DeepSpeed configs: the tensor-parallel degree.")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="The tensor-parallel degree, where the config does not say "
+                                                        "(DeepSpeed JSON).")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="The pipeline degree, where the config does not say "
+                                                        "(DeepSpeed JSON: the model's PipelineModule).")] = None,
+    fix: FixOpt = None, framework: FrameworkOpt = None,
     precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
     allow_tp_across_nodes: Annotated[bool, typer.Option(help="Accept TP groups larger than a node.")] = False,
     calibration: CalibrationOpt = None, as_json: JsonOpt = False,
 ):
-    """Check a config in CI: degrees, divisibility, batch arithmetic, schedule rules, TP placement, memory."""
-    from cluster_specs import SpecError, load_cluster
-    from planner.contract import CheckReport
-    from planner.integrations.check import check as run_check
-    from planner.integrations.check import read_config
+    """Check configs in CI: framework rules, degrees, divisibility, batch arithmetic, schedules, model, memory.
 
-    cl = load_cluster(cluster, nodes=nodes)
-    view = read_config(config, gpus=cl.num_gpus)
-    if tp is not None and view.format == "deepspeed":
-        view.fields["tp"] = tp
-        view.fields["dp"] = max(1, cl.num_gpus // (tp * view.fields["pp"]))
-    batch = view.global_batch_size or global_batch_size
-    seq = view.seq_length or seq_len
-    if not batch or not seq:
-        missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
-        raise SpecError(f"{', '.join(missing)}: the config does not say; pass them")
-    problem = build_problem(cluster, nodes, model, batch, seq, precision, headroom_gib, calibration)
-    layout, violations, est = run_check(view, problem, allow_tp_across_nodes=allow_tp_across_nodes)
-    report = CheckReport.from_check(config=str(config), view=view, layout=layout, violations=violations, est=est,
-                                    headroom_bytes=problem.knobs.memory_headroom_bytes)
+    Exit 0: every config passes; 1: a violation; 3: a config could not be checked (3 wins over 1)."""
+    import argparse
+
+    from cluster_specs import SpecError
+    from planner.frameworks.capabilities import parse_framework
+    from planner.integrations.check import check_file
+
+    if framework is not None:
+        framework = parse_framework(framework).value
+    args = argparse.Namespace(cluster=cluster, nodes=nodes, model=model, global_batch_size=global_batch_size,
+                              seq_len=seq_len, tp=tp, pp=pp, fix=fix, framework=framework, precision=precision,
+                              headroom_gib=headroom_gib, allow_tp_across_nodes=allow_tp_across_nodes,
+                              calibration=calibration)
+    reports = []
+    for path in configs:
+        head = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "check"}
+        try:
+            reports.append({**head, **check_file(path, args)})
+        except SpecError as exc:
+            if len(configs) == 1 and not as_json:
+                raise
+            reports.append({**head, "config": str(path), "format": None, "framework": framework, "layout": None,
+                            "passed": False, "violations": [], "predicted": None, "notes": [],
+                            "error": str(exc).splitlines()[0] if str(exc) else "could not check"})
+    code = 3 if any(r["error"] for r in reports) else 1 if any(not r["passed"] for r in reports) else 0
     if as_json:
-        _emit_json(report)
+        from planner.contract import CheckBatch, CheckReport
+
+        typed = [CheckReport.model_validate(r) for r in reports]
+        _emit_json(typed[0] if len(typed) == 1 else
+                   CheckBatch(schema_version=SCHEMA_VERSION, tool_version=__version__, passed=code == 0,
+                              exit_code=code, reports=typed))
     else:
-        out = _stdout()
-        for v in violations:
-            out.print(f"[red]FAIL[/red] {v['message']}\n     fix: {v['hint']}", highlight=False)
-        for n in view.notes:
-            out.print(f"[dim]note: {n}[/dim]")
-        if est is not None:
-            out.print(f"predicted: {est.step_seconds:.3g} s/step, {est.tokens_per_second:,.0f} tokens/s, MFU {est.mfu:.1%}, "
-                      f"peak {est.peak_memory_bytes / 2**30:.1f} of {est.gpu_memory_bytes / 2**30:.1f} GiB per GPU "
-                      f"(stage {est.peak_stage})", highlight=False)
-        out.print("[green]PASS[/green]" if not violations else f"[red]{len(violations)} violation(s)[/red]")
-    if not report.passed:
-        raise typer.Exit(1)
+        from planner.integrations.check import render_report
+
+        for r in reports:
+            render_report(_stdout(), r, several=len(reports) > 1)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

@@ -324,12 +324,16 @@ class CheckReport(_Strict):
     tool_version: str
     kind: Literal["check"] = "check"
     config: str = Field(description="The config file checked.")
-    format: Literal["plan", "deepspeed", "torchtitan", "megatron"]
+    format: Literal["plan", "deepspeed", "hf-deepspeed", "torchtitan", "torchtitan-python", "megatron",
+                    "megatron-deepspeed", "nemo"] | None = Field(description="The format read; null when unreadable.")
+    framework: Framework | None = Field(description="Whose defaults and rules were applied (--framework, else the "
+                                                     "format's).")
     layout: LayoutSpec | None = Field(description="The layout the config describes (null if it could not be read).")
     passed: bool
     violations: list[Violation]
     predicted: Predicted | None = Field(description="Null when the layout cannot be estimated (e.g. it does not divide).")
     notes: list[str]
+    error: str | None = Field(description="why the config could not be checked (exit 3); null otherwise")
 
     @classmethod
     def from_check(cls, *, config: str, view: Any, layout: LayoutSpec | None, violations: list[dict[str, str]],
@@ -338,6 +342,17 @@ class CheckReport(_Strict):
                    violations=[Violation.model_validate(v) for v in violations],
                    predicted=Predicted.from_estimate(est, headroom_bytes) if est is not None else None,
                    notes=list(view.notes))
+
+
+class CheckBatch(_Strict):
+    """`check` with several configs: one document; exit_code 3 if any could not be checked, else 1 if any failed."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["check-batch"] = "check-batch"
+    passed: bool
+    exit_code: int
+    reports: list[CheckReport]
 
 
 # ---- bench -----------------------------------------------------------------------------------------------
@@ -394,7 +409,7 @@ class BenchReport(_Strict):
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanDocument, "estimate": EstimateDocument, "check": CheckReport,
-                                       "bench": BenchReport}
+                                       "bench": BenchReport, "check-batch": CheckBatch}
 
 
 def json_schema(which: str) -> dict[str, Any]:

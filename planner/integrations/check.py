@@ -1,166 +1,30 @@
-"""`planner check`: validate an existing config (plan JSON, DeepSpeed JSON, torchtitan TOML, Megatron-LM
-arguments) against a model and a cluster, for CI. One line per violation with the numbers and a fix hint."""
+"""`planner check`: validate existing configs against a model and a cluster, for CI.
+
+Each config is read with its framework's defaults (planner/integrations/readers.py), then checked: the
+framework's own start-up refusals, the layout rules (planner/inputs/specs.py), the framework's vocabulary rule,
+the model the config describes against --model, and the predicted memory. One line per violation with the
+numbers and a fix hint. Exit: 0 pass, 1 violation, 3 could not check (the worst over several files wins: 3 > 1).
+"""
 
 from __future__ import annotations
 
-import argparse
-import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from cluster_specs import SpecError
-from cost_models.inputs import Recompute
+from planner.frameworks import Framework
+from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec
 from planner.rules import layout_violations
+from planner.integrations.readers import (  # noqa: F401  (megatron_parser: the option names, for tests and exports)
+    ConfigView,
+    megatron_parser,
+    megatron_resolve,
+    read_config,
+    torchtitan_resolve,
+)
 
 GIB = 2**30
-
-
-@dataclass
-class ConfigView:
-    """What a config says about the layout and the batch (None where it says nothing)."""
-
-    format: str
-    fields: dict
-    global_batch_size: int | None = None
-    seq_length: int | None = None
-    vocab_padded_by_framework: bool = False
-    notes: list[str] = field(default_factory=list)
-    layers_per_chunk: int | None = None  # torchtitan: virtual stages follow from the model's layer count
-
-
-def megatron_parser() -> argparse.ArgumentParser:
-    """The Megatron-LM options the planner reads or writes, as megatron/training/arguments.py names them."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    ints = ["--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
-            "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--ffn-hidden-size",
-            "--num-attention-heads", "--max-position-embeddings", "--num-query-groups", "--recompute-num-layers",
-            "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
-            "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--context-parallel-size",
-            "--data-parallel-size"]
-    for name in ints:
-        p.add_argument(name, type=int)
-    for name in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16",
-                 "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
-                 "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--recompute-activations"]:
-        p.add_argument(name, action="store_true")
-    p.add_argument("--recompute-granularity", choices=["full", "selective"])
-    p.add_argument("--recompute-method", choices=["uniform", "block"])
-    p.add_argument("--normalization")
-    p.add_argument("--position-embedding-type")
-    p.add_argument("--optimizer-offload-fraction", type=float)
-    return p
-
-
-def read_config(path: Path, *, gpus: int) -> ConfigView:
-    from cluster_specs.reading import parse_json, parse_toml, read_text
-
-    text = read_text(path)
-    suffix = path.suffix.lower()
-    if suffix == ".toml":
-        doc = parse_toml(text, str(path))
-        return _torchtitan(doc, gpus)
-    if suffix == ".json":
-        doc = parse_json(text, str(path))
-        if not isinstance(doc, dict):
-            raise SpecError("expected a JSON object", source=str(path))
-        if "layout" in doc:
-            return _plan(doc)
-        if "zero_optimization" in doc or "train_micro_batch_size_per_gpu" in doc or "train_batch_size" in doc:
-            return _deepspeed(doc, gpus)
-        raise SpecError("JSON is neither a plan (no 'layout') nor a DeepSpeed config (no 'zero_optimization' or "
-                        "'train_micro_batch_size_per_gpu')", source=str(path))
-    return _megatron(text, gpus, str(path))
-
-
-def _plan(doc: dict) -> ConfigView:
-    lay = dict(doc["layout"])
-    training = doc.get("inputs", {}).get("training", {})
-    return ConfigView("plan", lay, training.get("global_batch_size"), training.get("seq_length"), True)
-
-
-def _degrees(gpus: int, tp: int, pp: int, dp: int | None) -> int:
-    if dp is not None:
-        return dp
-    return gpus // (tp * pp) if tp * pp and gpus % (tp * pp) == 0 else max(1, gpus // max(1, tp * pp))
-
-
-def _deepspeed(doc: dict, gpus: int) -> ConfigView:
-    zero = doc.get("zero_optimization", {}) or {}
-    pipe = doc.get("pipeline", {}) or {}
-    pp = pipe.get("stages", 1)
-    pp = pp if isinstance(pp, int) else 1
-    tp = 1
-    dp = _degrees(gpus, tp, pp, None)
-    off = "none"
-    if zero.get("offload_param", {}).get("device", "none") not in ("none", None):
-        off = "optimizer+params"
-    elif zero.get("offload_optimizer", {}).get("device", "none") not in ("none", None):
-        off = "optimizer"
-    rec = "full" if (doc.get("activation_checkpointing") or pipe.get("activation_checkpoint_interval", 0)) else "none"
-    mbs = doc.get("train_micro_batch_size_per_gpu", 1)
-    gas = doc.get("gradient_accumulation_steps", 1)
-    fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero.get("stage", 0), "offload": off,
-              "micro_batch_size": mbs, "num_micro_batches": gas, "recompute": rec}
-    notes = ["DeepSpeed's JSON has no tensor-parallel degree: tp taken from --tp (default 1)"]
-    return ConfigView("deepspeed", fields, doc.get("train_batch_size"), None, False, notes)
-
-
-def _torchtitan(doc: dict, gpus: int) -> ConfigView:
-    par, train, ac = doc.get("parallelism", {}), doc.get("training", {}), doc.get("activation_checkpoint", {})
-    tp, pp = par.get("tensor_parallel_degree", 1), par.get("pipeline_parallel_degree", 1)
-    rep, shard = par.get("data_parallel_replicate_degree", 1), par.get("data_parallel_shard_degree", -1)
-    if shard == -1:
-        shard = max(1, gpus // (tp * pp * rep))
-    dp = rep * shard
-    reshard = par.get("fsdp_reshard_after_forward", "default")
-    zero = 0 if shard == 1 else (2 if reshard == "never" else 3)
-    sched = {v: k for k, v in {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
-                               "zero_bubble": "ZBVZeroBubble"}.items()}
-    schedule = sched.get(par.get("pipeline_parallel_schedule", "1F1B"), "1f1b")
-    local = train.get("local_batch_size", train.get("batch_size", 1))
-    mbs = par.get("pipeline_parallel_microbatch_size", local) if pp > 1 else local
-    fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero if pp == 1 else min(zero, 1),
-              "offload": "optimizer+params" if train.get("enable_cpu_offload") else "none",
-              "micro_batch_size": mbs, "num_micro_batches": max(1, local // mbs) if mbs else 1,
-              "recompute": ac.get("mode", "none"), "sequence_parallel": tp > 1, "schedule": schedule}
-    gbs = train.get("global_batch_size")
-    if gbs in (None, -1):
-        gbs = local * dp
-    view = ConfigView("torchtitan", fields, gbs, train.get("seq_len"), False,
-                      layers_per_chunk=par.get("pipeline_parallel_layers_per_stage"))
-    if gbs != local * dp and gbs % (local * dp) == 0:  # gradient accumulation on top of the local batch
-        fields["num_micro_batches"] *= gbs // (local * dp)
-    return view
-
-
-def _megatron(text: str, gpus: int, source: str) -> ConfigView:
-    lines = [ln.split("#", 1)[0] for ln in text.splitlines()]
-    try:
-        tokens = shlex.split(" ".join(ln.replace("\\", " ") for ln in lines))
-    except ValueError as exc:
-        raise SpecError(f"cannot split Megatron arguments: {exc}", source=source) from None
-    args, unknown = megatron_parser().parse_known_args(tokens)
-    tp = args.tensor_model_parallel_size or 1
-    pp = args.pipeline_model_parallel_size or 1
-    dp = args.data_parallel_size or _degrees(gpus, tp, pp, None)
-    mbs = args.micro_batch_size or 1
-    gbs = args.global_batch_size
-    m = gbs // (mbs * dp) if gbs and mbs * dp else 1
-    rec = args.recompute_granularity or ("selective" if args.recompute_activations else "none")
-    fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": 3 if args.use_torch_fsdp2 else 1 if args.use_distributed_optimizer else 0,
-              "offload": "optimizer" if args.optimizer_cpu_offload else "none", "micro_batch_size": mbs,
-              "num_micro_batches": max(1, m), "recompute": rec, "sequence_parallel": bool(args.sequence_parallel)}
-    if args.num_layers_per_virtual_pipeline_stage and args.num_layers:
-        fields.update(schedule="interleaved_1f1b",
-                      virtual_stages=args.num_layers // (pp * args.num_layers_per_virtual_pipeline_stage))
-    elif args.num_virtual_stages_per_pipeline_rank:
-        fields.update(schedule="interleaved_1f1b", virtual_stages=args.num_virtual_stages_per_pipeline_rank)
-    view = ConfigView("megatron", fields, gbs, args.seq_length, True)
-    if unknown:
-        view.notes.append(f"ignored {len([u for u in unknown if u.startswith('--')])} options the planner does not model")
-    return view
-
 
 HINTS = [
     ("dp*tp*pp", "choose degrees whose product is the number of GPUs"),
@@ -178,8 +42,9 @@ HINTS = [
     ("zero_stage", "use ZeRO-1 (distributed optimizer) with pipelining"),
     ("offload", "offload needs a ZeRO stage that shards what is offloaded"),
     ("layers_per_stage", "list one layer count per stage, summing to the layers"),
-    ("vocab", "pad the vocabulary to a multiple of tp (Megatron pads to 128 x tp itself)"),
+    ("vocab", "pick a tp that divides the vocabulary, or a framework that pads it (Megatron: 128 x tp)"),
 ]
+MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size")
 
 
 def hint_for(problem: str) -> str:
@@ -189,14 +54,54 @@ def hint_for(problem: str) -> str:
     return "see the message"
 
 
-def check(view: ConfigView, problem, *, allow_tp_across_nodes: bool = False) -> tuple[LayoutSpec | None, list[dict], object]:
-    """(layout, violations, estimate or None)."""
+@dataclass
+class Outcome:
+    layout: LayoutSpec | None
+    violations: list[dict]
+    estimate: object
+    notes: list[str]
+    problem: object
+
+
+def resolve(view: ConfigView, num_layers: int, overrides: dict) -> dict:
+    """The layout fields once the model is known: framework-specific splits, then --fix/--tp/--pp overrides."""
+    if view.framework is Framework.TORCHTITAN:
+        torchtitan_resolve(view, num_layers)
+    elif view.framework in (Framework.MEGATRON, Framework.MEGATRON_DEEPSPEED, Framework.NEMO):
+        megatron_resolve(view, num_layers)
+    fields = dict(view.fields)
+    if fields.get("schedule") == "interleaved_1f1b" and view.layers_per_chunk and view.framework is Framework.GENERIC:
+        fields["virtual_stages"] = max(1, num_layers // (fields["pp"] * view.layers_per_chunk))
+    fields.update(overrides)
+    return fields
+
+
+def _model_mismatch(view: ConfigView, model) -> list[dict]:
+    out = []
+    said = dict(view.model)
+    flavor = said.pop("flavor", None)
+    if flavor and model.name.split("-")[-1].lower() != str(flavor).lower():
+        out.append(f"model flavor {flavor!r} (--model {model.name})")
+    for key in MODEL_KEYS:
+        if key in said and said[key] != getattr(model, "kv_heads" if key == "num_kv_heads" else
+                                                 "ffn" if key == "ffn_hidden_size" else key):
+            ours = getattr(model, "kv_heads" if key == "num_kv_heads" else "ffn" if key == "ffn_hidden_size" else key)
+            out.append(f"{key} {said[key]} (--model {model.name}: {ours})")
+    if not out:
+        return []
+    msg = f"model: the config describes a different model: {'; '.join(out)} -> checked against --model {model.name}"
+    return [{"rule": "model", "message": msg, "hint": "pass the --model the config trains (a preset or a model file)"}]
+
+
+def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_across_nodes: bool = False,
+          framework: str | None = None) -> Outcome:
+    """Read-time refusals, layout rules, vocabulary, model agreement, memory."""
     from pydantic import ValidationError
 
-    violations: list[dict] = []
-    fields = dict(view.fields)
-    if fields.get("schedule") == "interleaved_1f1b" and view.layers_per_chunk:
-        fields["virtual_stages"] = max(1, problem.model.num_layers // (fields["pp"] * view.layers_per_chunk))
+    caps = capabilities(framework or view.framework)
+    violations = [{"rule": r, "message": m, "hint": h} for r, m, h in view.errors]
+    violations += _model_mismatch(view, problem.model)
+    fields = resolve(view, problem.model.num_layers, overrides or {})
     try:
         layout = LayoutSpec.model_validate(fields)
     except ValidationError as exc:
@@ -204,50 +109,138 @@ def check(view: ConfigView, problem, *, allow_tp_across_nodes: bool = False) -> 
 
         for line in from_pydantic(exc).problems:
             violations.append({"rule": "field", "message": line, "hint": "use an allowed value"})
-        return None, violations, None
+        return Outcome(None, violations, None, view.notes, problem)
     for v in layout_violations(layout, problem.model, problem.training, problem.cluster,
                                allow_tp_across_nodes=allow_tp_across_nodes):
+        if v.field == "global_batch_size" and any(x["rule"] == v.field for x in violations):
+            continue  # the reader already said it with the framework's own arithmetic
         violations.append({"rule": v.field, "message": str(v), "hint": v.fix})
-    if not view.vocab_padded_by_framework and layout.tp > 1 and problem.model.vocab_size % layout.tp:
-        msg = f"vocab_size: {problem.model.vocab_size} -> not divisible by tp ({layout.tp}); the embedding cannot be sharded"
-        violations.append({"rule": "vocab_size", "message": msg, "hint": hint_for("vocab")})
+    vocab = caps.vocab_problem(problem.model.vocab_size, layout.tp)
+    if vocab:
+        violations.append({"rule": "vocab_size", "message": vocab, "hint": hint_for("vocab")})
+    why = caps.refusal(layout.model_dump())
+    if why and caps.framework is not view.framework:
+        violations.append({"rule": "framework", "message": why, "hint": f"plan with --framework {caps.framework.value}"})
     est = None
-    if not any(v["rule"] in ("dp*tp*pp", "tp", "pp*virtual_stages", "field") for v in violations):
-        est = problem.estimate(layout)
-        headroom = problem.knobs.memory_headroom_bytes
-        if est.peak_memory_bytes + headroom > est.gpu_memory_bytes or not est.fits:
-            violations.append({
-                "rule": "memory",
-                "message": f"memory: {est.peak_memory_bytes / GIB:.1f} GiB peak on stage {est.peak_stage} + "
-                           f"{headroom / GIB:.1f} GiB headroom -> exceeds the GPU's {est.gpu_memory_bytes / GIB:.1f} GiB",
-                "hint": _memory_hint(problem, layout),
-            })
-    return layout, violations, est
+    if not any(v["rule"] in ("dp*tp*pp", "tp", "pp*virtual_stages", "field", "layers_per_stage") for v in violations):
+        est, run_problem = _estimate(problem, layout, violations)
+        _memory(run_problem, layout, est, violations)
+    return Outcome(layout, violations, est, view.notes, problem)
+
+
+def _estimate(problem, layout: LayoutSpec, violations: list[dict]):
+    """Predict for the batch the layout actually runs: with broken batch arithmetic the configured global batch
+    would give a meaningless MFU (the violation already reports the arithmetic)."""
+    runs = layout.micro_batch_size * layout.num_micro_batches * layout.dp
+    if runs == problem.training.global_batch_size:
+        return problem.estimate(layout), problem
+    from planner.estimate import Problem
+
+    training = problem.training.model_copy(update={"global_batch_size": runs})
+    other = Problem(problem.model, training, problem.cluster, problem.knobs)
+    return other.estimate(layout), other
+
+
+def _memory(problem, layout: LayoutSpec, est, violations: list[dict]) -> None:
+    headroom = problem.knobs.memory_headroom_bytes
+    if est.peak_memory_bytes + headroom > est.gpu_memory_bytes or not est.fits:
+        violations.append({
+            "rule": "memory",
+            "message": f"memory: {est.peak_memory_bytes / GIB:.1f} GiB peak on stage {est.peak_stage} + "
+                       f"{headroom / GIB:.1f} GiB headroom -> exceeds the GPU's {est.gpu_memory_bytes / GIB:.1f} GiB",
+            "hint": _memory_hint(problem, layout),
+        })
 
 
 def _memory_hint(problem, layout: LayoutSpec) -> str:
-    """Try the usual remedies and name the first ones that fit, with their predicted memory."""
+    """Try the usual remedies and name the first ones that fit, with their predicted memory (each once)."""
     tries = []
     if layout.recompute != "full":
-        tries.append(layout.model_copy(update={"recompute": Recompute.SELECTIVE if layout.recompute == "none"
-                                               else Recompute.FULL}))
-        tries.append(layout.model_copy(update={"recompute": Recompute.FULL}))
+        if layout.recompute == "none":
+            tries.append(layout.model_copy(update={"recompute": "selective", "recompute_layers_per_stage": None}))
+        tries.append(layout.model_copy(update={"recompute": "full", "recompute_layers_per_stage": None}))
     if layout.zero_stage < (1 if layout.pp > 1 else 3) and layout.dp > 1:
         tries.append(layout.model_copy(update={"zero_stage": layout.zero_stage + 1}))
     if layout.micro_batch_size > 1:
         f = layout.micro_batch_size // 2 if layout.micro_batch_size % 2 == 0 else 1
         tries.append(layout.model_copy(update={"micro_batch_size": f,
                                                "num_micro_batches": layout.num_micro_batches * layout.micro_batch_size // f}))
-    found = []
+    found: dict[str, str] = {}
     for t in tries:
         if layout_violations(t, problem.model, problem.training, problem.cluster):
             continue
         est = problem.estimate(t)
-        if est.fits and est.peak_memory_bytes + problem.knobs.memory_headroom_bytes <= est.gpu_memory_bytes:
-            found.append(f"{_diff(layout, t)} fits at {est.peak_memory_bytes / GIB:.1f} GiB, {est.step_seconds:.3g} s/step")
-    return "; ".join(found[:2]) if found else "add pipeline stages, ZeRO, offload or GPUs (`planner plan` searches them)"
+        diff = _diff(layout, t)
+        if diff not in found and est.fits and est.peak_memory_bytes + problem.knobs.memory_headroom_bytes <= \
+                est.gpu_memory_bytes:
+            found[diff] = f"{diff} fits at {est.peak_memory_bytes / GIB:.1f} GiB, {est.step_seconds:.3g} s/step"
+    picks = list(found.values())[:2]
+    return "; ".join(picks) if picks else "add pipeline stages, ZeRO, offload or GPUs (`planner plan` searches them)"
 
 
 def _diff(a: LayoutSpec, b: LayoutSpec) -> str:
     da, db = a.model_dump(), b.model_dump()
-    return ", ".join(f"{k}={db[k]}" for k in db if db[k] != da[k] and k != "num_micro_batches") or "as is"
+    return ", ".join(f"{k}={db[k]}" for k in db if db[k] != da[k] and k not in ("num_micro_batches",
+                                                                                  "recompute_layers_per_stage")) \
+        or "as is"
+
+
+def check_file(path: Path, args) -> dict:
+    """One config -> its report (the CheckReport contract); SpecError propagates as could-not-check."""
+    from planner.cli import build_problem
+    from planner.estimate import predicted_json
+    from planner.frameworks.restriction import parse_fix
+
+    from cluster_specs import load_cluster
+
+    cl = load_cluster(args.cluster, nodes=args.nodes)
+    overrides = parse_fix(args.fix)
+    for key, value in (("tp", args.tp), ("pp", args.pp)):
+        if value is not None:
+            overrides[key] = value
+    view = read_config(path, gpus=cl.num_gpus, overrides=dict(overrides), global_batch_size=args.global_batch_size)
+    if "tp" in overrides or "pp" in overrides:  # the data-parallel size follows from the degrees given
+        tp, pp = overrides.get("tp", view.fields.get("tp", 1)), overrides.get("pp", view.fields.get("pp", 1))
+        overrides.setdefault("dp", max(1, cl.num_gpus // (tp * pp)))
+    batch = view.global_batch_size or args.global_batch_size
+    seq = view.seq_length or args.seq_len
+    if not batch or not seq:
+        missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
+        raise SpecError(f"{', '.join(missing)}: the config does not say; pass them", source=str(path))
+    precision = _precision(view, args.precision)
+    problem = build_problem(args.cluster, args.nodes, args.model, batch, seq, precision, args.headroom_gib,
+                            args.calibration)
+    out = check(view, problem, overrides=overrides, allow_tp_across_nodes=args.allow_tp_across_nodes,
+                framework=args.framework)
+    fw = (args.framework or view.framework.value)
+    return {"config": str(path), "format": view.format, "framework": fw,
+            "layout": out.layout.model_dump(mode="json") if out.layout else None,
+            "passed": not out.violations, "violations": out.violations,
+            "predicted": predicted_json(out.estimate, out.problem.knobs.memory_headroom_bytes) if out.estimate else None,
+            "notes": out.notes + ([f"precision {precision} from the config (not --precision {args.precision})"]
+                                  if view.precision and view.precision != args.precision else []),
+            "error": None}
+
+
+def _precision(view: ConfigView, given: str) -> str:
+    return view.precision if view.precision in ("bf16", "fp16", "fp32") else given
+
+
+def render_report(out, r: dict, *, several: bool) -> None:
+    """The terminal form of one report: FAIL lines with their fix, notes, the prediction, the verdict."""
+    if several:
+        out.print(f"[bold]{r['config']}[/bold] ({r['format'] or '?'}, {r['framework'] or '?'})", highlight=False)
+    if r["error"]:
+        out.print(f"[yellow]COULD NOT CHECK[/yellow] {r['error']}", highlight=False)
+        return
+    for v in r["violations"]:
+        out.print(f"[red]FAIL[/red] {v['message']}\n     fix: {v['hint']}", highlight=False)
+    for n in r["notes"]:
+        out.print(f"[dim]note: {n}[/dim]", highlight=False)
+    p = r["predicted"]
+    if p is not None:
+        mfu = f"MFU {p['mfu']:.1%}, " if 0 < p["mfu"] <= 1 else ""
+        out.print(f"predicted: {p['step_time_seconds']:.3g} s/step, {p['tokens_per_second']:,.0f} tokens/s, {mfu}"
+                  f"peak {p['peak_memory_bytes_per_gpu'] / GIB:.1f} of {p['gpu_memory_bytes'] / GIB:.1f} GiB per GPU "
+                  f"(stage {p['peak_memory_stage']})", highlight=False)
+    out.print("[green]PASS[/green]" if r["passed"] else f"[red]{len(r['violations'])} violation(s)[/red]")

@@ -1,24 +1,62 @@
-"""A plan as launch settings: Megatron-LM arguments, a DeepSpeed config, a torchtitan TOML, a torchrun line.
+"""A plan as launch settings the framework accepts: Megatron-LM arguments, Megatron-DeepSpeed arguments, a
+DeepSpeed config, a torchtitan 0.3 Python recipe (or the <= 0.2 TOML), a torchrun line.
 
-Option names are the frameworks' own (Megatron-LM megatron/training/arguments.py; DeepSpeed's config keys and
-its `pipeline` section from deepspeed/runtime/config.py; torchtitan's ParallelismConfig / TrainingConfig /
-ActivationCheckpoint fields). Where a framework cannot express a plan's choice, the export says so in a
-comment (Megatron, torchtitan, torchrun) or refuses with the reason (SpecError, exit 3).
+Each export follows the framework's startup validation rules (../shared/reference/frameworks.md §1.8, §2.7, §3.7).
+A plan the framework cannot express exactly is moved to the nearest layout it can run (each change named, with
+that layout's own prediction) or refused with the reason (SpecError, exit 3); nothing is dropped silently.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass, field
 
-from cluster_specs import SpecError
+from cluster_specs import ClusterSpec, SpecError
+from cost_models.step import stage_split
+from planner.frameworks import Framework
+from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
+GIB = 2**30
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
                         "zero_bubble": "ZBVZeroBubble"}
+# torchtitan's shipped Llama-3 flavors (torchtitan/models/llama3/__init__.py, model_registry("8B") etc.)
+TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
+TARGETS = ("megatron", "nemo", "megatron-deepspeed", "deepspeed", "torchtitan", "torchrun")
 
 
-def _plan_parts(plan: dict) -> tuple[LayoutSpec, ModelSpec, TrainingSpec, dict]:
+@dataclass
+class PlanParts:
+    layout: LayoutSpec
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec | None
+    headroom_bytes: float
+    framework: str
+    predicted: dict
+
+    def problem(self):
+        from cost_models.inputs import Knobs
+        from planner.calibration import calibration_knobs
+        from planner.estimate import Problem
+
+        if self.cluster is None:
+            raise SpecError("plan JSON: inputs.cluster missing -> needed to predict the nearest expressible layout")
+        knobs = Knobs(memory_headroom_bytes=self.headroom_bytes, **calibration_knobs(self.cluster))
+        return Problem(self.model, self.training, self.cluster, knobs)
+
+
+@dataclass
+class Export:
+    text: str
+    layout: LayoutSpec  # what the exported settings run (the plan's, or the nearest expressible one)
+    changes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the user must do outside the file
+    predicted: dict | None = None
+
+
+def plan_parts(plan: dict) -> PlanParts:
     from pydantic import ValidationError
 
     from cluster_specs.errors import from_pydantic
@@ -27,29 +65,189 @@ def _plan_parts(plan: dict) -> tuple[LayoutSpec, ModelSpec, TrainingSpec, dict]:
         layout = LayoutSpec.model_validate(plan["layout"])
         model = ModelSpec.model_validate(plan["inputs"]["model"])
         training = TrainingSpec.model_validate(plan["inputs"]["training"])
+        cl = plan["inputs"].get("cluster")
+        cluster = ClusterSpec.model_validate(cl) if cl else None
     except KeyError as exc:
         raise SpecError(f"plan JSON: missing {exc.args[0]!r} (expected the output of `planner plan --json`)") from None
     except ValidationError as exc:
         raise from_pydantic(exc, source="plan JSON") from None
-    return layout, model, training, plan["inputs"].get("cluster", {})
+    predicted = plan.get("predicted") or {}
+    from planner.estimate import DEFAULT_HEADROOM_GIB
+
+    headroom = predicted.get("memory_headroom_bytes", DEFAULT_HEADROOM_GIB * GIB)
+    return PlanParts(layout, model, training, cluster, headroom, plan.get("framework", "generic"), predicted)
 
 
-def to_megatron(plan: dict) -> str:
-    layout, model, training, _ = _plan_parts(plan)
+# ---- the nearest expressible layout ---------------------------------------------------------------------------
+
+
+def megatron_first_last(num_layers: int, pp: int, target: list[int]) -> list[int]:
+    """The split Megatron can express closest to `target`: free first and last stages, the middle even
+    (--decoder-first/last-pipeline-num-layers; frameworks.md §2.3: middle layers % middle stages == 0)."""
+    if pp <= 2:
+        return list(target)
+    best, best_key = None, None
+    for first in range(1, num_layers):
+        for last in range(1, num_layers - first):
+            rest = num_layers - first - last
+            if rest < pp - 2 or rest % (pp - 2):
+                continue
+            cand = [first] + [rest // (pp - 2)] * (pp - 2) + [last]
+            diffs = [abs(a - b) for a, b in zip(cand, target, strict=True)]
+            key = (max(diffs), sum(diffs), max(cand))
+            if best_key is None or key < best_key:
+                best, best_key = cand, key
+    if best is None:
+        raise SpecError(f"layers_per_stage: {num_layers} layers cannot fill {pp} Megatron stages")
+    return best
+
+
+def _effective_split(lay: LayoutSpec, num_layers: int) -> list[int]:
+    return list(lay.layers_per_stage) if lay.layers_per_stage else list(stage_split(num_layers, lay.pp))
+
+
+def _fix_schedule(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutSpec:
+    caps = capabilities(fw)
+    if lay.pp == 1 or lay.schedule in caps.schedules:
+        return lay
+    to = "gpipe" if lay.schedule == "naive" and "gpipe" in caps.schedules else "1f1b"
+    changes.append(f"schedule {lay.schedule} -> {to} ({caps.sources['schedules']})")
+    return lay.model_copy(update={"schedule": to, "virtual_stages": 1})
+
+
+def _fix_split(fw: Framework, lay: LayoutSpec, model: ModelSpec, changes: list[str]) -> LayoutSpec:
+    caps = capabilities(fw)
+    if lay.pp == 1 or caps.uneven_split == "any":
+        return lay
+    want = _effective_split(lay, model.num_layers)
+    if caps.uneven_split == "first_last" and lay.virtual_stages == 1:
+        got = megatron_first_last(model.num_layers, lay.pp, want)
+    elif lay.layers_per_stage is None:
+        return lay
+    else:
+        got = list(stage_split(model.num_layers, lay.pp))
+    if got == want:
+        return lay
+    changes.append(f"layers_per_stage {'/'.join(map(str, want))} -> {'/'.join(map(str, got))} "
+                   f"({caps.sources['split']})")
+    rps = lay.recompute_layers_per_stage
+    if rps:
+        rps = [min(r, n) for r, n in zip(rps, got, strict=True)]
+    return lay.model_copy(update={"layers_per_stage": got, "recompute_layers_per_stage": rps})
+
+
+def _fix_recompute(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutSpec:
+    caps = capabilities(fw)
+    rps = lay.recompute_layers_per_stage
+    if rps and caps.per_stage_recompute == "same_count" and (len(set(rps)) > 1 or lay.recompute != "none"):
+        n = max(rps)
+        counts = [min(n, c) for c in (lay.layers_per_stage or [n] * lay.pp)]
+        changes.append(f"recompute_layers_per_stage {'/'.join(map(str, rps))} (base {lay.recompute}) -> {n} layers "
+                       f"on every stage, base none ({caps.sources['recompute']})")
+        lay = lay.model_copy(update={"recompute": "none", "recompute_layers_per_stage": counts})
+    elif rps and caps.per_stage_recompute == "none":
+        changes.append(f"recompute_layers_per_stage {'/'.join(map(str, rps))} -> dropped, base recompute "
+                       f"{lay.recompute} ({caps.sources['recompute']})")
+        lay = lay.model_copy(update={"recompute_layers_per_stage": None})
+    if lay.recompute not in caps.recompute:
+        changes.append(f"recompute {lay.recompute} -> none ({caps.sources['recompute']})")
+        lay = lay.model_copy(update={"recompute": "none"})
+    return lay
+
+
+def _fix_sharding(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutSpec:
+    caps = capabilities(fw)
+    if fw is Framework.TORCHTITAN and lay.pp == 1 and lay.zero_stage == 1:
+        changes.append("zero_stage 1 -> 2 (torchtitan has no optimizer-only sharding; FSDP2 without resharding "
+                       "after forward)")
+        lay = lay.model_copy(update={"zero_stage": 2})
+    if lay.offload == "optimizer" and "optimizer" not in caps.offload:
+        if lay.pp > 1:
+            raise SpecError(f"offload: optimizer -> {fw.value} offloads parameters and optimizer together (FSDP2 CPU "
+                            "offload), which needs pp = 1; plan with --framework " + fw.value)
+        changes.append("offload optimizer -> optimizer+params with zero_stage 3 (FSDP2's CPUOffloadPolicy moves "
+                       "parameters, gradients and optimizer state)")
+        lay = lay.model_copy(update={"offload": "optimizer+params", "zero_stage": 3})
+    if lay.offload not in caps.offload:
+        raise SpecError(f"offload: {lay.offload} -> {fw.value} offloads {', '.join(caps.offload)} only "
+                        f"({caps.sources['offload']}); plan with --framework {fw.value}")
+    if fw in (Framework.MEGATRON, Framework.NEMO) and lay.offload == "optimizer" and lay.zero_stage != 1:
+        raise SpecError(f"offload: optimizer with zero_stage {lay.zero_stage} -> Megatron's --optimizer-cpu-offload "
+                        "runs with the distributed optimizer (ZeRO-1); plan with --framework megatron")
+    if lay.sequence_parallel and (not caps.sequence_parallel or lay.schedule in caps.no_sp_schedules):
+        changes.append(f"sequence_parallel -> off ({caps.sources['sp']})")
+        lay = lay.model_copy(update={"sequence_parallel": False})
+    return lay
+
+
+def _refuse(fw: Framework, lay: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> None:
+    caps = capabilities(fw)
+    if fw is Framework.DEEPSPEED and lay.tp > 1 and lay.pp > 1:
+        raise SpecError(f"tp: {lay.tp} with pp {lay.pp} -> DeepSpeed's JSON has AutoTP but its pipeline engine does "
+                        "not combine with it; export with --to megatron-deepspeed (tp and pp on its command line)")
+    if fw is Framework.DEEPSPEED and lay.tp > 1 and lay.zero_stage not in caps.tensor_parallel_zero_stages:
+        raise SpecError(f"tp: {lay.tp} with zero_stage {lay.zero_stage} -> {caps.sources['tp']}")
+    vocab = caps.vocab_problem(model.vocab_size, lay.tp)
+    if vocab:
+        raise SpecError(f"{vocab}; plan with --framework {fw.value} (it then picks a tp that divides the vocabulary)")
+    if training.precision not in caps.precisions:
+        raise SpecError(f"precision: {training.precision} -> {fw.value} trains in {', '.join(caps.precisions)} "
+                        f"({caps.sources.get('precision', '')})")
+
+
+def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dict | None]:
+    """(layout the framework runs, the changes from the plan, its prediction when it differs from the plan's)."""
+    lay, model = parts.layout, parts.model
+    changes: list[str] = []
+    lay = _fix_schedule(fw, lay, changes)
+    lay = _fix_sharding(fw, lay, changes)
+    lay = _fix_split(fw, lay, model, changes)
+    lay = _fix_recompute(fw, lay, changes)
+    _refuse(fw, lay, model, parts.training)
+    if not changes:
+        return lay, [], None
+    from planner.estimate import predicted_json
+    from planner.rules import layout_violations
+
+    problem = parts.problem()
+    problems = layout_violations(lay, model, parts.training, parts.cluster, allow_tp_across_nodes=True)
+    if problems:
+        raise SpecError(f"{fw.value}: the nearest expressible layout {lay.short()} breaks a rule: {problems[0]}")
+    pred = predicted_json(problem.estimate(lay), parts.headroom_bytes)
+    if not pred["fits"] and lay.recompute != "full" and "full" in capabilities(fw).recompute:
+        changes.append("recompute -> full (the nearest layout does not fit without it)")
+        lay = lay.model_copy(update={"recompute": "full", "recompute_layers_per_stage": None})
+        pred = predicted_json(problem.estimate(lay), parts.headroom_bytes)
+    if not pred["fits"]:
+        raise SpecError(f"{fw.value}: cannot express {parts.layout.short()} ({'; '.join(changes)}); the nearest layout "
+                        f"{lay.short()} needs {pred['peak_memory_bytes_per_gpu'] / GIB:.1f} GiB per GPU and does not "
+                        f"fit: plan with --framework {fw.value}")
+    return lay, changes, pred
+
+
+def _header(target: str, parts: PlanParts, exp: Export) -> list[str]:
+    lines = [f"planner export for {target}: {exp.layout.short()}"]
+    if exp.changes:
+        old, new = parts.predicted, exp.predicted or {}
+        lines.append(f"the plan ({parts.layout.short()}) cannot be expressed exactly; nearest expressible layout:")
+        lines += [f"  - {c}" for c in exp.changes]
+        if new and old:
+            lines.append(f"  its prediction: {new['step_time_seconds']:.3g} s/step (plan {old['step_time_seconds']:.3g}), "
+                         f"peak {new['peak_memory_bytes_per_gpu'] / GIB:.1f} GiB/GPU "
+                         f"(plan {old['peak_memory_bytes_per_gpu'] / GIB:.1f})")
+    return lines
+
+
+# ---- Megatron-LM (and NeMo through the same flags) -------------------------------------------------------------
+
+
+def _megatron_model_args(model: ModelSpec, training: TrainingSpec) -> list[tuple[str, object]]:
     args: list[tuple[str, object]] = [
-        ("--tensor-model-parallel-size", layout.tp),
-        ("--pipeline-model-parallel-size", layout.pp),
-        ("--micro-batch-size", layout.micro_batch_size),
-        ("--global-batch-size", training.global_batch_size),
+        ("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
+        ("--ffn-hidden-size", model.ffn), ("--num-attention-heads", model.num_attention_heads),
         ("--seq-length", training.seq_length),
-        ("--num-layers", model.num_layers),
-        ("--hidden-size", model.hidden_size),
-        ("--ffn-hidden-size", model.ffn),
-        ("--num-attention-heads", model.num_attention_heads),
         ("--max-position-embeddings", model.max_position_embeddings or training.seq_length),
     ]
-    comments = [f"planner export for Megatron-LM: {layout.short()}",
-                f"data-parallel size {layout.dp} follows from WORLD_SIZE / (tp x pp)"]
     if model.kv_heads != model.num_attention_heads:
         args += [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]
     if model.mlp == "swiglu":
@@ -64,63 +262,141 @@ def to_megatron(plan: dict) -> str:
         args.append(("--disable-bias-linear", None))
     if training.precision in ("bf16", "fp16"):
         args.append((f"--{training.precision}", None))  # fp32 is Megatron's default: no flag
-    if layout.sequence_parallel:
-        args.append(("--sequence-parallel", None))
-    if layout.zero_stage == 1:
-        args.append(("--use-distributed-optimizer", None))
-    elif layout.zero_stage == 2:
-        raise SpecError("zero_stage: 2 -> Megatron-LM has no ZeRO-2 (its distributed optimizer is ZeRO-1; FSDP is "
-                        "ZeRO-3); export with --to deepspeed or --to torchtitan, or plan with zero 1 or 3")
-    elif layout.zero_stage == 3:
-        args.append(("--use-torch-fsdp2", None))
-    if layout.offload != "none":
-        if layout.offload == "optimizer+params":
-            raise SpecError("offload: optimizer+params -> Megatron-LM offloads only the optimizer; export with --to "
-                            "deepspeed")
+    return args
+
+
+def _megatron_recompute(lay: LayoutSpec, *, deepspeed: bool) -> list[tuple[str, object]]:
+    if lay.recompute_layers_per_stage:  # one count for every stage (same_count, ensured by nearest())
+        return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                ("--recompute-num-layers", max(lay.recompute_layers_per_stage))]
+    if lay.recompute == "full":
+        if deepspeed:  # Megatron-DeepSpeed: the pipe model reads --checkpoint-activations (frameworks.md §3.4)
+            return [("--checkpoint-activations", None), ("--checkpoint-num-layers", 1)]
+        return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
+    if lay.recompute == "selective":
+        return [("--recompute-granularity", "selective")]
+    return []
+
+
+def _megatron_sharding(lay: LayoutSpec) -> list[tuple[str, object]]:
+    if lay.zero_stage == 1:
+        args: list[tuple[str, object]] = [("--use-distributed-optimizer", None)]
+    elif lay.zero_stage in (2, 3):  # Megatron-FSDP (frameworks.md §2.5, §2.7 rules 7-9)
+        strategy = "optim_grads" if lay.zero_stage == 2 else "optim_grads_params"
+        args = [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
+                ("--ckpt-format", "fsdp_dtensor"), ("--no-gradient-accumulation-fusion", None)]
+    else:
+        args = []
+    if lay.offload == "optimizer":
         args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None),
                  ("--optimizer-offload-fraction", 1.0)]
-    if layout.recompute_layers_per_stage:
-        # Megatron recomputes the same number of layers on every stage: take the most any stage needs
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
-                 ("--recompute-num-layers", max(layout.recompute_layers_per_stage))]
-        comments.append(f"the plan recomputes {layout.recompute_layers_per_stage} layers per stage; Megatron takes one "
-                        "count for all stages, so every stage recomputes the largest (more memory headroom, a little "
-                        "more time than predicted)")
-    elif layout.recompute == "full":
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
-    elif layout.recompute == "selective":
-        args.append(("--recompute-granularity", "selective"))
-    if layout.schedule == "interleaved_1f1b":
-        args.append(("--num-layers-per-virtual-pipeline-stage", model.num_layers // (layout.pp * layout.virtual_stages)))
-    elif layout.schedule == "zero_bubble":
-        comments.append("zero_bubble: upstream Megatron-LM runs 1F1B; ZB-H1 needs the sail-sg zero-bubble fork "
-                        "(predicted time assumes ZB-H1)")
-    elif layout.schedule in ("gpipe", "naive", "pipedream_async"):
-        comments.append(f"schedule {layout.schedule}: Megatron-LM runs 1F1B instead")
-    if layout.layers_per_stage and layout.pp > 1:
-        lps = layout.layers_per_stage
-        args += [("--decoder-first-pipeline-num-layers", lps[0]), ("--decoder-last-pipeline-num-layers", lps[-1])]
-        if len(set(lps[1:-1])) > 1:
-            comments.append(f"middle stages {lps[1:-1]} are uneven; Megatron splits the middle evenly")
-    lines = [f"# {c}" for c in comments]
-    for name, value in args:
-        lines.append(name if value is None else f"{name} {shlex.quote(str(value))}")
-    return "\n".join(lines) + "\n"
+    return args
 
 
-def to_deepspeed(plan: dict) -> str:
-    layout, model, training, _ = _plan_parts(plan)
-    tp_note = layout.tp > 1  # DeepSpeed's JSON has no TP degree (Megatron-DeepSpeed takes it on its command line)
-    zero: dict = {"stage": layout.zero_stage, "overlap_comm": True, "contiguous_gradients": True,
-                  "reduce_bucket_size": 5e8}
-    if layout.offload in ("optimizer", "optimizer+params"):
+def _megatron_pipeline(lay: LayoutSpec, model: ModelSpec) -> list[tuple[str, object]]:
+    args: list[tuple[str, object]] = []
+    if lay.schedule == "interleaved_1f1b" and lay.virtual_stages > 1:
+        # not --num-layers-per-virtual-pipeline-stage: it cannot be combined with the first/last flags (§2.3)
+        args.append(("--num-virtual-stages-per-pipeline-rank", lay.virtual_stages))
+    split = _effective_split(lay, model.num_layers)
+    if lay.pp > 1 and len(set(split)) > 1:
+        args += [("--decoder-first-pipeline-num-layers", split[0]), ("--decoder-last-pipeline-num-layers", split[-1])]
+    return args
+
+
+def _env_lines(lay: LayoutSpec, cluster: ClusterSpec | None) -> list[str]:
+    gpu = (cluster.gpu if cluster is not None else "") or ""
+    blackwell = any(tag in str(gpu).upper() for tag in ("B100", "B200", "GB200", "B300"))
+    if lay.zero_stage >= 2:
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=8  # Megatron-FSDP asserts it is not 1 (frameworks.md §2.7 rule 7)"]
+    if lay.tp > 1 and not blackwell:
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron asserts it with tp > 1 before Blackwell "
+                "(frameworks.md §2.7 rule 7)"]
+    return []
+
+
+def to_megatron(parts: PlanParts, lay: LayoutSpec, *, deepspeed: bool = False) -> tuple[str, list[str]]:
+    model, training = parts.model, parts.training
+    args: list[tuple[str, object]] = [
+        ("--tensor-model-parallel-size", lay.tp), ("--pipeline-model-parallel-size", lay.pp),
+        ("--micro-batch-size", lay.micro_batch_size), ("--global-batch-size", training.global_batch_size),
+    ]
+    args += _megatron_model_args(model, training)
+    if lay.sequence_parallel:
+        args.append(("--sequence-parallel", None))
+    if deepspeed:
+        args += [("--deepspeed", None), ("--deepspeed_config", "ds_config.json"), ("--zero-stage", lay.zero_stage)]
+        if lay.pp == 1:
+            args.append(("--no-pipeline-parallel", None))
+        if lay.pp > 1 and lay.schedule == "zero_bubble":
+            args.append(("--enable-zbh1-pipeline", None))
+        if lay.offload != "none":
+            args.append(("--cpu-optimizer", None))
+    else:
+        args += _megatron_sharding(lay) + _megatron_pipeline(lay, model)
+    args += _megatron_recompute(lay, deepspeed=deepspeed)
+    env = _env_lines(lay, parts.cluster) if not deepspeed else []
+    notes = [f"environment: {e}" for e in env]
+    if deepspeed:
+        notes.append("ds_config.json: `planner export PLAN --to deepspeed --framework megatron-deepspeed -o "
+                     "ds_config.json` (ZeRO, offload and the batch triad live there)")
+    body = [f"# {e}" for e in env]
+    body += [name if value is None else f"{name} {shlex.quote(str(value))}" for name, value in args]
+    return "\n".join(body), notes
+
+
+def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
+    """Megatron-Bridge `run_recipe.py` overrides (the NeMo 2 successor; frameworks.md §4.1-4.2), one per line."""
+    training = parts.training
+    kv: list[tuple[str, object]] = [
+        ("model.tensor_model_parallel_size", lay.tp), ("model.pipeline_model_parallel_size", lay.pp),
+        ("model.virtual_pipeline_model_parallel_size", lay.virtual_stages if lay.virtual_stages > 1 else None),
+        ("model.sequence_parallel", lay.sequence_parallel), ("train.micro_batch_size", lay.micro_batch_size),
+        ("train.global_batch_size", training.global_batch_size), ("dataset.seq_length", training.seq_length),
+        ("mixed_precision", {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}[training.precision]),
+        ("ddp.use_distributed_optimizer", lay.zero_stage == 1),
+    ]
+    if lay.pp > 1:
+        kv.append(("model.pipeline_dtype", "torch.bfloat16" if training.precision == "bf16" else None))
+    split = _effective_split(lay, parts.model.num_layers)
+    if lay.pp > 1 and len(set(split)) > 1:
+        kv += [("model.num_layers_in_first_pipeline_stage", split[0]),
+               ("model.num_layers_in_last_pipeline_stage", split[-1])]
+    if lay.zero_stage >= 2:
+        kv += [("ddp.use_megatron_fsdp", True),
+               ("ddp.data_parallel_sharding_strategy", "optim_grads" if lay.zero_stage == 2 else "optim_grads_params"),
+               ("checkpoint.ckpt_format", "fsdp_dtensor")]
+    if lay.offload == "optimizer":
+        kv += [("optimizer.optimizer_cpu_offload", True), ("optimizer.optimizer_offload_fraction", 1.0)]
+    for flag, value in _megatron_recompute(lay, deepspeed=False):
+        kv.append((f"model.{flag[2:].replace('-', '_')}", value))
+    lines = [f"{k}={_override(v)}" for k, v in kv]
+    return "\n".join(lines), ["run: torchrun ... scripts/training/run_recipe.py --recipe <recipe> $(grep -v '^#' FILE)"]
+
+
+def _override(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+# ---- DeepSpeed ----------------------------------------------------------------------------------------------
+
+
+def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -> tuple[str, list[str]]:
+    """DeepSpeed's JSON with only keys DeepSpeed reads (runtime/config.py); the triad over the DP degree (§3.2)."""
+    training = parts.training
+    zero: dict = {"stage": lay.zero_stage, "contiguous_gradients": True, "overlap_comm": True}
+    if lay.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if layout.offload == "optimizer+params":
+    if lay.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    config = {
+    config: dict = {
         "train_batch_size": training.global_batch_size,
-        "train_micro_batch_size_per_gpu": layout.micro_batch_size,
-        "gradient_accumulation_steps": layout.num_micro_batches,
+        "train_micro_batch_size_per_gpu": lay.micro_batch_size,
+        "gradient_accumulation_steps": lay.num_micro_batches,
         "zero_optimization": zero,
         "gradient_clipping": 1.0,
     }
@@ -128,64 +404,143 @@ def to_deepspeed(plan: dict) -> str:
         config["bf16"] = {"enabled": True}
     elif training.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0}
-    if layout.recompute != "none":
-        config["activation_checkpointing"] = {"partition_activations": tp_note, "contiguous_memory_optimization": False,
-                                              "cpu_checkpointing": False}
-    if layout.pp > 1:
-        config["pipeline"] = {"stages": layout.pp, "partition": "uniform" if not layout.layers_per_stage else "parameters",
-                              "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0}
-    return json.dumps(config, indent=2) + "\n"
+    notes = []
+    if not megatron:
+        if lay.tp > 1:
+            config["tensor_parallel"] = {"autotp_size": lay.tp}
+        if lay.pp > 1:
+            notes.append(f"pipeline: build the model as PipelineModule(layers, num_stages={lay.pp}, "
+                         "partition_method='uniform'); DeepSpeed's JSON has no pipeline degree (check it with --pp "
+                         f"{lay.pp})")
+            if lay.recompute == "full":
+                config["pipeline"] = {"activation_checkpoint_interval": 1}
+        elif lay.recompute == "full":
+            notes.append("activation checkpointing: the JSON cannot turn it on; checkpoint every layer in model code "
+                         "(HF Trainer: gradient_checkpointing=True); check it with --fix recompute=full")
+    return json.dumps(config, indent=2), notes
 
 
-def to_torchtitan(plan: dict) -> str:
-    layout, model, training, _ = _plan_parts(plan)
-    if layout.schedule in ("naive", "pipedream_async"):
-        raise SpecError(f"schedule: {layout.schedule} -> torchtitan has no such schedule; plan with 1f1b, gpipe, "
-                        "interleaved_1f1b or zero_bubble")
-    if layout.offload == "optimizer":
-        raise SpecError("offload: optimizer -> torchtitan offloads parameters and optimizer together "
-                        "(FSDP2 CPU offload); plan with offload=optimizer+params or none")
-    shard, replicate = (layout.dp, 1) if layout.zero_stage >= 1 else (1, layout.dp)
-    comments = [f"planner export for torchtitan: {layout.short()}"]
-    par = {
-        "data_parallel_replicate_degree": replicate,
-        "data_parallel_shard_degree": shard,
-        "tensor_parallel_degree": layout.tp,
-        "context_parallel_degree": 1,
-        "pipeline_parallel_degree": layout.pp,
-    }
-    if layout.zero_stage in (1, 2):
+# ---- torchtitan -----------------------------------------------------------------------------------------------
+
+
+def _torchtitan_parallelism(lay: LayoutSpec, model: ModelSpec) -> dict:
+    shard, replicate = (lay.dp, 1) if lay.zero_stage >= 1 else (1, lay.dp)
+    par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
+                 "tensor_parallel_degree": lay.tp, "pipeline_parallel_degree": lay.pp}
+    if lay.tp > 1:
+        par["enable_sequence_parallel"] = lay.sequence_parallel
+    if lay.zero_stage == 2:
         par["fsdp_reshard_after_forward"] = "never"
-        comments.append(f"ZeRO-{layout.zero_stage} -> FSDP2 without resharding after forward (ZeRO-2-like; torchtitan "
-                        "has no optimizer-only sharding)")
-    elif layout.zero_stage == 3:
-        par["fsdp_reshard_after_forward"] = "always" if layout.pp == 1 else "default"
-    if layout.pp > 1:
-        par["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULES[layout.schedule]
-        par["pipeline_parallel_microbatch_size"] = layout.micro_batch_size
-        chunks = layout.virtual_stages if layout.schedule == "interleaved_1f1b" else 2 if layout.schedule == "zero_bubble" else 1
-        if model.num_layers % (layout.pp * chunks) == 0:
-            par["pipeline_parallel_layers_per_stage"] = model.num_layers // (layout.pp * chunks)
-        if layout.schedule == "zero_bubble":
-            comments.append("zero_bubble -> ZBVZeroBubble (two stages per rank in a V; ZB-H1's memory, ~zero bubble)")
-    local = layout.micro_batch_size * (layout.num_micro_batches if layout.pp > 1 else 1)
-    train = {
-        "local_batch_size": local,
-        "global_batch_size": training.global_batch_size,
-        "seq_len": training.seq_length,
-        "mixed_precision_param": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[training.precision],
-    }
-    if layout.offload == "optimizer+params":
+    elif lay.zero_stage == 3:
+        par["fsdp_reshard_after_forward"] = "default"  # True without PP (frameworks.md §1.6)
+    if lay.pp > 1:
+        par["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULES[lay.schedule]
+        par["pipeline_parallel_microbatch_size"] = lay.micro_batch_size
+        par.update(_torchtitan_split(lay, model))
+    return par
+
+
+def torchtitan_stage_layers(lay: LayoutSpec, num_layers: int) -> list[int]:
+    """Layers of each torchtitan stage in stage order: per-rank counts split over the rank's local stages."""
+    per_rank = _effective_split(lay, num_layers)
+    if lay.schedule == "interleaved_1f1b":
+        v = lay.virtual_stages
+        if lay.layers_per_stage is None:
+            return [num_layers // (lay.pp * v)] * (lay.pp * v)
+        # loop placement: stage s on rank s mod pp; a rank's layers split as evenly as its chunks allow
+        chunks = [list(stage_split(n, v)) for n in per_rank]
+        return [chunks[s % lay.pp][s // lay.pp] for s in range(lay.pp * v)]
+    if lay.schedule == "zero_bubble":  # ZBV: rank r holds stages r and 2pp-1-r (frameworks.md §1.4)
+        stages = [0] * (2 * lay.pp)
+        for r, n in enumerate(per_rank):
+            stages[r], stages[2 * lay.pp - 1 - r] = n - n // 2, n // 2
+        return stages
+    return per_rank
+
+
+def _torchtitan_split(lay: LayoutSpec, model: ModelSpec) -> dict:
+    stages = torchtitan_stage_layers(lay, model.num_layers)
+    if min(stages) < 1:
+        raise SpecError(f"layers_per_stage: {stages} -> every torchtitan stage needs >= 1 layer")
+    if len(set(stages)) == 1:
+        # no embedding/output allowance: the plan's split, not torchtitan's default one-layer discount (§1.4)
+        return {"pipeline_parallel_layers_per_stage": stages[0], "pipeline_parallel_first_stage_less_layers": 0,
+                "pipeline_parallel_last_stage_less_layers": 0}
+    parts, start = [], 0
+    for i, n in enumerate(stages):
+        names = [f"layers.{j}" for j in range(start, start + n)]
+        start += n
+        if i == 0:
+            names.insert(0, "tok_embeddings")
+        if i == len(stages) - 1:
+            names += ["norm", "output"]
+        parts.append(names)
+    return {"module_fqns_per_model_part": parts}
+
+
+def _torchtitan_training(lay: LayoutSpec, training: TrainingSpec) -> dict:
+    local = lay.micro_batch_size * lay.num_micro_batches if lay.pp > 1 else lay.micro_batch_size
+    train: dict = {"local_batch_size": local, "global_batch_size": training.global_batch_size,
+                   "seq_len": training.seq_length,
+                   "mixed_precision_param": {"bf16": "bfloat16", "fp32": "float32"}[training.precision]}
+    if lay.offload == "optimizer+params":
         train["enable_cpu_offload"] = True
-    ac = {"mode": layout.recompute}
-    if layout.recompute == "selective":
+    return train
+
+
+def _torchtitan_flavor(model: ModelSpec) -> tuple[str, str, list[str]]:
+    if model.name in TORCHTITAN_FLAVORS:
+        name, flavor = TORCHTITAN_FLAVORS[model.name]
+        return name, flavor, []
+    dims = (f"dim={model.hidden_size}, n_layers={model.num_layers}, n_heads={model.num_attention_heads}, "
+            f"n_kv_heads={model.kv_heads}, vocab_size={model.vocab_size}")
+    return "llama3", model.name, [f"torchtitan ships no flavor {model.name!r}: register it in "
+                                  f"torchtitan/models/llama3 with {dims}"]
+
+
+def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
+    """torchtitan 0.3: a Python module with one function returning Trainer.Config (frameworks.md §1.1)."""
+    par, train = _torchtitan_parallelism(lay, parts.model), _torchtitan_training(lay, parts.training)
+    if lay.pp > 1:
+        train["disable_cuda_graphs"] = True  # Trainer.Config raises for CUDA graphs with pp > 1 (§1.4)
+    name, flavor, notes = _torchtitan_flavor(parts.model)
+    mode = {"none": "none", "full": "full", "selective": "selective"}[lay.recompute]
+    if lay.recompute == "selective":
+        notes.append("recompute selective -> torchtitan's per-op SAC (recomputes more than Megatron's core-attention "
+                     "recomputation: less memory, more time than predicted)")
+
+    def kwargs(d: dict, indent: str) -> str:
+        return "".join(f"\n{indent}{k}={v!r}," for k, v in d.items())
+
+    text = (
+        "from torchtitan.config import ActivationCheckpointConfig, ParallelismConfig, TrainingConfig\n"
+        f"from torchtitan.models.{name} import model_registry\n"
+        "from torchtitan.trainer import Trainer\n\n\n"
+        "def planner_job() -> Trainer.Config:\n"
+        "    return Trainer.Config(\n"
+        f"        model_spec=model_registry({flavor!r}),\n"
+        f"        training=TrainingConfig({kwargs(train, ' ' * 12)}\n        ),\n"
+        f"        parallelism=ParallelismConfig({kwargs(par, ' ' * 12)}\n        ),\n"
+        f"        activation_checkpoint=ActivationCheckpointConfig(mode={mode!r}),\n"
+        "    )\n"
+    )
+    notes.append(f"run: NGPU={lay.num_gpus} torchrun ... -m torchtitan.train --module <this module> --config planner_job")
+    return text, notes
+
+
+def to_torchtitan_toml(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
+    """torchtitan <= 0.2.2: the TOML job file (frameworks.md §1.1)."""
+    par, train = _torchtitan_parallelism(lay, parts.model), _torchtitan_training(lay, parts.training)
+    name, flavor, notes = _torchtitan_flavor(parts.model)
+    ac: dict = {"mode": lay.recompute}
+    if lay.recompute == "selective":
         ac["selective_ac_option"] = "op"
-    lines = [f"# {c}" for c in comments]
-    for section, values in (("parallelism", par), ("training", train), ("activation_checkpoint", ac)):
+    lines = []
+    for section, values in (("model", {"name": name, "flavor": flavor}), ("training", train), ("parallelism", par),
+                            ("activation_checkpoint", ac)):
         lines.append(f"\n[{section}]")
-        for k, v in values.items():
-            lines.append(f"{k} = {_toml_value(v)}")
-    return "\n".join(lines) + "\n"
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    return "\n".join(lines).lstrip("\n"), notes
 
 
 def _toml_value(v) -> str:
@@ -193,23 +548,81 @@ def _toml_value(v) -> str:
         return "true" if v else "false"
     if isinstance(v, int | float):
         return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return json.dumps(str(v))
 
 
-def to_torchrun(plan: dict, *, program: str = "-m planner.bench", program_args: str | None = None,
+# ---- torchrun -------------------------------------------------------------------------------------------------
+
+
+def to_torchrun(parts: PlanParts, *, program: str | None = None, program_args: str | None = None,
                 plan_path: str = "plan.json") -> str:
-    layout, _, _, cluster = _plan_parts(plan)
-    nodes = cluster.get("num_nodes", 1)
-    gpn = cluster.get("gpus_per_node", layout.num_gpus)
-    if nodes * gpn != layout.num_gpus:
-        raise SpecError(f"plan: {nodes} nodes x {gpn} GPUs != dp*tp*pp = {layout.num_gpus}")
-    tail = program_args if program_args is not None else shlex.quote(plan_path)
+    lay, cluster = parts.layout, parts.cluster
+    nodes = cluster.num_nodes if cluster is not None else 1
+    gpn = cluster.gpus_per_node if cluster is not None else lay.num_gpus
+    if nodes * gpn != lay.num_gpus:
+        raise SpecError(f"plan: {nodes} nodes x {gpn} GPUs != dp*tp*pp = {lay.num_gpus}")
+    # the plan path is the benchmark's argument; another program gets only the arguments it is given
+    tail = program_args if program_args is not None else (shlex.quote(plan_path) if program is None else "")
+    prog = program or "-m planner.bench"
     return (
         "# planner export for torchrun: run this same line on every node; fill in the rendezvous values\n"
         f"torchrun --nnodes={nodes} --nproc-per-node={gpn} \\\n"
         '  --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT:-29500}" --rdzv-id="${JOB_ID}" \\\n'
-        f"  {program} {tail}\n"
+        f"  {prog}{' ' + tail if tail else ''}\n"
     )
 
 
-EXPORTERS = {"megatron": to_megatron, "deepspeed": to_deepspeed, "torchtitan": to_torchtitan, "torchrun": to_torchrun}
+# ---- entry point ----------------------------------------------------------------------------------------------
+
+
+FORMATS = {  # --to -> (framework whose capabilities apply, writer)
+    "megatron": Framework.MEGATRON, "nemo": Framework.NEMO, "megatron-deepspeed": Framework.MEGATRON_DEEPSPEED,
+    "deepspeed": Framework.DEEPSPEED, "torchtitan": Framework.TORCHTITAN,
+}
+
+
+def export(plan: dict, to: str | None = None, *, framework: str | None = None, torchtitan_format: str = "python",
+           program: str | None = None, program_args: str | None = None, plan_path: str = "plan.json") -> Export:
+    parts = plan_parts(plan)
+    target = _target(to, framework, parts.framework)
+    if target == "torchrun":
+        return Export(to_torchrun(parts, program=program, program_args=program_args, plan_path=plan_path),
+                      parts.layout)
+    # DeepSpeed JSON for Megatron-DeepSpeed: tp and pp are on Megatron's command line, so its rules apply
+    fw = Framework.MEGATRON_DEEPSPEED if (target == "deepspeed" and framework == "megatron-deepspeed") \
+        else FORMATS[target]
+    lay, changes, pred = nearest(fw, parts)
+    exp = Export("", lay, changes, [], pred)
+    if target == "megatron":
+        body, exp.notes = to_megatron(parts, lay)
+    elif target == "nemo":
+        body, exp.notes = to_nemo(parts, lay)
+    elif target == "megatron-deepspeed":
+        body, exp.notes = to_megatron(parts, lay, deepspeed=True)
+    elif target == "deepspeed":
+        body, exp.notes = to_deepspeed(parts, lay, megatron=fw is Framework.MEGATRON_DEEPSPEED)
+        exp.notes = _header(target, parts, exp)[1:] + exp.notes  # JSON has no comments: the caller prints these
+        exp.text = body + "\n"
+        return exp
+    elif torchtitan_format == "toml":
+        body, exp.notes = to_torchtitan_toml(parts, lay)
+    else:
+        body, exp.notes = to_torchtitan(parts, lay)
+    header = _header(target, parts, exp) + [f"note: {n}" for n in exp.notes if not n.startswith("environment")]
+    exp.text = "\n".join(f"# {h}" for h in header) + "\n" + body + "\n"
+    return exp
+
+
+def _target(to: str | None, framework: str | None, plan_framework: str) -> str:
+    if to is None:
+        to = framework if framework not in (None, "generic") else plan_framework
+        if to in (None, "generic"):
+            raise SpecError(f"--to: missing -> the plan names no framework; allowed: {', '.join(TARGETS)}")
+    if to not in TARGETS:
+        raise SpecError(f"--to: {to!r} -> allowed: {', '.join(TARGETS)}")
+    if framework not in (None, "generic", to) and to != "torchrun" \
+            and not (to == "deepspeed" and framework == "megatron-deepspeed"):
+        raise SpecError(f"--framework {framework} and --to {to} disagree -> give one of them")
+    return to

@@ -1,0 +1,723 @@
+"""Config readers for `planner check`: each reads a framework's config with that framework's defaults and semantics
+(../shared/reference/frameworks.md; the section is cited at each default) into a `ConfigView`.
+
+Formats: plan JSON; DeepSpeed JSON (also with Hugging Face Trainer "auto" values); torchtitan TOML (<= 0.2) and
+Python recipe modules (0.3, read with `ast`, never executed); Megatron-LM / Megatron-DeepSpeed argument files and
+launch scripts (shell variables expanded); Megatron-Bridge (NeMo) key=value overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster_specs import SpecError
+from cost_models.step import stage_split
+from planner.frameworks import Framework
+
+
+@dataclass
+class ConfigView:
+    """What a config says, read with its framework's defaults (None where neither the config nor a default says)."""
+
+    format: str
+    framework: Framework
+    fields: dict
+    global_batch_size: int | None = None
+    seq_length: int | None = None
+    precision: str | None = None
+    model: dict = field(default_factory=dict)  # num_layers, hidden_size, num_attention_heads, ... as the config says
+    notes: list[str] = field(default_factory=list)
+    errors: list[tuple[str, str, str]] = field(default_factory=list)  # (rule, message, hint): the framework refuses
+    stage_layers: list[int] | None = None  # torchtitan: layers per pipeline stage, in stage order, when known
+    layers_per_chunk: int | None = None
+    recompute_every: int | None = None  # torchtitan v0.2.2 layer SAC: every N-th block is recomputed
+    triad: dict = field(default_factory=dict)  # DeepSpeed: the batch keys as written (None = missing, "auto")
+
+
+def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
+                ) -> ConfigView:
+    from cluster_specs import read_text_file
+
+    text = read_text_file(path) if _has_reader() else path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    over = dict(overrides or {})
+    if suffix == ".toml":
+        try:
+            return _torchtitan(tomllib.loads(text), gpus, over, legacy=True)
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"malformed TOML: {exc}", source=str(path)) from None
+    if suffix == ".py":
+        return _torchtitan(_python_recipe(text, str(path)), gpus, over, legacy=False)
+    if suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"malformed JSON: {exc}", source=str(path)) from None
+        if not isinstance(doc, dict):
+            raise SpecError("expected a JSON object", source=str(path))
+        if "layout" in doc:
+            return _plan(doc)
+        if {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size"} & set(doc):
+            return _deepspeed(doc, gpus, over, global_batch_size)
+        raise SpecError("JSON is neither a plan (no 'layout') nor a DeepSpeed config (no 'zero_optimization', "
+                        "'train_batch_size' or 'train_micro_batch_size_per_gpu')", source=str(path))
+    if _looks_like_overrides(text):
+        return _nemo(text, gpus)
+    return _megatron(text, gpus, str(path))
+
+
+def _has_reader() -> bool:
+    import cluster_specs
+
+    return hasattr(cluster_specs, "read_text_file")
+
+
+def _plan(doc: dict) -> ConfigView:
+    lay = dict(doc["layout"])
+    training = doc.get("inputs", {}).get("training", {})
+    fw = Framework(doc.get("framework", "generic"))
+    return ConfigView("plan", fw, lay, training.get("global_batch_size"), training.get("seq_length"),
+                      training.get("precision"))
+
+
+def _dp(gpus: int, *degrees: int) -> int:
+    prod = 1
+    for d in degrees:
+        prod *= max(1, d)
+    return max(1, gpus // prod)
+
+
+# ---- DeepSpeed (and the Hugging Face Trainer's "auto") ------------------------------------------------------
+
+
+def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) -> ConfigView:
+    zero = doc.get("zero_optimization") or {}
+    pipe = doc.get("pipeline") or {}
+    tp_cfg = (doc.get("tensor_parallel") or {}).get("autotp_size", 0)
+    tp = over.pop("tp", None) or (tp_cfg if isinstance(tp_cfg, int) and tp_cfg > 1 else 1)
+    stages = pipe.get("stages")
+    pp = over.pop("pp", None) or (stages if isinstance(stages, int) else 1)
+    dp = _dp(gpus, tp, pp)
+    hf = _has_auto(doc)
+    view = ConfigView("hf-deepspeed" if hf else "deepspeed", Framework.DEEPSPEED, {})
+    if isinstance(stages, int) and "pp" not in over:
+        view.notes.append(f"pipeline.stages {stages}: DeepSpeed's engine does not read it (the model's PipelineModule "
+                          "decides); taken as pp — pass --pp to be explicit")
+    mbs, gas, gbs = _ds_triad(doc, dp, hf, global_batch_size, view)
+    off = "none"
+    if _device(zero.get("offload_param")) not in ("none", None):
+        off = "optimizer+params"
+    elif _device(zero.get("offload_optimizer")) not in ("none", None):
+        off = "optimizer"
+    interval = pipe.get("activation_checkpoint_interval", 0)
+    rec = "full" if isinstance(interval, int) and interval > 0 and pp > 1 else "none"
+    if "recompute" not in over and rec == "none":
+        view.notes.append("activation checkpointing: the DeepSpeed JSON does not say which layers model code "
+                          "checkpoints (frameworks.md §3.4); checked with recompute=none — pass --fix recompute=full "
+                          "if the model checkpoints its layers")
+    stage = zero.get("stage", 0)
+    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": stage if isinstance(stage, int) else 0,
+                   "offload": off, "micro_batch_size": mbs, "num_micro_batches": gas, "recompute": rec,
+                   "sequence_parallel": False}
+    view.global_batch_size = gbs
+    view.precision = _ds_precision(doc)
+    return view
+
+
+def _device(section) -> str | None:
+    return section.get("device", "none") if isinstance(section, dict) else None
+
+
+def _has_auto(doc) -> bool:
+    if isinstance(doc, dict):
+        return any(_has_auto(v) for v in doc.values())
+    return doc == "auto"
+
+
+def _ds_precision(doc: dict) -> str | None:
+    for key, name in (("bf16", "bf16"), ("fp16", "fp16")):
+        enabled = (doc.get(key) or {}).get("enabled")
+        if enabled is True:
+            return name
+    if (doc.get("bf16") or {}).get("enabled") == "auto" or (doc.get("fp16") or {}).get("enabled") == "auto":
+        return None  # filled by the Trainer from --bf16/--fp16: --precision
+    if "bf16" in doc or "fp16" in doc:
+        return "fp32"
+    return None
+
+
+def _ds_triad(doc: dict, dp: int, hf: bool, global_batch_size: int | None, view: ConfigView) -> tuple[int, int, int]:
+    """The batch triad derived as DeepSpeed derives it (runtime/config.py _set_batch_related_parameters, §3.2),
+    after the HF Trainer fills "auto" (§5.2: train = world x micro x GA)."""
+    train, micro, ga = (doc.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                              "gradient_accumulation_steps"))
+    view.triad = {"train_batch_size": train, "train_micro_batch_size_per_gpu": micro,
+                  "gradient_accumulation_steps": ga}
+    if hf:
+        if ga == "auto":
+            ga = None
+        if micro == "auto":
+            micro = None
+        if train == "auto":
+            train = global_batch_size
+        filled = [k for k, v in view.triad.items() if v == "auto"]
+        if filled:
+            view.notes.append(f"\"auto\" ({', '.join(filled)}): filled as the Hugging Face Trainer does, from -b "
+                              f"({global_batch_size}) and the cluster (data-parallel size {dp}); GA 1 when both GA and "
+                              "micro-batch are auto (TrainingArguments' default)")
+            if micro is None and ga is None and train:
+                ga = 1
+    for name, v in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                    ("gradient_accumulation_steps", ga)):
+        if v is not None and (not isinstance(v, int) or v <= 0):
+            raise SpecError(f"{name}: {v!r} -> must be a positive integer (DeepSpeed asserts all three > 0)")
+    if train is None and micro is None:
+        if global_batch_size:
+            train = global_batch_size
+        else:
+            raise SpecError("train_batch_size / train_micro_batch_size_per_gpu: both missing -> DeepSpeed asserts "
+                            "one of them is given (or pass -b)")
+    if train is not None and micro is not None and ga is None:
+        ga = train // micro // dp
+    elif train is not None and ga is not None and micro is None:
+        micro = train // dp // ga
+    elif micro is not None and ga is not None and train is None:
+        train = micro * ga * dp
+    elif train is not None and micro is None:
+        ga, micro = 1, train // dp
+    elif micro is not None and train is None:
+        ga, train = 1, micro * dp
+    if not micro or not ga or train != micro * ga * dp:
+        view.errors.append(("global_batch_size",
+                            f"global_batch_size: train_batch_size {train} != micro {micro} x GA {ga} x data-parallel "
+                            f"size {dp} -> DeepSpeed's batch assertion fails at start-up (it derives missing members "
+                            "by floor division over the data-parallel size, frameworks.md §3.2)",
+                            "set train_batch_size = train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
+                            "data-parallel size (or leave one of them out)"))
+    return max(1, micro or 1), max(1, ga or 1), train
+
+
+# ---- torchtitan -------------------------------------------------------------------------------------------
+
+
+def _python_recipe(text: str, source: str) -> dict:
+    """A torchtitan 0.3 recipe module as the TOML-shaped dict the reader takes: the keyword arguments of
+    TrainingConfig / ParallelismConfig / ActivationCheckpointConfig calls (or FullAC/SelectiveAC .Config()),
+    and model_registry("FLAVOR"). Literals only; the module is never executed."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise SpecError(f"cannot parse the Python recipe: {exc.msg} (line {exc.lineno})", source=source) from None
+    doc: dict = {}
+    sections = {"TrainingConfig": "training", "ParallelismConfig": "parallelism",
+                "ActivationCheckpointConfig": "activation_checkpoint", "CompileConfig": "compile"}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        owner = node.func.value.id if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+            else None
+        if name in sections:
+            doc.setdefault(sections[name], {}).update(_literal_kwargs(node))
+        elif name == "Config" and owner in ("FullAC", "SelectiveAC", "MemoryBudgetAC"):
+            doc.setdefault("activation_checkpoint", {})["mode"] = {"FullAC": "full", "SelectiveAC": "selective",
+                                                                   "MemoryBudgetAC": "memory_budget"}[owner]
+        elif name == "model_registry" and node.args and isinstance(node.args[0], ast.Constant):
+            doc.setdefault("model", {})["flavor"] = node.args[0].value
+        elif name == "Config" and owner is None:
+            pass
+    for kw in (k for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords):
+        if kw.arg == "activation_checkpoint" and isinstance(kw.value, ast.Constant) and kw.value.value is None:
+            doc.setdefault("activation_checkpoint", {})["mode"] = "none"
+    return doc
+
+
+def _literal_kwargs(node: ast.Call) -> dict:
+    out = {}
+    for kw in node.keywords:
+        if kw.arg is None:
+            continue
+        try:
+            out[kw.arg] = ast.literal_eval(kw.value)
+        except ValueError:
+            continue
+    return out
+
+
+def torchtitan_default_split(num_layers: int, num_stages: int, first_less: int = 1, last_less: int = 1) -> list[int]:
+    """torchtitan's split (pipeline_parallel.py _get_pipeline_metadata, frameworks.md §1.4): E = L + first + last
+    effective layers, base = E // S, the first E mod S stages one more; the first/last stages give back their
+    allowance for the embedding and the output."""
+    eff = num_layers + first_less + last_less
+    base, extra = divmod(eff, num_stages)
+    shares = [base + (1 if i < extra else 0) for i in range(num_stages)]
+    shares[0] -= first_less
+    shares[-1] -= last_less
+    return shares
+
+
+TT_SCHEDULES = {"gpipe": ("gpipe", 1), "1f1b": ("1f1b", 1), "interleaved1f1b": ("interleaved_1f1b", 2),
+                "loopedbfs": ("interleaved_1f1b", 2), "interleavedzerobubble": ("zero_bubble", 2),
+                "zbvzerobubble": ("zero_bubble", 2), "dualpipev": ("zero_bubble", 2)}
+
+
+def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView:
+    par, train = doc.get("parallelism", {}), doc.get("training", {})
+    era = "torchtitan <= 0.2 TOML" if legacy else "torchtitan 0.3 Python recipe"
+    view = ConfigView("torchtitan" if legacy else "torchtitan-python", Framework.TORCHTITAN, {})
+    tp, pp = par.get("tensor_parallel_degree", 1), par.get("pipeline_parallel_degree", 1)
+    rep, shard, cp = par.get("data_parallel_replicate_degree", 1), par.get("data_parallel_shard_degree", -1), \
+        par.get("context_parallel_degree", 1)
+    if shard == -1:  # world / (replicate x cp x tp x pp) (frameworks.md §1.2)
+        shard = _dp(gpus, tp, pp, rep, cp)
+    if cp > 1:
+        view.notes.append(f"context_parallel_degree {cp}: not modelled by the planner; checked as if 1")
+    dp = rep * shard
+    if rep > 1 and shard > 1:
+        view.notes.append(f"HSDP (replicate {rep} x shard {shard}): the planner shards over all {dp} data-parallel "
+                          "ranks (optimistic for memory)")
+    reshard = par.get("fsdp_reshard_after_forward", "default")
+    if shard == 1:
+        zero = 0
+    elif pp > 1:
+        zero = 1  # FSDP keeps parameters unsharded under PP (§1.6): optimizer and gradients sharded
+    else:
+        zero = 2 if reshard == "never" else 3  # never = gathered from forward to backward: not ZeRO-3 (§1.6)
+    name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+    schedule, stages_per_rank = TT_SCHEDULES.get(name.lower(), ("1f1b", 1))
+    if name.lower() not in TT_SCHEDULES:
+        view.notes.append(f"pipeline_parallel_schedule {name!r}: not modelled; checked as 1F1B")
+    if name.lower() in ("loopedbfs", "dualpipev"):
+        view.notes.append(f"{name}: modelled as {schedule} with {stages_per_rank} stages per rank")
+    # batch (frameworks.md §1.3): local 8, global -1 = local x dp, PP micro-batch 1 sequence, seq 2048
+    local = train.get("local_batch_size", train.get("batch_size", 8))
+    pp_mbs = par.get("pipeline_parallel_microbatch_size", 1)
+    gbs = train.get("global_batch_size", -1)
+    gbs = local * dp if gbs in (None, -1) else gbs
+    ga = gbs // (local * dp) if gbs % (local * dp) == 0 else 1
+    if gbs % (local * dp):
+        view.errors.append(("global_batch_size", f"global_batch_size: {gbs} -> must be a multiple of local_batch_size "
+                            f"{local} x data-parallel degree {dp} (torchtitan asserts it, frameworks.md §1.3)",
+                            "set global_batch_size to a multiple of local_batch_size x dp"))
+    if pp > 1:
+        if local % pp_mbs:
+            view.errors.append(("num_micro_batches", f"local_batch_size {local} -> not divisible by "
+                                f"pipeline_parallel_microbatch_size {pp_mbs} (ValueError)",
+                                "use a local batch that the PP micro-batch divides"))
+        mbs, m = pp_mbs, max(1, local // pp_mbs) * ga
+        if ga > 1:
+            view.notes.append(f"gradient accumulation {ga} x a pipeline of {local // pp_mbs} micro-batches: modelled "
+                              f"as one pipeline of {m} (one bubble instead of {ga})")
+    else:
+        mbs, m = local, ga
+    rec, every = _torchtitan_ac(doc.get("activation_checkpoint"), legacy, view)
+    view.recompute_every = every
+    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero,
+                   "offload": "optimizer+params" if train.get("enable_cpu_offload") else "none",
+                   "micro_batch_size": mbs, "num_micro_batches": m, "recompute": rec,
+                   "sequence_parallel": tp > 1 and par.get("enable_sequence_parallel", True), "schedule": schedule,
+                   "virtual_stages": 1}
+    view.global_batch_size, view.seq_length = gbs, train.get("seq_len", 2048)
+    mp = train.get("mixed_precision_param", "bfloat16")
+    view.precision = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(mp)
+    if mp not in ("bfloat16", "float32"):
+        view.errors.append(("precision", f"mixed_precision_param: {mp!r} -> allowed: bfloat16, float32", "use bfloat16"))
+    view.notes.insert(0, f"read as {era}")
+    _torchtitan_stages(par, view, stages_per_rank)
+    flavor = (doc.get("model") or {}).get("flavor")
+    if flavor:
+        view.model["flavor"] = str(flavor)
+    return view
+
+
+def _torchtitan_ac(ac: dict | None, legacy: bool, view: ConfigView) -> tuple[str, int | None]:
+    if ac is None:  # the default is selective (frameworks.md §1.5)
+        view.notes.append("no activation_checkpoint section: torchtitan's default is selective "
+                          + ("(layer SAC, every 2nd block)" if legacy else "(per-op SAC)"))
+        ac = {"mode": "selective"}
+    mode = ac.get("mode", "selective")
+    if mode in ("none", "full"):
+        return mode, None
+    if mode == "memory_budget":
+        view.notes.append("activation_checkpoint memory_budget: modelled as selective")
+        return "selective", None
+    option = str(ac.get("selective_ac_option", "2" if legacy else "op"))
+    if option.isdigit() and legacy:
+        return "none", int(option)  # every N-th block fully recomputed, the others save everything
+    if option.isdigit():
+        view.notes.append(f"selective_ac_option {option}: layer SAC was removed in 0.3 (per-op SAC runs)")
+    view.notes.append("per-op SAC modelled as Megatron's selective recomputation (it recomputes more: the "
+                      "memory prediction errs high)")
+    return "selective", None
+
+
+def _torchtitan_stages(par: dict, view: ConfigView, stages_per_rank: int) -> None:
+    pp = view.fields["pp"]
+    if pp == 1:
+        return
+    fqns = par.get("module_fqns_per_model_part")
+    if fqns:
+        view.stage_layers = [sum(1 for n in part if str(n).startswith("layers.")) for part in fqns]
+        return
+    view.layers_per_chunk = par.get("pipeline_parallel_layers_per_stage")
+    view.model["first_less"] = par.get("pipeline_parallel_first_stage_less_layers", 1)
+    view.model["last_less"] = par.get("pipeline_parallel_last_stage_less_layers", 1)
+    view.model["stages_per_rank"] = stages_per_rank
+
+
+def torchtitan_resolve(view: ConfigView, num_layers: int) -> None:
+    """Stage split, virtual stages and layer SAC once the model's layer count is known."""
+    f = view.fields
+    pp = f["pp"]
+    stages = view.stage_layers
+    if pp > 1 and stages is None:
+        first, last = view.model.get("first_less", 1), view.model.get("last_less", 1)
+        lps = view.layers_per_chunk
+        count = -(-(num_layers + first + last) // lps) if lps else pp * view.model.get("stages_per_rank", 1)
+        if count % pp:
+            view.errors.append(("pp*virtual_stages", f"pipeline stages: {count} -> must be a multiple of pp ({pp})",
+                                "choose pipeline_parallel_layers_per_stage so the stage count divides by pp"))
+            return
+        stages = torchtitan_default_split(num_layers, count, first, last)
+        if min(stages) < 0 or first > (num_layers + first + last) // count:
+            view.errors.append(("layers_per_stage", f"torchtitan split: {stages} -> a stage would hold fewer layers "
+                                "than its embedding/output allowance (ValueError)", "use fewer stages"))
+            return
+    if stages is not None and pp > 1:
+        v = len(stages) // pp
+        if f["schedule"] == "zero_bubble" and v == 2 and "zbv" in str(view.model.get("schedule_name", "zbv")):
+            per_rank = [stages[r] + stages[2 * pp - 1 - r] for r in range(pp)]
+        else:
+            per_rank = [sum(stages[r::pp]) for r in range(pp)]
+        if f["schedule"] == "interleaved_1f1b":
+            f["virtual_stages"] = max(2, v)
+        if len(set(per_rank)) > 1 or sum(per_rank) != num_layers or per_rank != list(stage_split(num_layers, pp)):
+            f["layers_per_stage"] = per_rank
+    if view.recompute_every:
+        lps = f.get("layers_per_stage") or list(stage_split(num_layers, pp))
+        f["recompute_layers_per_stage"] = [n // view.recompute_every for n in lps]
+
+
+# ---- Megatron-LM / Megatron-DeepSpeed ------------------------------------------------------------------------
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """The Megatron-LM (and Megatron-DeepSpeed) options the planner reads or writes, as their arguments.py names them."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    ints = ["--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
+            "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--ffn-hidden-size",
+            "--num-attention-heads", "--max-position-embeddings", "--num-query-groups", "--recompute-num-layers",
+            "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+            "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--context-parallel-size",
+            "--data-parallel-size", "--zero-stage", "--checkpoint-num-layers", "--padded-vocab-size",
+            "--expert-model-parallel-size", "--ds-sequence-parallel-size", "--vocab-size"]
+    for name in ints:
+        p.add_argument(name, type=int)
+    for name in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
+                 "--bf16", "--fp16", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                 "--group-query-attention", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                 "--recompute-activations", "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel",
+                 "--enable-zbh1-pipeline", "--cpu-optimizer", "--no-gradient-accumulation-fusion",
+                 "--deepspeed-activation-checkpointing", "--partition-activations"]:
+        p.add_argument(name, action="store_true")
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--data-parallel-sharding-strategy",
+                   choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    for name in ["--normalization", "--position-embedding-type", "--deepspeed_config", "--deepspeed-config",
+                 "--ckpt-format", "--tokenizer-type", "--make-vocab-size-divisible-by"]:
+        p.add_argument(name)
+    p.add_argument("--optimizer-offload-fraction", type=float)
+    return p
+
+
+# options that do not change memory or time (naming them as ignored would be noise)
+_HARMLESS = re.compile(r"^--(lr|min-lr|lr-\S+|weight-decay|adam-\S+|clip-grad|init-method-std|seed|data-\S+|split|"
+                       r"vocab-file|merge-file|tokenizer-\S+|save\S*|load\S*|log\S*|tensorboard\S*|wandb\S*|"
+                       r"eval-\S+|train-iters|train-samples|train-tokens|exit-\S+|distributed-backend|"
+                       r"hysteresis|loss-scale\S*|initial-loss-scale|min-loss-scale|attention-dropout|hidden-dropout|"
+                       r"no-masked-softmax-fusion|no-bias-gelu-fusion|no-bias-dropout-fusion|micro-batch-times\S*|"
+                       r"timing-log\S*|profile\S*|use-checkpoint-\S+|finetune|no-load-\S+|kill-switch\S*|"
+                       r"rampup-\S+|num-workers|reset-\S+|eod-mask-loss|use-flash-attn\S*|lr-decay-\S+|"
+                       r"lr-warmup-\S+|override-opt_param-scheduler|dataloader-type|mock-data|bias-gelu-fusion|"
+                       r"masked-softmax-fusion|no-async-tensor-model-parallel-allreduce|pipeline-model-parallel-"
+                       r"split-rank|use-mcore-models|transformer-impl|attention-softmax-in-fp32|seq-length)$")
+_ASSIGN = re.compile(r"^(?:export\s+|declare\s+-a\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _shell_lines(text: str) -> list[str]:
+    joined = re.sub(r"\\\r?\n", " ", text)
+    out = []
+    for line in joined.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        out.append(re.sub(r"\s+#.*$", "", stripped))
+    return out
+
+
+def _expand(value: str, env: dict[str, str], unresolved: list[str]) -> str:
+    def sub(m: re.Match) -> str:
+        name = m.group(1) or m.group(3)
+        if name in env:
+            return env[name]
+        if m.group(2) is not None:
+            return m.group(2)
+        unresolved.append(name)
+        return m.group(0)
+
+    return _VAR.sub(sub, value)
+
+
+def megatron_tokens(text: str, source: str) -> tuple[list[str], dict[str, str], list[str]]:
+    """(option tokens, the environment the script sets, unresolved $VARs) of an argument file or launch script.
+    Variables assigned in the file (GPT_ARGS="...", arrays too) are expanded where they are used."""
+    env: dict[str, str] = {}
+    commands: list[str] = []
+    unresolved: list[str] = []
+    for line in _shell_lines(text):
+        m = _ASSIGN.match(line)
+        if m and not line.startswith("--"):
+            raw = m.group(2).strip()
+            if raw.startswith("(") and raw.endswith(")"):
+                raw = raw[1:-1]
+            try:
+                value = " ".join(shlex.split(_expand(raw, env, [])))
+            except ValueError:
+                value = raw.strip("'\"")
+            env[m.group(1)] = value
+            continue
+        commands.append(line)
+    text_cmd = " ".join(_expand(c, env, unresolved) for c in commands)
+    try:
+        tokens = shlex.split(text_cmd)
+    except ValueError as exc:
+        raise SpecError(f"cannot split Megatron arguments: {exc}", source=source) from None
+    if not any(t.startswith("--") for t in tokens):  # an argument snippet held only in variables
+        tokens = [t for v in env.values() for t in v.split() if v.lstrip().startswith("--")]
+    return tokens, env, unresolved
+
+
+def _parse_megatron(tokens: list[str], unresolved: list[str], source: str) -> tuple[argparse.Namespace, list[str]]:
+    parser = megatron_parser()
+    tokens = [t for t in tokens if not t.endswith(".py") and t not in ("torchrun", "python", "deepspeed")]
+    for i, tok in enumerate(tokens[:-1]):
+        nxt = tokens[i + 1]
+        if tok.startswith("--") and nxt.startswith("$") and _VAR.fullmatch(nxt) and _known(parser, tok):
+            raise SpecError(f"{tok} {nxt}: an unexpanded shell variable -> define {nxt.strip('${}')} in the file, "
+                            "or pass the expanded arguments (e.g. run the script with `set -x`, or envsubst)",
+                            source=source)
+    try:
+        args, unknown = parser.parse_known_args(tokens)
+    except (argparse.ArgumentError, ValueError) as exc:
+        raise SpecError(f"Megatron arguments: {exc}", source=source) from None
+    return args, unknown
+
+
+def _known(parser: argparse.ArgumentParser, option: str) -> bool:
+    return any(option in a.option_strings for a in parser._actions)
+
+
+def _megatron(text: str, gpus: int, source: str) -> ConfigView:
+    tokens, env, unresolved = megatron_tokens(text, source)
+    args, unknown = _parse_megatron(tokens, unresolved, source)
+    ds = args.deepspeed
+    view = ConfigView("megatron-deepspeed" if ds else "megatron",
+                      Framework.MEGATRON_DEEPSPEED if ds else Framework.MEGATRON, {})
+    tp = args.tensor_model_parallel_size or 1
+    pp = 1 if args.no_pipeline_parallel else (args.pipeline_model_parallel_size or 1)
+    dp = args.data_parallel_size or _dp(gpus, tp, pp, args.context_parallel_size or 1, args.ds_sequence_parallel_size or 1)
+    if not args.micro_batch_size:
+        view.errors.append(("micro_batch_size", "micro_batch_size: missing -> Megatron requires --micro-batch-size",
+                            "add --micro-batch-size"))
+    mbs = args.micro_batch_size or 1
+    gbs = args.global_batch_size or mbs * dp  # Megatron's default: mbs x dp (frameworks.md §2.2)
+    m = gbs // (mbs * dp) if gbs % (mbs * dp) == 0 else max(1, gbs // (mbs * dp))
+    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": _megatron_zero(args, view),
+                   "offload": "optimizer" if (args.optimizer_cpu_offload or args.cpu_optimizer) else "none",
+                   "micro_batch_size": mbs, "num_micro_batches": max(1, m),
+                   "recompute": "none", "sequence_parallel": bool(args.sequence_parallel)}
+    _megatron_recompute(args, view, ds)
+    _megatron_pipeline(args, view, ds)
+    view.global_batch_size, view.seq_length = gbs, args.seq_length
+    view.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    view.model = {k: v for k, v in (("num_layers", args.num_layers), ("hidden_size", args.hidden_size),
+                                     ("num_attention_heads", args.num_attention_heads),
+                                     ("num_kv_heads", args.num_query_groups if args.group_query_attention else None),
+                                     ("ffn_hidden_size", args.ffn_hidden_size)) if v}
+    _megatron_env(env, view)
+    _ignored(unknown, view)
+    if unresolved:
+        view.notes.append(f"unexpanded shell variables (not in options the planner reads): "
+                          f"{', '.join('$' + u for u in sorted(set(unresolved)))}")
+    return view
+
+
+def _megatron_zero(args: argparse.Namespace, view: ConfigView) -> int:
+    if args.zero_stage is not None and args.deepspeed:
+        return args.zero_stage
+    if args.use_megatron_fsdp:
+        strategy = args.data_parallel_sharding_strategy or "optim_grads_params"
+        return {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}[strategy]
+    if args.use_torch_fsdp2:
+        if not args.no_gradient_accumulation_fusion:
+            view.errors.append(("zero_stage", "--use-torch-fsdp2 without --no-gradient-accumulation-fusion -> "
+                                "Megatron refuses FSDP2 with gradient-accumulation fusion (frameworks.md §2.7 rule 8)",
+                                "add --no-gradient-accumulation-fusion"))
+        return 3
+    if args.zero_stage is not None:
+        view.notes.append(f"--zero-stage {args.zero_stage}: read only with --deepspeed (Megatron-DeepSpeed)")
+    return 1 if args.use_distributed_optimizer else 0
+
+
+def _megatron_recompute(args: argparse.Namespace, view: ConfigView, ds: bool) -> None:
+    f = view.fields
+    if args.checkpoint_activations:
+        if ds:  # Megatron-DeepSpeed: chunks of --checkpoint-num-layers, every layer recomputed (§3.4)
+            f["recompute"] = "full"
+        else:
+            view.errors.append(("recompute", "--checkpoint-activations -> Megatron-LM prints \"no longer valid\" and "
+                                "exits (frameworks.md §2.4)", "use --recompute-granularity full --recompute-method "
+                                "uniform --recompute-num-layers 1"))
+            f["recompute"] = "full"
+        return
+    gran = args.recompute_granularity or ("selective" if args.recompute_activations else None)
+    if gran == "selective":
+        f["recompute"] = "selective"
+    elif gran == "full":
+        method, n = args.recompute_method, args.recompute_num_layers
+        if method is None or (n is None and not ds):
+            view.errors.append(("recompute", "--recompute-granularity full needs --recompute-method and "
+                                "--recompute-num-layers (ValueError, frameworks.md §2.4)",
+                                "add --recompute-method uniform --recompute-num-layers 1"))
+        if method == "block":
+            view.model["recompute_block"] = n if n is not None else 1
+        else:
+            f["recompute"] = "full"
+
+
+def _megatron_pipeline(args: argparse.Namespace, view: ConfigView, ds: bool) -> None:
+    f = view.fields
+    pp = f["pp"]
+    if args.num_layers_per_virtual_pipeline_stage and args.num_layers:
+        f.update(schedule="interleaved_1f1b",
+                 virtual_stages=max(1, args.num_layers // (pp * args.num_layers_per_virtual_pipeline_stage)))
+    elif args.num_virtual_stages_per_pipeline_rank and args.num_virtual_stages_per_pipeline_rank > 1:
+        f.update(schedule="interleaved_1f1b", virtual_stages=args.num_virtual_stages_per_pipeline_rank)
+    if ds and args.enable_zbh1_pipeline and pp > 1:
+        f["schedule"] = "zero_bubble"
+    first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
+    if (first or last) and pp > 1:
+        view.model["first_last"] = (first, last)
+    if f["sequence_parallel"] and f["tp"] == 1:
+        f["sequence_parallel"] = False
+        view.notes.append("--sequence-parallel with tp=1: Megatron disables it with a warning (\"Disabling sequence "
+                          "parallelism because tensor model parallelism is disabled\"); checked without it")
+
+
+def megatron_resolve(view: ConfigView, num_layers: int) -> None:
+    """Uneven split and block recompute once the model's layer count is known (frameworks.md §2.3, §2.4)."""
+    f = view.fields
+    pp, v = f["pp"], f.get("virtual_stages", 1)
+    if "first_last" in view.model:
+        first, last = view.model["first_last"]
+        given = [x for x in (first, last) if x]
+        middle_stages = pp - len(given)
+        rest = num_layers - sum(given)
+        if (middle_stages == 0) != (rest == 0) or (middle_stages and rest % middle_stages):
+            view.errors.append(("layers_per_stage", f"--decoder-first/last-pipeline-num-layers {first}/{last}: "
+                                f"{rest} middle layers over {middle_stages} middle stages -> Megatron refuses an "
+                                "uneven middle (frameworks.md §2.3)", "choose first/last so the middle divides"))
+        else:
+            mid = rest // middle_stages if middle_stages else 0
+            f["layers_per_stage"] = ([first] if first else []) + [mid] * middle_stages + ([last] if last else [])
+    elif pp > 1 and num_layers % pp:
+        view.errors.append(("num_layers", f"num_layers: {num_layers} -> not divisible by pp ({pp}) and no "
+                            "--decoder-first/last-pipeline-num-layers (Megatron asserts an even split)",
+                            "set --decoder-first/last-pipeline-num-layers, or a pp that divides the layers"))
+    if "recompute_block" in view.model:
+        n = view.model["recompute_block"]
+        lps = f.get("layers_per_stage") or list(stage_split(num_layers, pp))
+        f["recompute_layers_per_stage"] = [min(n * v, c) for c in lps]  # the first n of each model chunk
+
+
+def _megatron_env(env: dict[str, str], view: ConfigView) -> None:
+    conns = env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    f = view.fields
+    if conns is None:
+        return
+    if f["zero_stage"] >= 2 and conns == "1" and view.framework is Framework.MEGATRON:
+        view.errors.append(("environment", "CUDA_DEVICE_MAX_CONNECTIONS=1 with FSDP -> Megatron asserts it is not 1 "
+                            "(frameworks.md §2.7 rule 7)", "export CUDA_DEVICE_MAX_CONNECTIONS=8"))
+
+
+def _ignored(unknown: list[str], view: ConfigView) -> None:
+    opts = sorted({u.split("=", 1)[0] for u in unknown if u.startswith("--")})
+    relevant = [o for o in opts if not _HARMLESS.match(o)]
+    if relevant:
+        view.notes.append(f"ignored options that may change memory or time: {', '.join(relevant)}")
+
+
+# ---- Megatron-Bridge (NeMo) overrides -------------------------------------------------------------------------
+
+_OVERRIDE = re.compile(r"^[a-z_]+(\.[a-z_0-9]+)*=\S*$")
+
+
+def _looks_like_overrides(text: str) -> bool:
+    lines = _shell_lines(text)
+    return bool(lines) and all(_OVERRIDE.match(line) for line in lines)
+
+
+def _nemo(text: str, gpus: int) -> ConfigView:
+    kv = dict(line.split("=", 1) for line in _shell_lines(text))
+
+    def num(key: str, default: int | None) -> int | None:
+        v = kv.get(key)
+        return default if v in (None, "null", "None") else int(v)
+
+    tp, pp = num("model.tensor_model_parallel_size", 1) or 1, num("model.pipeline_model_parallel_size", 1) or 1
+    dp = _dp(gpus, tp, pp, num("model.context_parallel_size", 1) or 1)
+    view = ConfigView("nemo", Framework.NEMO, {})
+    mbs = num("train.micro_batch_size", None)
+    gbs = num("train.global_batch_size", None)
+    if mbs is None or gbs is None:  # Bridge has no fallback (frameworks.md §4.3)
+        view.errors.append(("global_batch_size", "train.micro_batch_size / train.global_batch_size: Megatron-Bridge "
+                            "requires both", "set both"))
+    mbs = mbs or 1
+    gbs = gbs or mbs * dp
+    zero = 1 if kv.get("ddp.use_distributed_optimizer") == "true" else 0
+    if kv.get("ddp.use_megatron_fsdp") == "true":
+        zero = {"optim_grads": 2, "optim": 1, "no_shard": 0}.get(kv.get("ddp.data_parallel_sharding_strategy", ""), 3)
+    vpp = num("model.virtual_pipeline_model_parallel_size", 1) or 1
+    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "micro_batch_size": mbs,
+                   "num_micro_batches": max(1, gbs // (mbs * dp)), "recompute": "none",
+                   "sequence_parallel": kv.get("model.sequence_parallel") == "true",
+                   "offload": "optimizer" if kv.get("optimizer.optimizer_cpu_offload") == "true" else "none"}
+    if vpp > 1:
+        view.fields.update(schedule="interleaved_1f1b", virtual_stages=vpp)
+    gran, method = kv.get("model.recompute_granularity"), kv.get("model.recompute_method")
+    if gran == "selective":
+        view.fields["recompute"] = "selective"
+    elif gran == "full" and method == "block":
+        view.model["recompute_block"] = num("model.recompute_num_layers", 1)
+    elif gran == "full":
+        view.fields["recompute"] = "full"
+    first, last = num("model.num_layers_in_first_pipeline_stage", None), num("model.num_layers_in_last_pipeline_stage",
+                                                                             None)
+    if (first or last) and pp > 1:
+        view.model["first_last"] = (first, last)
+    if view.fields["sequence_parallel"] and tp == 1:
+        view.errors.append(("sequence_parallel", "model.sequence_parallel=true with tp=1 -> Megatron-Core raises "
+                            "ValueError under Megatron-Bridge (frameworks.md §4.5)", "set model.sequence_parallel=false"))
+        view.fields["sequence_parallel"] = False
+    view.global_batch_size, view.seq_length = gbs, num("dataset.seq_length", None)
+    view.precision = {"bf16_mixed": "bf16", "fp16_mixed": "fp16"}.get(kv.get("mixed_precision", ""), None)
+    return view
