@@ -80,7 +80,7 @@ def _model_mismatch(view: ConfigView, model) -> list[dict]:
     out = []
     said = dict(view.model)
     flavor = said.pop("flavor", None)
-    if flavor and model.name.split("-")[-1].lower() != str(flavor).lower():
+    if flavor and str(flavor).lower() not in (model.name.lower(), model.name.split("-")[-1].lower()):
         out.append(f"model flavor {flavor!r} (--model {model.name})")
     for key in MODEL_KEYS:
         if key in said and said[key] != getattr(model, "kv_heads" if key == "num_kv_heads" else
@@ -187,11 +187,10 @@ def _diff(a: LayoutSpec, b: LayoutSpec) -> str:
 
 def check_file(path: Path, args) -> dict:
     """One config -> its report (the CheckReport contract); SpecError propagates as could-not-check."""
+    from cluster_specs import load_cluster
     from planner.cli import build_problem
     from planner.estimate import predicted_json
     from planner.frameworks.restriction import parse_fix
-
-    from cluster_specs import load_cluster
 
     cl = load_cluster(args.cluster, nodes=args.nodes)
     overrides = parse_fix(args.fix)

@@ -43,9 +43,9 @@ class ConfigView:
 
 def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
                 ) -> ConfigView:
-    from cluster_specs import read_text_file
+    from cluster_specs.reading import read_text
 
-    text = read_text_file(path) if _has_reader() else path.read_text(encoding="utf-8")
+    text = read_text(path)
     suffix = path.suffix.lower()
     over = dict(overrides or {})
     if suffix == ".toml":
@@ -71,12 +71,6 @@ def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_
     if _looks_like_overrides(text):
         return _nemo(text, gpus)
     return _megatron(text, gpus, str(path))
-
-
-def _has_reader() -> bool:
-    import cluster_specs
-
-    return hasattr(cluster_specs, "read_text_file")
 
 
 def _plan(doc: dict) -> ConfigView:
