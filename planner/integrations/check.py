@@ -189,7 +189,7 @@ def check_file(path: Path, args) -> dict:
     """One config -> its report (the CheckReport contract); SpecError propagates as could-not-check."""
     from cluster_specs import load_cluster
     from planner.cli import build_problem
-    from planner.estimate import predicted_json
+    from planner.contract import Predicted
     from planner.frameworks.restriction import parse_fix
 
     cl = load_cluster(args.cluster, nodes=args.nodes)
@@ -215,7 +215,7 @@ def check_file(path: Path, args) -> dict:
     return {"config": str(path), "format": view.format, "framework": fw,
             "layout": out.layout.model_dump(mode="json") if out.layout else None,
             "passed": not out.violations, "violations": out.violations,
-            "predicted": predicted_json(out.estimate, out.problem.knobs.memory_headroom_bytes) if out.estimate else None,
+            "predicted": Predicted.from_estimate(out.estimate, out.problem.knobs.memory_headroom_bytes).model_dump() if out.estimate else None,
             "notes": out.notes + ([f"precision {precision} from the config (not --precision {args.precision})"]
                                   if view.precision and view.precision != args.precision else []),
             "error": None}

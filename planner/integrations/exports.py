@@ -206,18 +206,18 @@ def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dic
     _refuse(fw, lay, model, parts.training)
     if not changes:
         return lay, [], None
-    from planner.estimate import predicted_json
+    from planner.contract import Predicted
     from planner.rules import layout_violations
 
     problem = parts.problem()
     problems = layout_violations(lay, model, parts.training, parts.cluster, allow_tp_across_nodes=True)
     if problems:
         raise SpecError(f"{fw.value}: the nearest expressible layout {lay.short()} breaks a rule: {problems[0]}")
-    pred = predicted_json(problem.estimate(lay), parts.headroom_bytes)
+    pred = Predicted.from_estimate(problem.estimate(lay), parts.headroom_bytes).model_dump()
     if not pred["fits"] and lay.recompute != "full" and "full" in capabilities(fw).recompute:
         changes.append("recompute -> full (the nearest layout does not fit without it)")
         lay = lay.model_copy(update={"recompute": "full", "recompute_layers_per_stage": None})
-        pred = predicted_json(problem.estimate(lay), parts.headroom_bytes)
+        pred = Predicted.from_estimate(problem.estimate(lay), parts.headroom_bytes).model_dump()
     if not pred["fits"]:
         raise SpecError(f"{fw.value}: cannot express {parts.layout.short()} ({'; '.join(changes)}); the nearest layout "
                         f"{lay.short()} needs {pred['peak_memory_bytes_per_gpu'] / GIB:.1f} GiB per GPU and does not "
