@@ -15,7 +15,6 @@ from cluster_specs import SpecError
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec
-from planner.rules import layout_violations
 from planner.integrations.readers import (  # noqa: F401  (megatron_parser: the option names, for tests and exports)
     ConfigView,
     megatron_parser,
@@ -23,6 +22,7 @@ from planner.integrations.readers import (  # noqa: F401  (megatron_parser: the 
     read_config,
     torchtitan_resolve,
 )
+from planner.rules import layout_violations
 
 GIB = 2**30
 
