@@ -108,6 +108,3 @@ def tp_bytes_per_layer_per_micro_batch(*, micro_batch_size: int, seq_length: int
     return float(micro_batch_size * seq_length * hidden_size * activation_bytes), count
 
 
-def tp_elements_per_layer_narayanan(*, micro_batch_size: int, seq_length: int, hidden_size: int, tp: int) -> float:
-    """Narayanan §3.2: 8 b s h (t-1)/t elements per layer per device per micro-batch."""
-    return 8 * micro_batch_size * seq_length * hidden_size * (tp - 1) / tp

@@ -77,12 +77,6 @@ def parameter_counts(model: Transformer) -> ParameterCounts:
     )
 
 
-def params_narayanan_eq2(*, num_layers: int, hidden_size: int, vocab_size: int, seq_length: int) -> float:
-    """Narayanan et al. 2021 Eq. 2: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) (no final LayerNorm)."""
-    l, h = num_layers, hidden_size
-    return 12 * l * h * h * (1 + 13 / (12 * h) + (vocab_size + seq_length) / (12 * l * h))
-
-
 def layer_forward_flops(model: Transformer, *, tokens: int, seq_length: int) -> tuple[float, float]:
     """Forward FLOPs of one layer for `tokens` tokens in sequences of `seq_length`: (GEMM part, attention core),
     averaged over the layers when they differ (MoE and dense layers, windowed and global attention).
@@ -152,16 +146,3 @@ def flops_korthikanti_eq7(*, global_batch_size: int, seq_length: int, num_layers
     return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l))
 
 
-def mfu(*, model_flops: float, step_seconds: float, num_gpus: int, peak_flops_per_second: float) -> float:
-    """Model FLOPs utilization (Korthikanti et al. 2022 Appendix A)."""
-    return model_flops / (step_seconds * num_gpus * peak_flops_per_second)
-
-
-def mfu_palm(*, tokens_per_second: float, num_params: float, num_gpus: int, peak_flops_per_second: float) -> float:
-    """PaLM Appendix B without the attention term: tokens/s x 6N / aggregate peak."""
-    return tokens_per_second * 6 * num_params / (num_gpus * peak_flops_per_second)
-
-
-def train_days_eq4(*, tokens: float, num_params: float, num_gpus: int, flops_per_second_per_gpu: float) -> float:
-    """Narayanan et al. 2021 Eq. 4: T_train = 8 T P / (n X), in days."""
-    return 8 * tokens * num_params / (num_gpus * flops_per_second_per_gpu) / 86400

@@ -1,4 +1,5 @@
-"""Memory per GPU: model states under ZeRO, activations per layer, micro-batches in flight (stdlib only).
+"""Memory per GPU: activations per layer, micro-batches in flight, the padded vocabulary (stdlib only).
+Model states per parameter under ZeRO and offload are cost_models/stage.py's `state_bytes_per_param`.
 
 Activation bytes follow Korthikanti et al. 2022 §4 (2-byte activations, 1-byte dropout masks), extended
 to GQA, SwiGLU and no-dropout layers by the component list of cost-models.md §2.6 [D], and checked in
@@ -10,61 +11,6 @@ from __future__ import annotations
 import math
 
 from cost_models.inputs import Transformer
-
-# ---------------------------------------------------------------------------------------------------
-# Model states
-# ---------------------------------------------------------------------------------------------------
-
-
-def zero_model_state_bytes(
-    *, num_params: float, dp: int, zero_stage: int, param_bytes: float = 2, grad_bytes: float = 2,
-    optimizer_bytes: float = 12,
-) -> float:
-    """Model-state bytes per device (ZeRO paper §5, Table 1): stage 1 shards the optimizer state, stage 2
-    the gradients too, stage 3 the parameters too, each over the data-parallel degree `dp`.
-
-    Defaults are the paper's mixed-precision Adam convention (2 + 2 + K=12 = 16 bytes per parameter);
-    Megatron's bf16 with fp32 main grads is grad_bytes=4 (18 bytes per parameter).
-    """
-    params = param_bytes * num_params / (dp if zero_stage >= 3 else 1)
-    grads = grad_bytes * num_params / (dp if zero_stage >= 2 else 1)
-    optim = optimizer_bytes * num_params / (dp if zero_stage >= 1 else 1)
-    return params + grads + optim
-
-
-def megatron_bytes_per_param(*, param_dtype: str, grad_dtype: str, distributed_optimizer: bool, dp: int) -> float:
-    """Megatron-LM dist_optimizer.md table: bytes per parameter (cost-models.md §1.2)."""
-    table = {("fp16", "fp16"): (20, 4, 16), ("bf16", "fp32"): (18, 6, 12), ("fp32", "fp32"): (16, 8, 8)}
-    plain, kept, sharded = table[(param_dtype, grad_dtype)]
-    return kept + sharded / dp if distributed_optimizer else plain
-
-
-def deepspeed_zero2_estimate_bytes(*, total_params: float, num_gpus: int, gpus_per_node: int, cpu_offload: bool,
-                                   buffer_factor: float = 1.5) -> tuple[float, float]:
-    """DeepSpeed estimate_zero2_model_states_mem_needs (after PR #5099): (GPU bytes, CPU bytes)."""
-    if cpu_offload:
-        return 2 * total_params, total_params * max(4 * num_gpus, 16) * buffer_factor
-    return 2 * total_params + int(18 * total_params / num_gpus), 4 * total_params * gpus_per_node * buffer_factor
-
-
-def deepspeed_zero3_estimate_bytes(*, total_params: float, largest_layer_params: float, num_gpus: int,
-                                   gpus_per_node: int, num_nodes: int = 1, offload_params: bool = False,
-                                   offload_optimizer: bool = False, zero_init: bool = True,
-                                   buffer_factor: float = 1.5) -> tuple[float, float]:
-    """DeepSpeed estimate_zero3_model_states_mem_needs: (GPU bytes, CPU bytes) (cost-models.md §1.3)."""
-    largest = 4 * largest_layer_params
-    node_factor = 1 / num_nodes
-    if offload_params and offload_optimizer:
-        gpu = largest
-        cpu = total_params * 18 * node_factor * buffer_factor if zero_init else total_params * max(4 * gpus_per_node, 18 * node_factor) * buffer_factor
-    elif offload_optimizer:
-        gpu = largest + 2 * total_params / num_gpus
-        cpu = total_params * 16 * node_factor * buffer_factor if zero_init else total_params * max(4 * gpus_per_node, 16 * node_factor) * buffer_factor
-    else:
-        gpu = largest + 18 * total_params / num_gpus
-        cpu = (largest_layer_params if zero_init else total_params) * 4 * gpus_per_node * buffer_factor
-    return gpu, cpu
-
 
 # ---------------------------------------------------------------------------------------------------
 # Activations
@@ -147,26 +93,6 @@ def in_flight_micro_batches(*, schedule: str, stage: int, pp: int, num_micro_bat
         chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
         return chunks / v
     return float(min(m, p - stage))
-
-
-def interleave_memory_factor(*, pp: int, virtual_stages: int) -> float:
-    """Korthikanti §4.2.3: stage-0 activation memory of interleaving relative to 1F1B, 1 + (p-1)/(p v)."""
-    return 1 + (pp - 1) / (pp * virtual_stages)
-
-
-def korthikanti_first_stage_activation_bytes(
-    *, seq_length: int, micro_batch_size: int, hidden_size: int, num_heads: int, num_layers: int, tp: int, pp: int,
-    virtual_stages: int = 1, sequence_parallel: bool, selective: bool,
-) -> float:
-    """Korthikanti Eq. 5/6 with the interleave factor: total first-stage activations (layers only)."""
-    s, b, h, a, L, t = seq_length, micro_batch_size, hidden_size, num_heads, num_layers, tp
-    sbh = s * b * h
-    if sequence_parallel:
-        per = 34 / t + (0 if selective else 5 * a * s / (h * t))
-    else:
-        per = 10 + 24 / t + (0 if selective else 5 * a * s / (h * t))
-    factor = interleave_memory_factor(pp=pp, virtual_stages=virtual_stages) if virtual_stages > 1 else 1.0
-    return sbh * L * per * factor
 
 
 def vocab_padded(vocab_size: int, *, tp: int, divisible_by: int = 128) -> int:

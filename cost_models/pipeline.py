@@ -7,35 +7,52 @@ drives the bubble fraction, the peak in-flight micro-batches, and the pictures i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # ---------------------------------------------------------------------------------------------------
-# Closed forms (cost-models.md §5)
+# The makespan the estimator uses (uneven stages by the bottleneck form; tests hold it to the simulator)
 # ---------------------------------------------------------------------------------------------------
 
 
-def bubble_gpipe_of_total(*, pp: int, num_micro_batches: int) -> float:
-    """GPipe / 1F1B idle share of the total time: (p-1)/(m+p-1) (GPipe §2.3)."""
-    return (pp - 1) / (num_micro_batches + pp - 1)
+@dataclass(frozen=True, slots=True)
+class Makespan:
+    seconds: float  # first forward to last backward, all micro-batches
+    busy_seconds: float  # the bottleneck stage's own work, m x its time per micro-batch
+    bottleneck_stage: int
+
+    @property
+    def bubble_seconds(self) -> float:
+        return self.seconds - self.busy_seconds
 
 
-def bubble_1f1b_of_ideal(*, pp: int, num_micro_batches: int) -> float:
-    """Bubble time over ideal compute time: (p-1)/m (Narayanan §2.2.1)."""
-    return (pp - 1) / num_micro_batches
+def pipeline_makespan(*, schedule: str, stage_seconds: Sequence[float], num_micro_batches: int,
+                      virtual_stages: int = 1, weight_grad_seconds: Sequence[float] | None = None) -> Makespan:
+    """Makespan of one step from the per-stage time per micro-batch t_i (forward + backward), cost-models.md §5:
 
-
-def bubble_interleaved_of_ideal(*, pp: int, num_micro_batches: int, virtual_stages: int) -> float:
-    """(1/v)(p-1)/m (Narayanan §2.2.2)."""
-    return (pp - 1) / (virtual_stages * num_micro_batches)
-
-
-def zero_bubble_bubbles(*, pp: int, t_f: float, t_b: float, t_w: float) -> dict[str, float]:
-    """Bubble time of 1F1B, ZB-H1 and ZB-H2 with B = input gradient and W = weight gradient (Qi et al. Table 2)."""
-    return {
-        "1f1b": (pp - 1) * (t_f + t_b + t_w),
-        "zb_h1": (pp - 1) * (t_f + t_b - t_w),
-        "zb_h2": max(0.0, (pp - 1) * (t_f + t_b - 2 * t_w)),
-    }
+      naive  m x sum(t_i);  GPipe / 1F1B  sum(t_i) + (m-1) max(t_i) (Narayanan §2.2.1);
+      interleaved  m max + (sum - max) / v (§2.2.2);  ZB-H1  m max + (p-1) max(0, max - 2 t_W), i.e. the bubble
+      (p-1)(t_F + t_B - t_W) of Qi et al. Table 2 with t_B the input-gradient part and t_W the bottleneck's
+      `weight_grad_seconds`;  PipeDream async  m max.
+    With equal stages these are the simulator's makespans (tests/test_pipeline.py).
+    """
+    t, m = stage_seconds, num_micro_batches
+    bottleneck = max(range(len(t)), key=lambda i: t[i])
+    t_max, total = t[bottleneck], sum(t)
+    if schedule == "naive":
+        pipe = m * total
+    elif schedule in ("gpipe", "1f1b"):
+        pipe = total + (m - 1) * t_max
+    elif schedule == "interleaved_1f1b":
+        pipe = m * t_max + (total - t_max) / virtual_stages
+    elif schedule == "zero_bubble":
+        t_w = weight_grad_seconds[bottleneck] if weight_grad_seconds else 0.0
+        pipe = m * t_max + (len(t) - 1) * max(0.0, t_max - 2 * t_w)
+    elif schedule == "pipedream_async":  # no flush: the bubble is amortised away
+        pipe = m * t_max
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}")
+    return Makespan(pipe, m * t_max, bottleneck)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -124,8 +141,8 @@ def simulate(
     """Simulate one step. Times are per stage per micro-batch for the whole stage (all its chunks).
 
     naive runs the whole batch as one micro-batch (m x the time); zero_bubble is ZB-H1: backward split into
-    B (input gradient) and W (weight gradient, t_weight, default a third of t_backward... taken from
-    t_backward so that B + W = t_backward), W ops filling idle time, at most p - stage micro-batches in flight.
+    B (input gradient) and W (weight gradient, t_weight, default half of t_backward, taken from t_backward so
+    that B + W = t_backward), W ops filling idle time, at most p - stage micro-batches in flight.
     """
     p, v = pp, virtual_stages if schedule == "interleaved_1f1b" else 1
     m = num_micro_batches

@@ -1,18 +1,355 @@
-"""The stage model: how the layers are split over pipeline stages, and what each stage costs.
+"""The stage model: the one place that says what a pipeline stage holds and costs.
 
-`stage_split` is THE split: the estimator, the planner's split refinement, the layout rules and the benchmark's
-stage builder all call it, so they cannot disagree on which stage holds which layers.
+Per layer (`LayerCosts`): seconds of forward, recompute and tensor-parallel traffic, bytes of parameters and of
+activations per in-flight micro-batch. Per stage (`StageModel`): those times the stage's layer count, plus the
+fixed terms of the first stage (embedding) and the last (output layer, final norm), the model states under ZeRO
+and offload, the micro-batches in flight under the schedule, and the transients. Everything that needs a stage's
+numbers asks this module: the step estimate, the planner's split refinement and ILP (`StageModel.linear`), the
+search's memory lower bound (`state_bytes_per_param`), `check`, and the benchmark (`stage_split`).
+
+A stage is linear in its layer count n and its fully recomputed layers r:
+    seconds per micro-batch  = n * layer_seconds + r * recompute_seconds + extra_seconds
+    bytes                    = n * layer_state_bytes + (n - r) * act_policy * f + r * act_full * f + fixed_bytes
+with f the micro-batches in flight (fixed by the schedule); `StageModel.time/memory` evaluate exactly these
+terms (plus the transients that are not linear: the layer being recomputed, ZeRO-3's gathered unit).
+
+Extension point for new per-layer traffic (context- or expert-parallel all-to-all, ...): add its seconds per layer
+to `LayerCosts` and to `LayerCosts.comm_seconds`; every consumer above picks it up.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from cost_models.communication import all_reduce_seconds, group_link, tp_bytes_per_layer_per_micro_batch
+from cost_models.compute import layer_forward_flops, parameter_counts, recompute_extra_forward_flops
+from cost_models.inputs import (
+    Hardware,
+    Knobs,
+    Layout,
+    Offload,
+    Recompute,
+    Schedule,
+    Training,
+    Transformer,
+    Zero3Gather,
+)
+from cost_models.memory import (
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+    in_flight_micro_batches,
+    output_activation_bytes,
+    vocab_padded,
+)
+
+# A layer's forward + backward is 3 forward passes' worth of work: backward = 2 x forward (Narayanan et al. 2021
+# Eq. 3, 72 = 3 x 24). The elementwise-traffic knob covers forward + backward, so the forward pays a third of it.
+FORWARD_PASSES_PER_TRAINING_PASS = 3
+BACKWARD_OVER_FORWARD = 2  # backward FLOPs = 2 x forward FLOPs (input and weight gradients; same source)
+# Megatron TP all-reduces per layer per micro-batch: 2 forward + 2 backward; full recompute repeats the 2 forward
+# ones (Narayanan et al. 2021 §3.2; ZeRO paper §8).
+TP_ALL_REDUCES_PER_LAYER = 4
+TP_ALL_REDUCES_PER_RECOMPUTED_LAYER = 2
+# DeepSpeed's default reduce_bucket_size (5e8 elements): one bucket of gradients is staged on the GPU before it is
+# copied to the host under optimizer offload (deepspeed/runtime/zero/config.py).
+OFFLOAD_REDUCE_BUCKET_ELEMENTS = 5e8
+
 
 def stage_split(num_layers: int, pp: int) -> tuple[int, ...]:
-    """As even as possible; the remainder goes to the inner stages first (the outer ones carry the embedding and
-    the output layer), e.g. 10 layers over 4 stages -> (2, 3, 3, 2)."""
+    """THE split: as even as possible, the remainder to the inner stages first (the outer ones carry the embedding
+    and the output layer), e.g. 10 layers over 4 stages -> (2, 3, 3, 2)."""
     base, extra = divmod(num_layers, pp)
     counts = [base] * pp
     order = list(range(1, pp - 1)) + [0, pp - 1] if pp > 2 else list(range(pp))
     for i in order[:extra]:
         counts[i] += 1
     return tuple(counts)
+
+
+def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float:
+    """Achieved fraction of peak: MAMF fraction x size saturation x end-to-end factor.
+
+    Size saturation x / (x + x_half), x the per-GPU GEMM size in GFLOP (small GEMMs run far from peak;
+    Calculon uses steps 0.95 / 0.9 / 0.6 at 128 / 16 / 1 GFLOP, cost-models.md §6.3).
+    """
+    x = gemm_flops / 1e9
+    return hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop) * knobs.end_to_end_efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCosts:
+    """Per-layer, per-micro-batch, per-GPU quantities of a layout."""
+
+    t_layer_forward: float  # seconds, GEMMs + memory-bound kernels
+    t_recompute_policy: float  # extra seconds per layer under the layout's recompute policy
+    t_recompute_full: float  # extra seconds per layer under full recompute
+    t_tp_all_reduce: float  # one TP all-reduce of b s h
+    tp_expose: float  # share of TP traffic on the critical path
+    t_logits_forward: float
+    gemm_flops_per_gpu: float  # forward GEMM FLOPs of one layer on one GPU (weight-gradient work, ZB's W)
+    rate_flops_per_second: float
+    act_policy_bytes: float  # saved for backward, one micro-batch, the layout's policy
+    act_full_bytes: float  # the same under full recompute
+    act_none_bytes: float  # the same without recompute (a recomputed layer, materialised in backward)
+    embedding_act_bytes: float
+    output_act_bytes: float
+    layer_params: float  # parameters of one layer on one GPU (TP-sharded; norms replicated)
+    embedding_params: float
+    output_params: float
+    final_norm_params: float
+    largest_module_params: float
+    matmul_efficiency: float
+    padded_vocab: int
+    policy: Recompute  # the per-layer policy of layers that are not fully recomputed
+
+    def comm_seconds(self, layers: int, recomputed: int) -> float:
+        """Exposed per-layer model-parallel traffic of `layers` layers, `recomputed` of them fully recomputed."""
+        count = layers * TP_ALL_REDUCES_PER_LAYER + recomputed * TP_ALL_REDUCES_PER_RECOMPUTED_LAYER
+        return count * self.t_tp_all_reduce * self.tp_expose
+
+
+def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs,
+                *, fused_swiglu: bool = False) -> LayerCosts:
+    h, t = model.hidden_size, layout.tp
+    b, s = layout.micro_batch_size, training.seq_length
+    act_b = training.activation_bytes
+    V = vocab_padded(model.vocab_size, tp=t)
+    policy = Recompute.NONE if layout.recompute == Recompute.FULL else Recompute(layout.recompute)
+    tokens = b * s
+    peak = hw.peak_flops_per_second
+    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
+    eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
+    rate = peak * eff
+    sp = layout.sequence_parallel
+
+    def act(rec: Recompute) -> float:
+        return activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t, sequence_parallel=sp,
+                                          recompute=rec, activation_bytes=act_b, fused_swiglu=fused_swiglu)
+
+    act_none = act(Recompute.NONE)
+    # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
+    # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
+    t_layer_mem = knobs.elementwise_traffic_factor * act_none / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS
+    tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s, hidden_size=h, tp=t,
+                                                   activation_bytes=act_b)
+    t_ar = 0.0
+    if t > 1:
+        t_ar = all_reduce_seconds(message_bytes=tp_msg, group_size=t, link=group_link(hw, group_size=t, stride=1).link)
+    # per-layer dispatch cost of tensor parallelism (calibrated; 0 on GPUs), the forward's share of fwd + bwd
+    t_tp_dispatch = knobs.tp_layer_overhead_seconds / FORWARD_PASSES_PER_TRAINING_PASS if t > 1 else 0.0
+    logits_gemm = 2 * tokens * h * V / t
+    pc = parameter_counts(model)
+    return LayerCosts(
+        t_layer_forward=(gemm + core) / t / rate + t_layer_mem + t_tp_dispatch,
+        t_recompute_policy=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate,
+        t_recompute_full=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute="full") / t / rate
+        + t_layer_mem,
+        t_tp_all_reduce=t_ar,
+        tp_expose=1 - knobs.tp_overlap_fraction,
+        t_logits_forward=logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm)),
+        gemm_flops_per_gpu=gemm / t,
+        rate_flops_per_second=rate,
+        act_policy_bytes=act(policy),
+        act_full_bytes=act(Recompute.FULL),
+        act_none_bytes=act_none,
+        embedding_act_bytes=embedding_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, tp=t,
+                                                       sequence_parallel=sp, dropout=model.dropout),
+        output_act_bytes=output_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
+                                                 sequence_parallel=sp, activation_bytes=act_b),
+        layer_params=(pc.per_layer - pc.per_layer_norms) / t + pc.per_layer_norms,
+        embedding_params=V * h / t + pc.position_embedding,
+        output_params=V * h / t if (not model.tied_embeddings or layout.pp > 1) else 0.0,
+        final_norm_params=pc.final_norm,
+        largest_module_params=max(h * model.ffn_hidden_size,
+                                  h * (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim) / t,
+        matmul_efficiency=eff,
+        padded_vocab=V,
+        policy=policy,
+    )
+
+
+def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int,
+                          offload: str = Offload.NONE) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer-state) bytes one GPU holds per parameter of its stage.
+
+    ZeRO paper §5, Table 1: stage 1 shards the optimizer state over dp, stage 2 the gradients too, stage 3 the
+    parameters too. Offload keeps gradients and optimizer state on the host (ZeRO-Offload) and, with
+    optimizer+params, the parameters too (ZeRO-Infinity).
+    """
+    offloaded = offload != Offload.NONE
+    weights = 0.0 if offload == Offload.OPTIMIZER_PARAMS else training.param_bytes / (dp if zero_stage >= 3 else 1)
+    grads = 0.0 if offloaded else training.grad_bytes / (dp if zero_stage >= 2 else 1)
+    optim = 0.0 if offloaded else training.optimizer_bytes / (dp if zero_stage >= 1 else 1)
+    return weights, grads, optim
+
+
+@dataclass(frozen=True, slots=True)
+class StageTime:
+    """One stage, one micro-batch."""
+
+    forward_seconds: float
+    backward_seconds: float
+    recompute_seconds: float
+    tp_comm_seconds: float  # exposed
+    weight_grad_seconds: float  # the weight-gradient GEMMs inside the backward (zero-bubble's W)
+
+    @property
+    def total_seconds(self) -> float:
+        return self.forward_seconds + self.backward_seconds + self.recompute_seconds + self.tp_comm_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    stage: int
+    layers: int
+    params: float  # parameters held by one GPU of this stage before ZeRO sharding
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    transient_bytes: float
+    overhead_bytes: float
+    in_flight_micro_batches: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.transient_bytes + self.overhead_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class StageLinear:
+    """A stage as linear functions of its layer count n and fully recomputed layers r (see the module docstring).
+    The split refinement and the ILP optimise over these; `StageModel.time/memory` evaluate the same terms."""
+
+    layer_seconds: float
+    recompute_seconds: float
+    extra_seconds: float
+    layer_state_bytes: float  # weights + gradients + optimizer state per layer
+    layer_act_policy_bytes: float  # activations per layer, all micro-batches in flight, the layout's policy
+    layer_act_full_bytes: float  # the same under full recompute
+    fixed_bytes: float  # embedding/output states and activations, buckets, overhead, one recomputed layer
+
+
+@dataclass(frozen=True, slots=True)
+class StageModel:
+    """Every stage of one layout: `time(i)`, `memory(i)` at the layout's split, `linear(i)` for any split."""
+
+    layout: Layout
+    training: Training
+    knobs: Knobs
+    lc: LayerCosts
+    split: tuple[int, ...]
+    full_layers: tuple[int, ...]  # fully recomputed layers per stage
+    schedule: Schedule  # as run: 1f1b when there is no pipeline
+    virtual_stages: int
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    def extra_forward_seconds(self, i: int) -> float:
+        return self.lc.t_logits_forward if i == self.pp - 1 else 0.0
+
+    def params(self, i: int, layers: int | None = None) -> float:
+        """Parameters one GPU of stage i holds (before ZeRO sharding)."""
+        lc = self.lc
+        n = self.split[i] if layers is None else layers
+        params = n * lc.layer_params
+        if i == 0:
+            params += lc.embedding_params
+        if i == self.pp - 1:
+            params += lc.output_params + lc.final_norm_params
+        return params
+
+    def time(self, i: int) -> StageTime:
+        lc, n, r = self.lc, self.split[i], self.full_layers[i]
+        extra = self.extra_forward_seconds(i)
+        f = n * lc.t_layer_forward + extra
+        return StageTime(
+            forward_seconds=f,
+            backward_seconds=BACKWARD_OVER_FORWARD * f,
+            recompute_seconds=(n - r) * lc.t_recompute_policy + r * lc.t_recompute_full,
+            tp_comm_seconds=lc.comm_seconds(n, r),
+            weight_grad_seconds=n * lc.gemm_flops_per_gpu / lc.rate_flops_per_second + extra,
+        )
+
+    def in_flight(self, i: int) -> float:
+        """Micro-batches whose activations stage i holds at its peak (the whole local batch without micro-batching)."""
+        lay = self.layout
+        if self.schedule == Schedule.NAIVE:
+            return float(lay.num_micro_batches)
+        return in_flight_micro_batches(schedule=self.schedule, stage=i, pp=lay.pp,
+                                       num_micro_batches=lay.num_micro_batches, virtual_stages=self.virtual_stages)
+
+    def activations_per_micro_batch(self, i: int) -> float:
+        lc, n, r = self.lc, self.split[i], self.full_layers[i]
+        per_mb = (n - r) * lc.act_policy_bytes + r * lc.act_full_bytes
+        if i == 0:
+            per_mb += lc.embedding_act_bytes
+        if i == self.pp - 1:
+            per_mb += lc.output_act_bytes
+        return per_mb
+
+    def transient_bytes(self, i: int, params: float) -> float:
+        """Buffers alive only for part of the step: gradient buckets, the layer being recomputed, ZeRO-3's gathered
+        unit, the offload bucket."""
+        lay, tr, lc = self.layout, self.training, self.lc
+        transient = self.knobs.bucket_bytes
+        if self.full_layers[i] > 0:
+            transient += lc.act_none_bytes  # the layer being recomputed is materialised whole during backward
+        if lay.zero_stage >= 3 or lay.offload == Offload.OPTIMIZER_PARAMS:
+            # the gathered unit (and the prefetched next one) plus its unsharded gradient before reduce-scatter
+            unit = lc.layer_params if self.knobs.zero3_gather == Zero3Gather.LAYER else lc.largest_module_params
+            transient += unit * (2 * tr.param_bytes + tr.grad_bytes)
+        if lay.offload != Offload.NONE:
+            shard = lay.dp if lay.zero_stage >= 1 else 1
+            transient += min(params / shard, OFFLOAD_REDUCE_BUCKET_ELEMENTS) * tr.grad_bytes  # one reduce bucket
+        return transient
+
+    def memory(self, i: int) -> StageMemory:
+        lay = self.layout
+        P = self.params(i)
+        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp, offload=lay.offload)
+        flight = self.in_flight(i)
+        weights = P * w
+        if self.schedule == Schedule.PIPEDREAM_ASYNC:
+            weights += max(0.0, flight - 1) * P * self.training.param_bytes  # stashed weight versions
+        return StageMemory(i, self.split[i], P, weights, P * g, P * o, self.activations_per_micro_batch(i) * flight,
+                           self.transient_bytes(i, P), self.knobs.per_process_overhead_bytes, flight)
+
+    def linear(self, i: int) -> StageLinear:
+        """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the
+        memory row is a safe bound whether or not the stage recomputes (the estimate re-checks the result)."""
+        lc, lay = self.lc, self.layout
+        per_state = sum(state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp))
+        flight = self.in_flight(i)
+        exposed_ar = lc.t_tp_all_reduce * lc.tp_expose
+        fixed = self.knobs.per_process_overhead_bytes + self.knobs.bucket_bytes + lc.act_none_bytes
+        if i == 0:
+            fixed += lc.embedding_params * per_state + lc.embedding_act_bytes * flight
+        if i == self.pp - 1:
+            fixed += (lc.output_params + lc.final_norm_params) * per_state + lc.output_act_bytes * flight
+        return StageLinear(
+            layer_seconds=(1 + BACKWARD_OVER_FORWARD) * lc.t_layer_forward + lc.t_recompute_policy
+            + TP_ALL_REDUCES_PER_LAYER * exposed_ar,
+            recompute_seconds=lc.t_recompute_full - lc.t_recompute_policy
+            + TP_ALL_REDUCES_PER_RECOMPUTED_LAYER * exposed_ar,
+            extra_seconds=(1 + BACKWARD_OVER_FORWARD) * self.extra_forward_seconds(i),
+            layer_state_bytes=lc.layer_params * per_state,
+            layer_act_policy_bytes=lc.act_policy_bytes * flight,
+            layer_act_full_bytes=lc.act_full_bytes * flight,
+            fixed_bytes=fixed,
+        )
+
+
+def stage_model(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs,
+                *, fused_swiglu: bool = False) -> StageModel:
+    """The stages of `layout`: its split (or THE split), its full-recompute counts, its schedule as run."""
+    p = layout.pp
+    split = layout.layers_per_stage or stage_split(model.num_layers, p)
+    full = layout.recompute_layers_per_stage or (split if layout.recompute == Recompute.FULL else (0,) * p)
+    schedule = Schedule(layout.schedule) if p > 1 else Schedule.ONE_F_ONE_B
+    v = layout.virtual_stages if schedule == Schedule.INTERLEAVED_1F1B else 1
+    lc = layer_costs(model, training, hw, layout, knobs, fused_swiglu=fused_swiglu)
+    return StageModel(layout, training, knobs, lc, tuple(split), tuple(full), schedule, v)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from cluster_specs import ClusterSpec
+from cost_models.compute import parameter_counts
 from cost_models.inputs import Hardware, Knobs, Training, Transformer
 from cost_models.step import StepEstimate, estimate_step
 from planner.defaults import DEFAULT_HEADROOM_GIB
@@ -41,6 +42,10 @@ class Problem:
     @cached_property
     def cm_training(self) -> Training:
         return self.training.to_cost_model()
+
+    @cached_property
+    def total_params(self) -> int:
+        return parameter_counts(self.cm_model).total
 
     def estimate(self, layout: LayoutSpec) -> StepEstimate:
         return estimate_step(self.cm_model, self.cm_training, self.hardware, layout.to_cost_model(), self.knobs)

@@ -17,14 +17,16 @@ Search order and pruning (each rule is a dominance argument in the cost model, o
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from cost_models.inputs import Offload, Recompute, Schedule
-from cost_models.memory import zero_model_state_bytes
-from cost_models.stage import stage_split
-from cost_models.step import StepEstimate, estimate_step, layer_costs
+from cost_models.stage import stage_model, stage_split, state_bytes_per_param
+from cost_models.step import StepEstimate, estimate_step
 from planner.contract import Decision, SearchStats, TimeReport
 from planner.errors import InfeasibleError
 from planner.estimate import fits_in_memory
@@ -32,6 +34,7 @@ from planner.explain.decision import ROWS, classify, matches_row, network_bytes_
 from planner.frameworks.restriction import Restriction
 from planner.inputs.specs import LayoutSpec
 from planner.problem import GIB, Problem
+from planner.refine.ilp import StageCoefficients
 from planner.rules import layout_violations
 
 # Search-space bounds. 128: the largest micro-batch of any published run in ../shared/validation/published_runs.json
@@ -97,63 +100,75 @@ def _fits(problem: Problem, est: StepEstimate) -> bool:
 
 
 def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero: int, offload: str) -> float:
-    """Model states of an average stage: no stage holds less, so above capacity the layout cannot fit."""
-    if offload == "optimizer+params":
+    """Model states of an average stage (the stage model's bytes per parameter): no stage holds less, so above
+    capacity the layout cannot fit."""
+    per_param = sum(state_bytes_per_param(problem.cm_training, zero_stage=zero, dp=dp, offload=offload))
+    if per_param == 0:
         return 0.0
-    tr = problem.cm_training
-    offloaded = offload != "none"  # gradients and optimizer state live on the host
-    states = zero_model_state_bytes(num_params=problem.model.parameter_counts()["total"] / (tp * pp), dp=dp,
-                                    zero_stage=zero, param_bytes=tr.param_bytes,
-                                    grad_bytes=0 if offloaded else tr.grad_bytes,
-                                    optimizer_bytes=0 if offloaded else tr.optimizer_bytes)
-    return states + problem.knobs.per_process_overhead_bytes
+    return problem.total_params / (tp * pp) * per_param + problem.knobs.per_process_overhead_bytes
 
 
-def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool):
-    """Yield layout field dicts without recompute (the ladder is applied by the caller)."""
-    model, cl = problem.model, problem.cluster
-    n, g, L = cl.num_gpus, cl.gpus_per_node, model.num_layers
-    B = problem.training.global_batch_size
+def _tp_degrees(problem: Problem, opts: PlanOptions) -> list[int]:
+    """TP degrees that divide the node (or are whole nodes, if allowed) and the heads, KV heads, FFN and width."""
+    model, n, g = problem.model, problem.cluster.num_gpus, problem.cluster.gpus_per_node
     tps = [t for t in divisors(n) if (t <= g and g % t == 0) or (opts.allow_tp_across_nodes and t % g == 0)]
-    tps = [t for t in tps if model.num_attention_heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0)
-           and model.ffn % t == 0 and model.hidden_size % t == 0]
-    for tp in tps:
+    return [t for t in tps if model.num_attention_heads % t == 0
+            and (model.kv_heads % t == 0 or t % model.kv_heads == 0)
+            and model.ffn % t == 0 and model.hidden_size % t == 0]
+
+
+def _degrees(problem: Problem, opts: PlanOptions) -> Iterator[tuple[int, int, int]]:
+    """(tp, pp, dp) with pp <= layers and dp dividing the global batch."""
+    n, L, B = problem.cluster.num_gpus, problem.model.num_layers, problem.training.global_batch_size
+    for tp in _tp_degrees(problem, opts):
         for pp in divisors(n // tp):
-            if pp > L:
-                continue
             dp = n // (tp * pp)
-            if B % dp:
-                continue
-            per_dp = B // dp
-            zeros = [0, 1] if pp > 1 else [0, 1, 2, 3]
-            if dp == 1:
-                zeros = [1, 3] if offload else [0]
-            offloads = [Offload.NONE]
-            if offload:
-                offloads = [Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS]
-            schedules: list[tuple[Schedule, int]] = [(Schedule.ONE_F_ONE_B, 1)]
-            if pp > 1:
-                schedules.append((Schedule.ZERO_BUBBLE, 1))
-                if opts.allow_async:
-                    schedules.append((Schedule.PIPEDREAM_ASYNC, 1))
-            for mbs in (d for d in divisors(per_dp) if d <= opts.max_micro_batch_size):
-                m = per_dp // mbs
-                sched = list(schedules)
-                if pp > 1 and m % pp == 0:
-                    sched += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, opts.max_virtual_stages + 1)
-                              if L % (pp * v) == 0]
-                for zero in zeros:
-                    for off in offloads:
-                        if off == Offload.OPTIMIZER and zero == 0:
-                            continue
-                        if off == Offload.OPTIMIZER_PARAMS and zero != 3:
-                            continue
-                        for schedule, v in sched:
-                            base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "offload": off,
-                                                "micro_batch_size": mbs, "num_micro_batches": m,
-                                                "sequence_parallel": tp > 1, "schedule": schedule, "virtual_stages": v})
-                            if base is not None:
-                                yield base
+            if pp <= L and B % dp == 0:
+                yield tp, pp, dp
+
+
+def _state_options(pp: int, dp: int, offload: bool) -> list[tuple[int, Offload]]:
+    """(ZeRO stage, offload) pairs: ZeRO-2/3 only without pipelining, nothing to shard at dp 1, offload only as the
+    fallback search and only with the ZeRO stage that shards what it offloads."""
+    zeros = [0, 1] if pp > 1 else [0, 1, 2, 3]
+    if dp == 1:
+        zeros = [1, 3] if offload else [0]
+    if not offload:
+        return [(z, Offload.NONE) for z in zeros]
+    return [(z, off) for z in zeros for off in (Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS)
+            if not (off == Offload.OPTIMIZER and z == 0) and not (off == Offload.OPTIMIZER_PARAMS and z != 3)]
+
+
+def _schedule_options(pp: int, m: int, num_layers: int, opts: PlanOptions) -> list[tuple[Schedule, int]]:
+    """(schedule, virtual stages): 1F1B; with pipelining also ZB-H1 (and async if allowed) and interleaving where
+    the micro-batches are a multiple of pp and the layers of pp x v."""
+    out: list[tuple[Schedule, int]] = [(Schedule.ONE_F_ONE_B, 1)]
+    if pp == 1:
+        return out
+    out.append((Schedule.ZERO_BUBBLE, 1))
+    if opts.allow_async:
+        out.append((Schedule.PIPEDREAM_ASYNC, 1))
+    if m % pp == 0:
+        out += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, opts.max_virtual_stages + 1)
+                if num_layers % (pp * v) == 0]
+    return out
+
+
+def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool) -> Iterator[dict[str, Any]]:
+    """Yield layout field dicts without recompute (the ladder is applied by the caller), in a fixed order
+    (tp, pp, micro-batch size, ZeRO/offload, schedule) that breaks exact ties."""
+    B, L = problem.training.global_batch_size, problem.model.num_layers
+    for tp, pp, dp in _degrees(problem, opts):
+        per_dp = B // dp
+        states = _state_options(pp, dp, offload)
+        for mbs in (d for d in divisors(per_dp) if d <= opts.max_micro_batch_size):
+            m = per_dp // mbs
+            for (zero, off), (schedule, v) in itertools.product(states, _schedule_options(pp, m, L, opts)):
+                base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "offload": off,
+                                    "micro_batch_size": mbs, "num_micro_batches": m, "sequence_parallel": tp > 1,
+                                    "schedule": schedule, "virtual_stages": v})
+                if base is not None:
+                    yield base
 
 
 def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: bool) -> tuple[list[Candidate], float]:
@@ -218,35 +233,14 @@ def _objective_key(opts: PlanOptions):
 # ---- refinement: exact uneven split, then the ILP ------------------------------------------------------
 
 
-def _stage_coefficients(problem: Problem, layout: LayoutSpec, base_policy: str):
-    """Per-stage linear coefficients for the split DP and the ILP (from cost_models.step.layer_costs)."""
-    from planner.refine.ilp import StageCoefficients
-
+def _stage_coefficients(problem: Problem, layout: LayoutSpec, base_policy: Recompute) -> list[StageCoefficients]:
+    """Per-stage linear coefficients for the split and the ILP: the stage model's `linear` terms at the base policy,
+    with the memory each stage may use."""
     cm_layout = replace(layout.to_cost_model(), recompute=base_policy, layers_per_stage=None,
                         recompute_layers_per_stage=None)
-    lc = layer_costs(problem.cm_model, problem.cm_training, problem.hardware, cm_layout, problem.knobs)
-    tr, knobs = problem.cm_training, problem.knobs
-    p, d, z, m = layout.pp, layout.dp, layout.zero_stage, layout.num_micro_batches
-    from cost_models.memory import in_flight_micro_batches
-
-    ar = lc.t_tp_all_reduce * lc.tp_expose
-    per_layer = 3 * lc.t_layer_forward + lc.t_recompute_policy + 4 * ar
-    per_recompute = lc.t_recompute_full - lc.t_recompute_policy + 2 * ar
-    bytes_per_param = zero_model_state_bytes(num_params=1, dp=d, zero_stage=z, param_bytes=tr.param_bytes,
-                                             grad_bytes=tr.grad_bytes, optimizer_bytes=tr.optimizer_bytes)
-    cap = problem.hardware.gpu_memory_bytes - knobs.memory_headroom_bytes
-    out = []
-    for i in range(p):
-        flight = in_flight_micro_batches(schedule=layout.schedule, stage=i, pp=p, num_micro_batches=m)
-        extra_t = 3 * lc.t_logits_forward if i == p - 1 else 0.0
-        fixed = knobs.per_process_overhead_bytes + knobs.bucket_bytes + lc.act_none_bytes
-        if i == 0:
-            fixed += lc.embedding_params * bytes_per_param + lc.embedding_act_bytes * flight
-        if i == p - 1:
-            fixed += (lc.output_params + lc.final_norm_params) * bytes_per_param + lc.output_act_bytes * flight
-        out.append(StageCoefficients(per_layer, per_recompute, extra_t, lc.layer_params * bytes_per_param,
-                                     lc.act_policy_bytes * flight, lc.act_full_bytes * flight, fixed, cap))
-    return out
+    sm = stage_model(problem.cm_model, problem.cm_training, problem.hardware, cm_layout, problem.knobs)
+    cap = problem.hardware.gpu_memory_bytes - problem.knobs.memory_headroom_bytes
+    return [StageCoefficients.of(sm.linear(i), cap) for i in range(layout.pp)]
 
 
 def refine_split(problem: Problem, cand: Candidate) -> Candidate | None:

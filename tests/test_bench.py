@@ -155,3 +155,13 @@ def test_missing_torch_is_an_install_hint():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == errors.EXIT_MISSING_DEPENDENCY
     assert "pip install" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_builds_the_estimators_stages():
+    # the benchmark measures the stages the estimator predicts: 10 layers over 4 stages is (2, 3, 3, 2) in both
+    from cost_models.stage import stage_split
+    from planner.bench.runner import stage_layer_ids
+
+    assert stage_layer_ids(10, 4, None) == [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]
+    assert [len(ids) for ids in stage_layer_ids(13, 5, None)] == list(stage_split(13, 5))
+    assert stage_layer_ids(10, 4, [1, 4, 4, 1]) == [[0], [1, 2, 3, 4], [5, 6, 7, 8], [9]]

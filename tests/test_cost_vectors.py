@@ -5,7 +5,7 @@ import math
 import pytest
 
 from cost_models import communication as comm
-from cost_models import compute, memory, pipeline
+from cost_models import compute, memory, oracles
 from cost_models.inputs import Link
 from tests.conftest import gpt_shape
 
@@ -31,32 +31,32 @@ GIB = 2**30
     ],
 )
 def test_zero_table1(psi, nd, stage, expected):
-    got = memory.zero_model_state_bytes(num_params=psi, dp=nd, zero_stage=stage)
+    got = oracles.zero_model_state_bytes(num_params=psi, dp=nd, zero_stage=stage)
     assert got == pytest.approx(expected, rel=1e-12)
 
 
 def test_megatron_bytes_per_param():
     # Megatron-LM docs dist_optimizer.md table (§9 #5, #6)
-    assert memory.megatron_bytes_per_param(param_dtype="bf16", grad_dtype="fp32", distributed_optimizer=True, dp=8) == 7.5
-    assert memory.megatron_bytes_per_param(param_dtype="fp16", grad_dtype="fp16", distributed_optimizer=True, dp=8) == 6.0
-    assert memory.megatron_bytes_per_param(param_dtype="bf16", grad_dtype="fp32", distributed_optimizer=False, dp=8) == 18
+    assert oracles.megatron_bytes_per_param(param_dtype="bf16", grad_dtype="fp32", distributed_optimizer=True, dp=8) == 7.5
+    assert oracles.megatron_bytes_per_param(param_dtype="fp16", grad_dtype="fp16", distributed_optimizer=True, dp=8) == 6.0
+    assert oracles.megatron_bytes_per_param(param_dtype="bf16", grad_dtype="fp32", distributed_optimizer=False, dp=8) == 18
     # the same numbers from the general ZeRO function with Megatron's convention (2 + 4 + 12)
-    assert memory.zero_model_state_bytes(num_params=1, dp=8, zero_stage=1, grad_bytes=4) == 7.5
+    assert oracles.zero_model_state_bytes(num_params=1, dp=8, zero_stage=1, grad_bytes=4) == 7.5
 
 
 def test_deepspeed_estimators():
     # DeepSpeed stage_1_and_2 / stage3 estimators (cost-models.md §1.3, §9 #7, #8)
-    gpu, _ = memory.deepspeed_zero2_estimate_bytes(total_params=2851e6, num_gpus=8, gpus_per_node=8, cpu_offload=False)
+    gpu, _ = oracles.deepspeed_zero2_estimate_bytes(total_params=2851e6, num_gpus=8, gpus_per_node=8, cpu_offload=False)
     assert gpu == pytest.approx(12_116_750_000, abs=1)
-    gpu, cpu = memory.deepspeed_zero2_estimate_bytes(total_params=2851e6, num_gpus=8, gpus_per_node=8, cpu_offload=True)
+    gpu, cpu = oracles.deepspeed_zero2_estimate_bytes(total_params=2851e6, num_gpus=8, gpus_per_node=8, cpu_offload=True)
     assert gpu / GIB == pytest.approx(5.3104, abs=1e-4) and cpu / GIB == pytest.approx(127.4496, abs=1e-4)
-    gpu, cpu = memory.deepspeed_zero3_estimate_bytes(total_params=2851e6, largest_layer_params=32e6, num_gpus=8,
+    gpu, cpu = oracles.deepspeed_zero3_estimate_bytes(total_params=2851e6, largest_layer_params=32e6, num_gpus=8,
                                                      gpus_per_node=8)
     assert gpu / GIB == pytest.approx(6.0934, abs=1e-4) and cpu / GIB == pytest.approx(1.4305, abs=1e-4)
-    gpu, cpu = memory.deepspeed_zero3_estimate_bytes(total_params=2851e6, largest_layer_params=32e6, num_gpus=8,
+    gpu, cpu = oracles.deepspeed_zero3_estimate_bytes(total_params=2851e6, largest_layer_params=32e6, num_gpus=8,
                                                      gpus_per_node=8, offload_params=True, offload_optimizer=True)
     assert gpu / GIB == pytest.approx(0.1192, abs=1e-4) and cpu / GIB == pytest.approx(71.6904, abs=1e-4)
-    gpu, cpu = memory.deepspeed_zero3_estimate_bytes(total_params=2851e6, largest_layer_params=32e6, num_gpus=8,
+    gpu, cpu = oracles.deepspeed_zero3_estimate_bytes(total_params=2851e6, largest_layer_params=32e6, num_gpus=8,
                                                      gpus_per_node=8, offload_optimizer=True)
     assert gpu / GIB == pytest.approx(0.7830, abs=1e-4) and cpu / GIB == pytest.approx(63.7248, abs=1e-4)
 
@@ -106,7 +106,7 @@ def test_llama70b_layer_coefficient():
     ],
 )
 def test_first_stage_activations_fig1(b, h, a, L, t, p, v, sp_sel, expected_gib, tol):
-    got = memory.korthikanti_first_stage_activation_bytes(
+    got = oracles.korthikanti_first_stage_activation_bytes(
         seq_length=2048, micro_batch_size=b, hidden_size=h, num_heads=a, num_layers=L, tp=t, pp=p, virtual_stages=v,
         sequence_parallel=sp_sel, selective=sp_sel)
     assert got / GIB == pytest.approx(expected_gib, abs=tol, rel=1e-12)
@@ -121,7 +121,7 @@ def test_first_stage_activations_fig1(b, h, a, L, t, p, v, sp_sel, expected_gib,
 
 def test_params_and_flops_narayanan():
     # §9 #16: Narayanan Eq. 2
-    assert compute.params_narayanan_eq2(num_layers=96, hidden_size=12288, vocab_size=51200, seq_length=2048) == pytest.approx(174.6158e9, rel=1e-4)
+    assert oracles.params_narayanan_eq2(num_layers=96, hidden_size=12288, vocab_size=51200, seq_length=2048) == pytest.approx(174.6158e9, rel=1e-4)
     # §9 #17, #18: Eq. 3 (96) and Eq. 7 (72)
     kw = dict(global_batch_size=1536, seq_length=2048, num_layers=96, hidden_size=12288, vocab_size=51200)
     assert compute.flops_narayanan_eq3(**kw) == pytest.approx(4.5110e18, rel=1e-4)
@@ -141,17 +141,17 @@ def test_params_and_flops_narayanan():
 
 def test_mfu_and_days():
     # §9 #19: Narayanan Eq. 4, GPT-3 34 days
-    assert compute.train_days_eq4(tokens=300e9, num_params=175e9, num_gpus=1024, flops_per_second_per_gpu=140e12) == pytest.approx(33.91, abs=0.01)
+    assert oracles.train_days_eq4(tokens=300e9, num_params=175e9, num_gpus=1024, flops_per_second_per_gpu=140e12) == pytest.approx(33.91, abs=0.01)
     # §9 #20: Korthikanti Table 5, 175B at 13.75 s on 64 GPUs -> 51.4% MFU
     flops = compute.flops_korthikanti_eq7(global_batch_size=64, seq_length=2048, num_layers=96, hidden_size=12288, vocab_size=51200)
-    assert compute.mfu(model_flops=flops, step_seconds=13.75, num_gpus=64, peak_flops_per_second=312e12) == pytest.approx(0.514, abs=0.002)
+    assert oracles.mfu(model_flops=flops, step_seconds=13.75, num_gpus=64, peak_flops_per_second=312e12) == pytest.approx(0.514, abs=0.002)
     # §9 #21: PaLM Appendix B
-    assert compute.mfu_palm(tokens_per_second=238.3e3, num_params=540e9, num_gpus=6144, peak_flops_per_second=275e12) == pytest.approx(0.4570, abs=1e-3)
+    assert oracles.mfu_palm(tokens_per_second=238.3e3, num_params=540e9, num_gpus=6144, peak_flops_per_second=275e12) == pytest.approx(0.4570, abs=1e-3)
 
 
 def test_comm_vectors():
     # §9 #22: Narayanan §3.2, 8 b s h (t-1)/t
-    assert comm.tp_elements_per_layer_narayanan(micro_batch_size=1, seq_length=2048, hidden_size=12288, tp=8) == 176_160_768
+    assert oracles.tp_elements_per_layer_narayanan(micro_batch_size=1, seq_length=2048, hidden_size=12288, tp=8) == 176_160_768
     # §9 #23: nccl-tests model, 1 GiB on 8 ranks at 230 GB/s busbw
     t = comm.all_reduce_seconds(message_bytes=2**30, group_size=8, link=Link(230e9, 0.0))
     assert t * 1e3 == pytest.approx(8.170, abs=0.01)
@@ -162,13 +162,13 @@ def test_comm_vectors():
 
 
 def test_bubble_vectors():
-    assert pipeline.bubble_1f1b_of_ideal(pp=8, num_micro_batches=64) == 0.109375  # §9 #24
-    assert pipeline.bubble_gpipe_of_total(pp=8, num_micro_batches=64) == pytest.approx(0.098592, abs=1e-6)
-    assert pipeline.bubble_interleaved_of_ideal(pp=8, num_micro_batches=64, virtual_stages=3) == pytest.approx(0.0364583, abs=1e-7)  # §9 #25
-    assert pipeline.bubble_gpipe_of_total(pp=16, num_micro_batches=128) == pytest.approx(0.104895, abs=1e-6)
-    zb = pipeline.zero_bubble_bubbles(pp=8, t_f=1, t_b=1, t_w=1)  # §9 #26
+    assert oracles.bubble_1f1b_of_ideal(pp=8, num_micro_batches=64) == 0.109375  # §9 #24
+    assert oracles.bubble_gpipe_of_total(pp=8, num_micro_batches=64) == pytest.approx(0.098592, abs=1e-6)
+    assert oracles.bubble_interleaved_of_ideal(pp=8, num_micro_batches=64, virtual_stages=3) == pytest.approx(0.0364583, abs=1e-7)  # §9 #25
+    assert oracles.bubble_gpipe_of_total(pp=16, num_micro_batches=128) == pytest.approx(0.104895, abs=1e-6)
+    zb = oracles.zero_bubble_bubbles(pp=8, t_f=1, t_b=1, t_w=1)  # §9 #26
     assert (zb["1f1b"], zb["zb_h1"], zb["zb_h2"]) == (21, 7, 0)
-    assert memory.interleave_memory_factor(pp=8, virtual_stages=3) == pytest.approx(1.291667, abs=1e-6)  # §9 #28
+    assert oracles.interleave_memory_factor(pp=8, virtual_stages=3) == pytest.approx(1.291667, abs=1e-6)  # §9 #28
 
 
 def test_vocab_padding():
@@ -182,6 +182,6 @@ def test_korthikanti_fig1_params_convention():
     # Korthikanti Fig. 1 "parameters and optimizer state" = 18 B x 12 L h^2 / (t p) (calculon validation.py)
     for L, h, t, p, gib in [(48, 6144, 8, 1, 45.5625), (96, 12288, 8, 8, 45.5625), (105, 20480, 8, 35, 31.6406),
                             (128, 25600, 8, 64, 32.9590)]:
-        assert memory.zero_model_state_bytes(num_params=12 * L * h * h / (t * p), dp=1, zero_stage=0,
+        assert oracles.zero_model_state_bytes(num_params=12 * L * h * h / (t * p), dp=1, zero_stage=0,
                                              grad_bytes=4) / GIB == pytest.approx(gib, abs=1e-4)
-    assert math.isclose(memory.zero_model_state_bytes(num_params=1, dp=1, zero_stage=0), 16)
+    assert math.isclose(oracles.zero_model_state_bytes(num_params=1, dp=1, zero_stage=0), 16)

@@ -3,7 +3,8 @@
 import pytest
 
 from cost_models import memory
-from cost_models.pipeline import bubble_gpipe_of_total, simulate
+from cost_models.oracles import bubble_gpipe_of_total
+from cost_models.pipeline import simulate
 
 
 @pytest.mark.parametrize("sched", ["gpipe", "1f1b"])

@@ -23,9 +23,13 @@ import os
 import time
 from dataclasses import dataclass
 
+from cost_models.stage import StageLinear
+
 
 @dataclass(frozen=True)
 class StageCoefficients:
+    """One stage's row of the ILP: cost_models.stage.StageLinear and the memory the stage may use."""
+
     layer_seconds: float
     recompute_seconds: float
     extra_seconds: float
@@ -34,6 +38,11 @@ class StageCoefficients:
     layer_act_full_bytes: float  # the same under full recompute
     fixed_bytes: float  # embedding/output states and activations, transient, overhead
     capacity_bytes: float
+
+    @classmethod
+    def of(cls, st: StageLinear, capacity_bytes: float) -> StageCoefficients:
+        return cls(st.layer_seconds, st.recompute_seconds, st.extra_seconds, st.layer_state_bytes,
+                   st.layer_act_policy_bytes, st.layer_act_full_bytes, st.fixed_bytes, capacity_bytes)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,62 @@
+"""Data-parallel traffic of one step per stage: gradient reduction and parameter gathers under ZeRO 0-3, with the
+share hidden behind the backward pass, and the embedding-gradient sync between the first and last stage.
+Standard library only; the collectives are communication.py's ring alpha-beta model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.communication import (
+    all_gather_seconds,
+    all_reduce_seconds,
+    pp_neighbour_link,
+    reduce_scatter_seconds,
+)
+from cost_models.inputs import Hardware, Link
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelTraffic:
+    total_seconds: float  # the slowest stage's traffic before overlap (for explanations)
+    exposed_seconds: float  # the slowest stage's traffic left on the critical path
+
+
+def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: float, param_bytes: float, dp: int,
+                      layers: int, num_micro_batches: int, link: Link) -> float:
+    """One stage's data-parallel traffic per step (ZeRO paper §7 for the volumes):
+
+    ZeRO-0: one all-reduce of the gradients; ZeRO-1: reduce-scatter of the gradients + all-gather of the updated
+    parameters; ZeRO-2: the reduce-scatter after every micro-batch (gradients are sharded, so accumulation cannot
+    wait) + one all-gather; ZeRO-3 / FSDP: per layer and micro-batch an all-gather in forward, one in backward, and
+    a reduce-scatter (1.5x the DP volume), each paying the ring latency per layer.
+    """
+    grad_msg, param_msg, m = params * grad_reduce_bytes, params * param_bytes, num_micro_batches
+    if zero_stage == 0:
+        return all_reduce_seconds(message_bytes=grad_msg, group_size=dp, link=link)
+    if zero_stage == 1:
+        return (reduce_scatter_seconds(message_bytes=grad_msg, group_size=dp, link=link)
+                + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))
+    if zero_stage == 2:
+        return (m * reduce_scatter_seconds(message_bytes=grad_msg, group_size=dp, link=link)
+                + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))
+    units = max(1, layers)
+    return m * units * (2 * all_gather_seconds(message_bytes=param_msg / units, group_size=dp, link=link)
+                        + reduce_scatter_seconds(message_bytes=grad_msg / units, group_size=dp, link=link))
+
+
+def overlap_window_seconds(*, zero_stage: int, forward_seconds: float, backward_seconds: float,
+                           num_micro_batches: int) -> float:
+    """Compute time the traffic can hide behind: the last backward (ZeRO 0/1 reduce once, at the end), every
+    backward (ZeRO-2), every forward and backward (ZeRO-3 gathers ahead of both)."""
+    m = num_micro_batches
+    if zero_stage <= 1:
+        return backward_seconds
+    if zero_stage == 2:
+        return m * backward_seconds
+    return m * (forward_seconds + backward_seconds)
+
+
+def embedding_sync_seconds(hw: Hardware, *, tp: int, dp: int, embedding_grad_bytes: float) -> float:
+    """Tied embeddings over a pipeline: the first and last stage all-reduce the embedding gradient (Megatron)."""
+    pp_link, _ = pp_neighbour_link(hw, tp=tp, dp=dp)
+    return all_reduce_seconds(message_bytes=embedding_grad_bytes, group_size=2, link=pp_link)

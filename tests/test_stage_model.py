@@ -1,0 +1,138 @@
+"""The one stage model (cost_models/stage.py) and the one makespan (cost_models/pipeline.py), held to independent
+derivations: the timeline simulator, the paper formulas in cost_models/oracles.py, and the stage model's own
+linear form (which the split refinement and the ILP optimise)."""
+
+from dataclasses import replace
+
+import pytest
+
+from cost_models import oracles
+from cost_models.inputs import Knobs, Layout, Training
+from cost_models.memory import activation_bytes_per_layer
+from cost_models.pipeline import pipeline_makespan, simulate
+from cost_models.stage import stage_model, stage_split, state_bytes_per_param
+from cost_models.step import estimate_step
+from tests.conftest import gpt_shape
+
+BF16 = Training(global_batch_size=512, seq_length=2048, activation_bytes=2, param_bytes=2, grad_bytes=4,
+                optimizer_bytes=12, grad_reduce_bytes=4)
+
+
+def _hw():
+    from cluster_specs import load_cluster
+
+    return load_cluster("dgx-a100-80gb", nodes=16).to_cost_model("bf16")
+
+
+# ---- the makespan, against the timeline simulator ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("gpipe", 1), ("naive", 1), ("interleaved_1f1b", 2),
+                                         ("interleaved_1f1b", 3), ("zero_bubble", 1)])
+@pytest.mark.parametrize("p, m", [(2, 4), (3, 6), (4, 8), (8, 16)])
+def test_makespan_equals_the_simulated_timeline(schedule, v, p, m):
+    # equal stages: forward 1, backward 2 (of which the weight gradient 1, zero-bubble's W)
+    tl = simulate(schedule=schedule, pp=p, num_micro_batches=m, virtual_stages=v, t_forward=1.0, t_backward=2.0,
+                  t_weight=1.0 if schedule == "zero_bubble" else None)
+    span = pipeline_makespan(schedule=schedule, stage_seconds=[3.0] * p, num_micro_batches=m, virtual_stages=v,
+                             weight_grad_seconds=[1.0] * p)
+    assert span.seconds == pytest.approx(tl.makespan, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_async_makespan_is_the_simulated_steady_state(p):
+    # PipeDream's asynchronous 1F1B never flushes: a step costs the simulator's marginal time of m more micro-batches
+    m = 8
+    one = simulate(schedule="pipedream_async", pp=p, num_micro_batches=m).makespan
+    two = simulate(schedule="pipedream_async", pp=p, num_micro_batches=2 * m).makespan
+    span = pipeline_makespan(schedule="pipedream_async", stage_seconds=[3.0] * p, num_micro_batches=m)
+    assert span.seconds == pytest.approx(two - one) and span.bubble_seconds == 0
+
+
+def test_uneven_stages_take_the_bottleneck_form():
+    # 1F1B with stage times 1, 3, 2: fill and drain through every stage once, the slowest paces the rest
+    span = pipeline_makespan(schedule="1f1b", stage_seconds=[1.0, 3.0, 2.0], num_micro_batches=5)
+    assert (span.seconds, span.bottleneck_stage, span.bubble_seconds) == (6.0 + 4 * 3.0, 1, 6.0 + 12.0 - 15.0)
+
+
+def test_makespan_bubbles_equal_the_paper_closed_forms():
+    p, m, v = 8, 64, 3
+    t = 3.0
+    one = pipeline_makespan(schedule="1f1b", stage_seconds=[t] * p, num_micro_batches=m)
+    assert one.bubble_seconds / one.busy_seconds == pytest.approx(oracles.bubble_1f1b_of_ideal(pp=p, num_micro_batches=m))
+    assert one.bubble_seconds / one.seconds == pytest.approx(oracles.bubble_gpipe_of_total(pp=p, num_micro_batches=m))
+    inter = pipeline_makespan(schedule="interleaved_1f1b", stage_seconds=[t] * p, num_micro_batches=m,
+                              virtual_stages=v)
+    assert inter.bubble_seconds / inter.busy_seconds == pytest.approx(
+        oracles.bubble_interleaved_of_ideal(pp=p, num_micro_batches=m, virtual_stages=v))
+    t_f, t_b, t_w = 1.0, 1.2, 0.8  # t_b: input gradient only
+    zb = pipeline_makespan(schedule="zero_bubble", stage_seconds=[t_f + t_b + t_w] * p, num_micro_batches=m,
+                           weight_grad_seconds=[t_w] * p)
+    assert zb.bubble_seconds == pytest.approx(oracles.zero_bubble_bubbles(pp=p, t_f=t_f, t_b=t_b, t_w=t_w)["zb_h1"])
+
+
+# ---- the stage model: its evaluated stages equal its linear form ------------------------------------------
+
+
+@pytest.mark.parametrize("zero, recompute, full", [(0, "none", None), (1, "selective", (0, 3, 12, 1)),
+                                                   (1, "full", None), (0, "selective", (2, 2, 2, 2))])
+def test_evaluated_stages_equal_the_linear_form_the_ilp_uses(zero, recompute, full):
+    model = gpt_shape(num_layers=48, hidden_size=4096, num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=16384)
+    split = (11, 13, 13, 11)
+    layout = Layout(dp=4, tp=4, pp=4, zero_stage=zero, micro_batch_size=1, num_micro_batches=16, recompute=recompute,
+                    sequence_parallel=True, layers_per_stage=split, recompute_layers_per_stage=full)
+    sm = stage_model(model, BF16, _hw(), layout, Knobs())
+    # the ILP's coefficients come from the base policy: none/selective layers, r of them fully recomputed
+    base = stage_model(model, BF16, _hw(), replace(layout, recompute="none" if recompute == "full" else recompute,
+                                                   recompute_layers_per_stage=None), Knobs())
+    for i in range(4):
+        n, r = sm.split[i], sm.full_layers[i]
+        lin = base.linear(i)
+        assert sm.time(i).total_seconds == pytest.approx(n * lin.layer_seconds + r * lin.recompute_seconds
+                                                         + lin.extra_seconds, rel=1e-12)
+        mem = sm.memory(i)
+        linear_bytes = (n * lin.layer_state_bytes + (n - r) * lin.layer_act_policy_bytes
+                        + r * lin.layer_act_full_bytes + lin.fixed_bytes)
+        # the linear row always reserves one recomputed layer's activations; the stage pays it only when r > 0
+        reserved = 0.0 if r > 0 else base.lc.act_none_bytes
+        assert mem.total_bytes == pytest.approx(linear_bytes - reserved, rel=1e-12)
+
+
+def test_estimate_reports_the_stage_model():
+    model = gpt_shape(num_layers=10, hidden_size=2048, num_attention_heads=16, num_kv_heads=16, ffn_hidden_size=8192)
+    layout = Layout(dp=32, tp=1, pp=4, zero_stage=1, num_micro_batches=16)
+    est = estimate_step(model, BF16, _hw(), layout)
+    sm = stage_model(model, BF16, _hw(), layout, Knobs())
+    assert [st.layers for st in est.stages] == [2, 3, 3, 2] == list(stage_split(10, 4))
+    assert est.stages == tuple(sm.memory(i) for i in range(4))
+    assert est.stage_seconds == tuple(sm.time(i).total_seconds for i in range(4))
+
+
+# ---- production against the paper formulas ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_stage_states_equal_the_zero_paper_table(zero):
+    model = gpt_shape(num_layers=24, hidden_size=2048, num_attention_heads=16, num_kv_heads=16, ffn_hidden_size=8192)
+    layout = Layout(dp=128, tp=1, pp=1, zero_stage=zero, num_micro_batches=4)
+    st = estimate_step(model, BF16, _hw(), layout).stages[0]
+    want = oracles.zero_model_state_bytes(num_params=st.params, dp=128, zero_stage=zero, param_bytes=2, grad_bytes=4,
+                                          optimizer_bytes=12)
+    assert st.weights_bytes + st.gradients_bytes + st.optimizer_bytes == pytest.approx(want, rel=1e-12)
+    assert sum(state_bytes_per_param(BF16, zero_stage=zero, dp=128)) * st.params == pytest.approx(want, rel=1e-12)
+
+
+def test_interleaved_first_stage_activations_equal_korthikanti():
+    # Korthikanti et al. 2022 Eq. 5 with the interleave factor 1 + (p-1)/(p v): selective recompute, TP + SP, GPT
+    p, v, t = 4, 3, 4
+    model = gpt_shape(num_layers=48, hidden_size=4096, num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=16384)
+    layout = Layout(dp=8, tp=t, pp=p, zero_stage=1, num_micro_batches=16, recompute="selective",
+                    sequence_parallel=True, schedule="interleaved_1f1b", virtual_stages=v)
+    sm = stage_model(model, BF16, _hw(), layout, Knobs())
+    layers_only = sm.memory(0).activations_bytes - sm.lc.embedding_act_bytes * sm.in_flight(0)
+    want = oracles.korthikanti_first_stage_activation_bytes(
+        seq_length=2048, micro_batch_size=1, hidden_size=4096, num_heads=32, num_layers=48, tp=t, pp=p,
+        virtual_stages=v, sequence_parallel=True, selective=True)
+    assert layers_only == pytest.approx(want, rel=1e-12)
+    assert sm.lc.act_policy_bytes == activation_bytes_per_layer(model, seq_length=2048, micro_batch_size=1, tp=t,
+                                                                sequence_parallel=True, recompute="selective")
