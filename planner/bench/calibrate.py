@@ -413,6 +413,22 @@ def cpu_knobs(reports: list[dict], gpu: dict, nproc: int, dtype: str) -> tuple[d
     return knobs, probes, tp_rows
 
 
+def _summary(gemm: dict, knobs: dict, probes: list[dict], tp_rows: list[dict]) -> dict:
+    """The headline figures the file and the terminal show: measured, never a catalog peak."""
+    return {"gemm_fitted_peak_tflops": gemm["peak_flops_per_second"] / 1e12,
+            "gemm_best_tflops": gemm["best"]["flops_per_second"] / 1e12,
+            "gemm_best_shape": [gemm["best"][k] for k in ("m", "k", "n")],
+            "gemm_smallest_tflops": gemm["smallest"]["flops_per_second"] / 1e12,
+            "gemm_smallest_shape": [gemm["smallest"][k] for k in ("m", "k", "n")],
+            "gemm_fit_median_abs_error": gemm["fit_median_abs_error"],
+            "gemm_fit_max_abs_error": gemm["fit_max_abs_error"],
+            "x_half_gflop_gemm_line": gemm["x_half_gflop"],
+            "x_half_gflop_used": knobs["matmul_half_efficiency_gflop"],
+            "end_to_end_efficiency": knobs.get("end_to_end_efficiency"),
+            "tp_layer_overhead_seconds": knobs.get("tp_layer_overhead_seconds"), "tp_probes": tp_rows,
+            "layer_probes": probes}
+
+
 def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, messages: list[int] | None = None,
               repeats: int = 5, copy_bytes: int = 64 * 2**20, timeout_seconds: float = 120.0,
               gpu_name: str | None = None, extra_gemms: list[tuple[int, int, int]] | None = None) -> dict:
@@ -442,19 +458,8 @@ def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, me
         h2d = min(r["memory_bytes_per_second"] for r in reports)
         h2d_note = "host_to_device: CPU ranks have no host-device link; the host memory copy bandwidth stands in"
     host_gib = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30 if hasattr(os, "sysconf") else 64
-    summary = {"gemm_fitted_peak_tflops": gemm["peak_flops_per_second"] / 1e12,
-               "gemm_best_tflops": gemm["best"]["flops_per_second"] / 1e12,
-               "gemm_best_shape": [gemm["best"][k] for k in ("m", "k", "n")],
-               "gemm_smallest_tflops": gemm["smallest"]["flops_per_second"] / 1e12,
-               "gemm_smallest_shape": [gemm["smallest"][k] for k in ("m", "k", "n")],
-               "gemm_fit_median_abs_error": gemm["fit_median_abs_error"],
-               "gemm_fit_max_abs_error": gemm["fit_max_abs_error"],
-               "x_half_gflop_gemm_line": gemm["x_half_gflop"],
-               "x_half_gflop_used": knobs["matmul_half_efficiency_gflop"],
-               "end_to_end_efficiency": knobs.get("end_to_end_efficiency"),
-               "tp_layer_overhead_seconds": knobs.get("tp_layer_overhead_seconds"), "tp_probes": tp_rows,
-               "layer_probes": probes,
-               "memory_copy_gb_per_s": min(r["memory_bytes_per_second"] for r in reports) / 1e9,
+    mem_bw = min(r["memory_bytes_per_second"] for r in reports)
+    summary = {**_summary(gemm, knobs, probes, tp_rows), "memory_copy_gb_per_s": mem_bw / 1e9,
                "host_to_device_gb_per_s": h2d / 1e9, "host_to_device_pinned": cuda,
                "dtype": dtype, "device_name": r0["device_name"], "torch_version": r0["torch_version"]}
     intra = _intra(r0, nproc, cuda)

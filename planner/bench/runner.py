@@ -445,6 +445,15 @@ def _memory_report(cuda: bool) -> dict:
     }
 
 
+def build_optimizer(cfg: BenchConfig, params: list, dp_group):
+    """ZeRO-1 over DP > 1: the sharded optimizer; else one optimizer over this rank's (possibly FSDP-sharded)
+    parameters."""
+    if cfg.layout.get("zero_stage", 0) == 1 and cfg.layout["dp"] > 1:
+        return ShardedOptimizer(params, dp_group=dp_group, dp_ranks=dist.get_process_group_ranks(dp_group),
+                                lr=cfg.learning_rate, optimizer=cfg.optimizer, eps=cfg.adam_eps)
+    return make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, eps=cfg.adam_eps)
+
+
 def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> dict:
     device, mesh = _start(rank, world, cfg, init_method)
     cuda = device.type == "cuda"
@@ -457,11 +466,7 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
     params = list({id(p): p for m in modules for p in m.parameters()}.values())
     zero = lay.get("zero_stage", 0)
     dp_group = mesh["dp"].get_group()
-    if zero == 1 and dp > 1:
-        opt = ShardedOptimizer(params, dp_group=dp_group, dp_ranks=dist.get_process_group_ranks(dp_group),
-                               lr=cfg.learning_rate, optimizer=cfg.optimizer, eps=cfg.adam_eps)
-    else:
-        opt = make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, eps=cfg.adam_eps)
+    opt = build_optimizer(cfg, params, dp_group)
     mbs, m_count, V = lay["micro_batch_size"], lay["num_micro_batches"], cfg.transformer().vocab_size
 
     def loss_fn(logits, target):
