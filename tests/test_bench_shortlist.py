@@ -57,3 +57,18 @@ def test_calibration_scales_end_to_end_efficiency_by_the_median_ratio():
     # ratios 0.5, 1.0, 0.75 -> median 0.75
     assert cal["measured"]["knobs"]["end_to_end_efficiency"] == pytest.approx(0.6)
     assert any("a: predicted 1 s, measured 2 s" in n for n in cal["measured"]["notes"])
+
+
+def test_each_layout_takes_dp_from_nproc_and_a_runner_up_that_cannot_run_is_skipped():
+    pytest.importorskip("torch")
+    from planner.bench.session import BenchOptions, fit_shortlist
+
+    base = {"zero_stage": 1, "micro_batch_size": 1, "num_micro_batches": 2}
+    entries = [{"layout": dict(base, dp=128, tp=1, pp=1), "role": "pick"},
+               {"layout": dict(base, dp=64, tp=2, pp=1), "role": "runner-up"},
+               {"layout": dict(base, dp=16, tp=8, pp=1), "role": "runner-up"}]
+    kept, layouts, skipped = fit_shortlist(entries, BenchOptions(nproc=4))
+    assert [(lay.dp, lay.tp) for lay in layouts] == [(4, 1), (2, 2)]
+    assert len(kept) == 2 and len(skipped) == 1 and "--nproc" in skipped[0]
+    with pytest.raises(Exception, match="--nproc"):  # the pick itself must run
+        fit_shortlist(entries[2:] and [dict(entries[2], role="pick")], BenchOptions(nproc=4))

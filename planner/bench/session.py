@@ -228,21 +228,27 @@ def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
 
 
 def fit_shortlist(entries: list[dict], opts: BenchOptions) -> tuple[list[dict], list[LayoutSpec], list[str]]:
-    """The short list's layouts fitted to --nproc: each keeps its TP x PP and takes dp = nproc / (tp pp) (unless
-    --dp is given); a layout whose tp x pp does not divide nproc is skipped, with why."""
+    """The short list's layouts fitted to the machine: each keeps its TP x PP and, without --dp, takes
+    dp = nproc / (tp pp). A runner-up that cannot run here is skipped, with why; the pick must run."""
     from dataclasses import replace
+
+    from cluster_specs import SpecError
 
     kept, layouts, skipped = [], [], []
     for e in entries:
         lay = LayoutSpec.model_validate(e["layout"])
         o = opts
-        if opts.nproc and not opts.dp:
-            if opts.nproc % (lay.tp * lay.pp):
-                skipped.append(f"{lay.short()}: tp*pp = {lay.tp * lay.pp} does not divide --nproc {opts.nproc}")
-                continue
+        if opts.nproc and not opts.dp and opts.nproc % (lay.tp * lay.pp) == 0:
             o = replace(opts, dp=opts.nproc // (lay.tp * lay.pp))
+        try:
+            fitted = fit_layout(lay, o)
+        except SpecError as exc:
+            if e["role"] == "pick":
+                raise
+            skipped.append(f"{lay.short()}: {exc}")
+            continue
         kept.append(e)
-        layouts.append(fit_layout(lay, o))
+        layouts.append(fitted)
     return kept, layouts, skipped
 
 
