@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 # Tests need torch (pinned exactly: a range pulls a multi-GB CUDA build) and the dev tools.
 $(DEVSTAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[bench,dev]'
+	$(BIN)/python -m pip install -q -e '.[bench,dev,plots]'
 	touch $@
 
 setup: $(DEVSTAMP)
@@ -31,7 +31,7 @@ lint: $(DEVSTAMP)
 	$(BIN)/ruff check planner cost_models cluster_specs tests
 
 # The published JSON Schemas are generated from planner/contract.py (tests/test_contract.py checks they are current)
-SCHEMAS := plan estimate check bench check-batch
+SCHEMAS := plan estimate check bench check-batch compare scaling
 schema: $(STAMP)
 	for s in $(SCHEMAS); do $(BIN)/planner schema $$s > docs/schema/$$s.schema.json || exit 1; done
 

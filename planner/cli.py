@@ -289,6 +289,12 @@ def plan(
                                                                                   "cost (with --tokens).")] = None,
     pue: Annotated[float | None, typer.Option("--pue", help="Power usage effectiveness, to add facility energy "
                                                             "(with --tokens).")] = None,
+    figures: Annotated[Path | None, typer.Option("--figures", help="Write memory per stage and time breakdown "
+                                                                   "figures (PNG and SVG) into this folder; needs "
+                                                                   "matplotlib: pip install 'planner[plots]'.")] = None,
+    sensitivity: Annotated[bool, typer.Option("--sensitivity", help="Plan again under perturbed inputs (bandwidth, "
+                                                                   "matmul efficiency, error band, one node fewer): "
+                                                                   "does the pick survive? Names ties.")] = False,
     as_json: JsonOpt = False,
 ):
     """Choose the layout to run: search, solve, explain."""
@@ -302,7 +308,8 @@ def plan(
         raise SpecError(f"--top: {top} -> must be >= 0")
     from planner.decisions.plan_extras import PlanExtras, extend
 
-    extras = PlanExtras(tokens=tokens, price_per_gpu_hour=gpu_hour_price, pue=pue)
+    extras = PlanExtras(tokens=tokens, price_per_gpu_hour=gpu_hour_price, pue=pue, objective=objective,
+                        sensitivity=sensitivity, command=_plan_command(), figures=figures)
     extras.check()
     problem = build_problem(cluster, nodes, model, global_batch_size, seq_len, precision, headroom_gib, calibration)
     from planner.frameworks.restriction import build_restriction
@@ -327,7 +334,7 @@ def plan(
     result = add_compared(problem, make_plan(problem, opts), compared)
     doc = PlanDocument.from_result(problem, result, objective=objective, framework=restriction.caps.framework,
                                    notes=[min_gpus_note] if min_gpus_note else None)
-    extend(doc, problem, result, extras)
+    extend(doc, problem, result, extras, opts)
     if output is not None:
         write_atomically(output, doc.model_dump_json(indent=2) + "\n")
     if as_json:
@@ -337,9 +344,145 @@ def plan(
 
     render_plan(_stdout(), doc, show_schedule=not no_schedule)
     for line in extras.lines:
-        _stdout().print(line, highlight=False, markup=False)
+        _stdout().print(line, highlight=False, markup=False, soft_wrap=True)
     if output is not None:
         _stderr().print(f"wrote {output}")
+
+
+def _plan_command() -> str:
+    """The plan command as typed, without the options that only shape the output."""
+    import shlex
+
+    drop = {"--sensitivity", "--json", "--no-schedule"}
+    args, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "--output", "--figures"):
+            skip = True
+            continue
+        if a not in drop:
+            args.append(a)
+    return shlex.join(["planner", *args])
+
+
+@app.command()
+def compare(
+    clusters: Annotated[str, typer.Option("--clusters", help="CLUSTER:NODES[@PRICE],... e.g. "
+                                                              "'dgx-a100-80gb:128,dgx-h100:64,dgx-h200:64@3.1'")],
+    model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
+    precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
+    tokens: Annotated[float | None, typer.Option("--tokens", help="Token budget (default: days per 1T tokens).")] = None,
+    gpu_hour_price: Annotated[float | None, typer.Option("--gpu-hour-price", help="Price per GPU-hour for entries "
+                                                                                  "without @PRICE.")] = None,
+    pue: Annotated[float | None, typer.Option("--pue", help="Power usage effectiveness (facility energy).")] = None,
+    no_solver: Annotated[bool, typer.Option("--no-solver", help="Skip the ILP refinement.")] = False,
+    figure: Annotated[Path | None, typer.Option("--figure", help="Also draw the comparison (.png or .svg; needs "
+                                                                 "matplotlib: pip install 'planner[plots]').")] = None,
+    as_json: JsonOpt = False,
+):
+    """Plan one model and batch on several clusters; rank by time to train, cost per token, tokens/s per GPU."""
+    from planner.decisions.compare import as_json as compare_json
+    from planner.decisions.compare import compare as run_compare
+    from planner.decisions.compare import parse_clusters, render_lines
+    from planner.decisions.plan_extras import step_time_band
+    from planner.decisions.train import check_run_options
+    from planner.search import PlanOptions
+
+    check_run_options(tokens if tokens is not None else 1e12, gpu_hour_price, pue)
+    choices = parse_clusters(clusters, gpu_hour_price)
+    _check_figure(figure)
+    result = run_compare(choices, lambda c, n: build_problem(c, n, model, global_batch_size, seq_len, precision,
+                                                             headroom_gib),
+                         PlanOptions(use_solver=not no_solver), tokens=tokens, pue=pue, band_for=step_time_band)
+    if as_json:
+        first = next(e for e in result.entries)
+        _emit_json({"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "compare",
+                    "inputs": {"model": first.problem.model.model_dump(mode="json"),
+                               "training": first.problem.training.model_dump(mode="json")},
+                    **compare_json(result)})
+    else:
+        for line in render_lines(result, _compare_title(result, global_batch_size, seq_len)):
+            _stdout().print(line, highlight=False, markup=False, soft_wrap=True)
+    if figure is not None:
+        from planner.explain.figures import comparison_figure
+
+        comparison_figure(result, figure, _compare_title(result, global_batch_size, seq_len))
+        _stderr().print(f"wrote {figure}")
+
+
+def _check_figure(figure: Path | None) -> None:
+    """Before any work: the suffix is .png/.svg and matplotlib is there (exit 3 / exit 6)."""
+    if figure is not None:
+        from planner.explain.figures import check_path, require_matplotlib
+
+        check_path(figure)
+        require_matplotlib()
+
+
+def _compare_title(result, batch: int, seq: int) -> str:
+    return f"{result.entries[0].problem.model.name}, batch {batch:,} x {seq:,} tokens, on {len(result.entries)} clusters"
+
+
+def _int_list(text: str | None, option: str, limit: int = 1_000_000) -> list[int] | None:
+    from cluster_specs import SpecError
+
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError(f"{option}: {text!r} -> comma-separated integers") from None
+    if not values or any(not 1 <= v <= limit for v in values) or len(values) > 32:
+        raise SpecError(f"{option}: {text!r} -> 1 to 32 integers, each between 1 and {limit:,}")
+    return values
+
+
+@app.command()
+def scaling(
+    cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="Centre of the default sweep: nodes/32 .. nodes*4.")] = None,
+    node_counts: Annotated[str | None, typer.Option("--node-counts", help="Node counts to plan, e.g. 64,128,256.")] = None,
+    batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Global batch sizes to sweep too, "
+                                                                          "e.g. 1024,2048,4096.")] = None,
+    precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = 2.0,
+    tokens: Annotated[float | None, typer.Option("--tokens", help="Token budget (default: days per 1T tokens).")] = None,
+    no_solver: Annotated[bool, typer.Option("--no-solver", help="Skip the ILP refinement.")] = False,
+    figure: Annotated[Path | None, typer.Option("--figure", help="Also draw the curve (.png or .svg; needs "
+                                                                 "matplotlib: pip install 'planner[plots]').")] = None,
+    as_json: JsonOpt = False,
+):
+    """The best plan's tokens/s, MFU and time to train over node counts: where adding GPUs stops paying."""
+    from cluster_specs import load_cluster
+    from planner.decisions.scaling import as_json as scaling_json
+    from planner.decisions.scaling import default_node_counts, render_lines, scaling_curves
+    from planner.decisions.train import check_run_options
+    from planner.search import PlanOptions
+
+    check_run_options(tokens if tokens is not None else 1e12, None, None)
+    _check_figure(figure)
+    counts = _int_list(node_counts, "--node-counts") or default_node_counts(nodes or load_cluster(cluster).num_nodes)
+    batches = _int_list(batch_sizes, "--batch-sizes", 10**8) or [global_batch_size]
+    curves = scaling_curves(lambda n, b: build_problem(cluster, n, model, b, seq_len, precision, headroom_gib),
+                            PlanOptions(use_solver=not no_solver), counts, batches)
+    budget = tokens if tokens is not None else 1e12
+    first = curves[0].points[0].problem
+    title = (f"Scaling: {first.model.name}, {seq_len}-token sequences, on {first.cluster.name} "
+             f"({first.cluster.gpus_per_node} x {first.hardware.gpu_name} per node)")
+    if as_json:
+        _emit_json({"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "scaling",
+                    "inputs": {"cluster": first.cluster.model_dump(mode="json"),
+                               "model": first.model.model_dump(mode="json"), "seq_length": seq_len},
+                    **scaling_json(curves, budget, tokens is not None)})
+    else:
+        for line in render_lines(curves, budget, tokens is not None, title):
+            _stdout().print(line, highlight=False, markup=False, soft_wrap=True)
+    if figure is not None:
+        from planner.explain.figures import scaling_figure
+
+        scaling_figure(curves, figure, title)
+        _stderr().print(f"wrote {figure}")
 
 
 @app.command()

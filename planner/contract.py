@@ -274,6 +274,68 @@ class TrainingRun(_Strict):
     error_band_note: str
 
 
+class FewerGpus(_Strict):
+    nodes: int
+    num_gpus: int
+    tokens_per_second: float
+    mfu: float
+    relative_throughput: float = Field(description="this plan's tokens/s / the pick's")
+    gpu_hours_change: float = Field(description="relative change of GPU-hours to train the same tokens")
+    layout_text: str
+
+
+class LargerBatch(_Strict):
+    global_batch_size: int
+    tokens_per_second: float
+    mfu: float
+    wasted_share: float
+    layout_text: str
+    relative_throughput: float
+
+
+class Utilisation(_Strict):
+    """Whether the pick wastes the cluster and what would help (planner/decisions/waste.py)."""
+
+    wasted_share: float = Field(description="(bubble + exposed TP/DP/PP communication) / step time")
+    parts: dict[str, float]
+    threshold: float = Field(description="wasteful at or above this share")
+    wasteful: bool
+    fewer_gpus: list[FewerGpus] = Field(description="the best plan on 1/2 and 1/4 of the nodes (when wasteful)")
+    min_gpus_command: str | None = Field(description="the min-gpus search for 90% of the pick's tokens/s")
+    larger_batches: list[LargerBatch] = Field(description="the best plan at 2x and 4x the global batch (when wasteful)")
+    scaling_command: str | None
+
+
+class ScenarioOutcome(_Strict):
+    perturbation: str
+    verdict: Literal["kept", "tie", "changes", "not applicable", "infeasible"]
+    new_pick: LayoutSpec | None
+    new_pick_text: str | None
+    new_step_time_seconds: float | None
+    original_step_time_seconds: float | None = Field(description="the original pick under the perturbation; null "
+                                                                  "when it cannot run there (see note)")
+    step_time_change: float | None = Field(description="new best's step time / the pick's unperturbed - 1")
+    regret: float | None = Field(description="original pick's step time / new best's - 1, under the perturbation")
+    note: str
+
+
+class TiedLayout(_Strict):
+    layout_text: str
+    step_time_seconds: float
+    step_time_vs_pick: float
+
+
+class SensitivityReport(_Strict):
+    """`plan --sensitivity` (planner/decisions/sensitivity.py)."""
+
+    tie_tolerance: float = Field(description="relative step-time difference below which layouts tie")
+    tie_source: str
+    scenarios: list[ScenarioOutcome]
+    tied: list[TiedLayout] = Field(description="the pick and the distinct layouts within the tie tolerance")
+    recommended: str = Field(description="the simplest tied layout")
+    short_list_size: int = Field(description="K for `planner bench plan.json --top K`")
+
+
 class PlanDocument(CandidateReport):
     """`planner plan --json`: the pick at the top level, then runners-up, the decision and the search."""
 
@@ -290,6 +352,10 @@ class PlanDocument(CandidateReport):
     compared: list[CandidateReport] = Field(description="Layouts given with --compare, estimated beside the pick.")
     training_run: TrainingRun | None = Field(default=None, description="With --tokens: time, cost and energy to "
                                                                        "train the budget with the pick.")
+    utilisation: Utilisation | None = Field(default=None, description="Whether the pick wastes the cluster "
+                                                                      "(objective throughput).")
+    sensitivity: SensitivityReport | None = Field(default=None, description="With --sensitivity.")
+    figures: list[str] | None = Field(default=None, description="Files written by --figures.")
 
     @classmethod
     def from_result(cls, problem: Any, result: Any, *, objective: str, framework: Framework = Framework.GENERIC,
@@ -408,8 +474,78 @@ class BenchReport(_Strict):
                    comparison=BenchComparison.model_validate(comparison), ranks=ranks)
 
 
+# ---- decisions: compare and scaling (planner/decisions/) --------------------------------------------------
+
+
+class ComparedCluster(_Strict):
+    cluster: str
+    nodes: int
+    label: str = Field(description="CLUSTER:NODES as given")
+    num_gpus: int
+    gpu: str
+    price_per_gpu_hour: float | None
+    feasible: bool
+    infeasible_reason: str | None
+    pick: CandidateReport | None
+    training_run: TrainingRun | None
+    per_million_tokens: dict[str, float | None] = Field(description="gpu_hours, cost and gpu_energy_kwh per 1e6 tokens")
+
+
+class CompareDocument(_Strict):
+    """`planner compare --json`: one model and batch planned on several clusters (planner/decisions/compare.py)."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["compare"] = "compare"
+    inputs: dict[str, ModelSpec | TrainingSpec]
+    tokens: float = Field(description="the token budget (1e12 when --tokens is not given)")
+    tokens_given: bool
+    priced: bool = Field(description="every feasible cluster has a price: cost ranking, else GPU-hours")
+    clusters: list[ComparedCluster]
+    rankings: dict[str, list[str]] = Field(description="time_to_train, cost_per_million_tokens, "
+                                                       "tokens_per_second_per_gpu: labels, best first")
+
+
+class ScalingPoint(_Strict):
+    nodes: int
+    num_gpus: int
+    global_batch_size: int
+    feasible: bool
+    infeasible_reason: str | None
+    layout: LayoutSpec | None
+    step_time_seconds: float | None
+    tokens_per_second: float | None
+    tokens_per_second_per_gpu: float | None
+    mfu: float | None
+    pipeline_bubble_share: float | None
+    scaling_efficiency: float | None = Field(description="tokens/s per GPU / that of base_nodes")
+    time_to_train_days: float | None
+
+
+class ScalingCurve(_Strict):
+    global_batch_size: int
+    base_nodes: int | None = Field(description="the smallest node count of the sweep that fits")
+    stops_paying_at_nodes: int | None = Field(description="the first node count below stop_efficiency")
+    points: list[ScalingPoint]
+
+
+class ScalingDocument(_Strict):
+    """`planner scaling --json` (planner/decisions/scaling.py)."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["scaling"] = "scaling"
+    inputs: dict[str, ClusterSpec | ModelSpec | int]
+    tokens: float
+    tokens_given: bool
+    stop_efficiency: float
+    efficiency_definition: str
+    curves: list[ScalingCurve]
+
+
 SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanDocument, "estimate": EstimateDocument, "check": CheckReport,
-                                       "bench": BenchReport, "check-batch": CheckBatch}
+                                       "bench": BenchReport, "check-batch": CheckBatch, "compare": CompareDocument,
+                                       "scaling": ScalingDocument}
 
 
 def json_schema(which: str) -> dict[str, Any]:

@@ -58,6 +58,8 @@ def main() -> None:
     print(f"\n`planner plan` end to end (16,384 GPUs / 405B, process start included): median "
           f"{statistics.median(walls):.2f} s over {REPEATS} runs (min {min(walls):.2f}, max {max(walls):.2f})")
 
+    decisions_speed()
+
     problem = Problem(load_model("llama3-405b"), TrainingSpec(global_batch_size=2048, seq_length=8192),
                       load_cluster("dgx-h100", nodes=2048), default_knobs())
     layout = LayoutSpec(tp=8, pp=16, dp=128, micro_batch_size=1, num_micro_batches=16,
@@ -65,6 +67,39 @@ def main() -> None:
     runs = [timeit.timeit(lambda: estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout,
                                                 problem.knobs), number=500) / 500 for _ in range(REPEATS)]
     print(f"one estimate (405B, tp8 pp16 dp128): median {statistics.median(runs) * 1e6:.0f} µs")
+
+
+def decisions_speed(repeats: int = 3) -> None:
+    """`planner compare` over 3 clusters and `planner scaling` over 8 node counts for Llama 3 405B, in process:
+    wall clock and CPU time (the CPU time is what a shared machine does not inflate), medians."""
+    from cluster_specs import load_cluster
+    from planner.decisions.compare import compare, parse_clusters
+    from planner.decisions.scaling import default_node_counts, scaling_curve
+    from planner.estimate import Problem
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import TrainingSpec
+    from planner.search import PlanOptions
+
+    model = load_model("llama3-405b")
+
+    def make(cluster, nodes, batch=2048):
+        return Problem(model, TrainingSpec(global_batch_size=batch, seq_length=8192), load_cluster(cluster, nodes=nodes))
+
+    cases = {
+        "compare 405B on dgx-a100-80gb:2048,dgx-h100:2048,dgx-h200:2048": lambda: compare(
+            parse_clusters("dgx-a100-80gb:2048,dgx-h100:2048,dgx-h200:2048"), make, PlanOptions()),
+        "scaling 405B on dgx-h100, 64..8192 nodes (8 counts)": lambda: scaling_curve(
+            lambda n, b: make("dgx-h100", n, b), PlanOptions(), default_node_counts(2048), 2048),
+    }
+    for label, fn in cases.items():
+        walls, cpus = [], []
+        for _ in range(repeats):
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+        print(f"{label}: median {statistics.median(walls):.2f} s wall, {statistics.median(cpus):.2f} s CPU "
+              f"over {repeats} runs")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def test_the_error_band_carries_through_every_quantity():
     assert doc["gpu_hours"]["high"] == pytest.approx(1.25 * r.gpu_hours)
     assert doc["error_band"]["source"] == "test band"
     with pytest.raises(ValueError):
-        StepTimeBand(1.1, 1.2, "lower above 1")
+        StepTimeBand(1.2, 1.1, "lower above upper")
 
 
 def test_catalog_power_has_a_source_for_every_gpu():
@@ -106,3 +106,221 @@ def test_bad_run_options_are_one_line_input_errors(bad):
     proc = run("plan", "-c", "dgx-a100-80gb", "-n", "1", "-m", "gpt3-1.3b", "-b", "8", "-s", "1024", *bad)
     assert proc.returncode == errors.EXIT_INPUT, proc.stderr
     assert proc.stderr.startswith("error: --") and "Traceback" not in proc.stderr
+
+
+# ---- which cluster ---------------------------------------------------------------------------------------
+
+def test_parse_clusters():
+    from cluster_specs import SpecError
+    from planner.decisions.compare import ClusterChoice, parse_clusters
+
+    assert parse_clusters("dgx-a100-80gb:128, dgx-h100:64@2.5", 1.0) == [
+        ClusterChoice("dgx-a100-80gb", 128, 1.0), ClusterChoice("dgx-h100", 64, 2.5)]
+    with pytest.raises(SpecError) as exc:
+        parse_clusters("dgx-h100,dgx-h100:x,dgx-h100:0,dgx-h100:8@-1")
+    assert len(exc.value.problems) == 4
+    with pytest.raises(SpecError):
+        parse_clusters("dgx-h100:8,dgx-h100:8")
+
+
+@pytest.fixture(scope="module")
+def compared():
+    proc = run("compare", "--clusters", "dgx-a100-80gb:8@1.2,dgx-h100:4@2.5,dgx-h200:4@3.0", "-m", "llama2-7b",
+               "-b", "64", "-s", "4096", "--no-solver", "--tokens", "2e12", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_compare_document_follows_the_contract(compared):
+    from planner.contract import CompareDocument
+    from tests.conftest import ROOT
+
+    CompareDocument.model_validate(compared)
+    assert json.loads(run("schema", "compare").stdout) == json.loads(
+        (ROOT / "docs" / "schema" / "compare.schema.json").read_text())
+
+
+def test_compare_rankings_follow_their_metrics(compared):
+    by = {c["label"]: c for c in compared["clusters"]}
+    assert all(c["feasible"] for c in by.values())
+    tps = {k: c["pick"]["predicted"]["tokens_per_second"] for k, c in by.items()}
+    # time to train is tokens / tokens per second: the same order as total throughput
+    assert compared["rankings"]["time_to_train"] == sorted(tps, key=lambda k: -tps[k])
+    per_gpu = {k: c["pick"]["predicted"]["tokens_per_second_per_gpu"] for k, c in by.items()}
+    assert compared["rankings"]["tokens_per_second_per_gpu"] == sorted(per_gpu, key=lambda k: -per_gpu[k])
+    for k, c in by.items():
+        # GPU-hours per million tokens, derived independently: 1e6 / (tokens/s per GPU) / 3600
+        gh = 1e6 / per_gpu[k] / 3600
+        assert c["per_million_tokens"]["gpu_hours"] == pytest.approx(gh, rel=1e-3)
+        assert c["per_million_tokens"]["cost"] == pytest.approx(gh * c["price_per_gpu_hour"], rel=1e-3)
+    cost = {k: c["per_million_tokens"]["cost"] for k, c in by.items()}
+    assert compared["priced"] and compared["rankings"]["cost_per_million_tokens"] == sorted(cost, key=cost.get)
+
+
+def test_compare_pick_is_the_plan_pick(compared):
+    proc = run("plan", "-c", "dgx-h100", "-n", "4", "-m", "llama2-7b", "-b", "64", "-s", "4096", "--no-solver", "--json")
+    doc = json.loads(proc.stdout)
+    entry = next(c for c in compared["clusters"] if c["label"] == "dgx-h100:4")
+    assert entry["pick"]["layout"] == doc["layout"]
+    assert entry["pick"]["predicted"]["step_time_seconds"] == pytest.approx(doc["predicted"]["step_time_seconds"])
+
+
+def test_compare_text_fits_80_columns():
+    proc = run("compare", "--clusters", "dgx-a100-80gb:2,dgx-h100:1", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048",
+               "--no-solver")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("by time to train: 1. ") for line in lines)
+    assert "per trillion" in proc.stdout and "GPU-h/Mtok" in proc.stdout  # no budget, no prices: said so
+    assert max(len(line) for line in lines if not line.startswith("  tp=")) <= 80
+
+
+# ---- how many GPUs ---------------------------------------------------------------------------------------
+
+def test_default_node_counts():
+    from planner.decisions.scaling import default_node_counts
+
+    assert default_node_counts(2048) == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert default_node_counts(2) == [1, 2, 4, 8]
+
+
+@pytest.fixture(scope="module")
+def scaled():
+    proc = run("scaling", "-c", "dgx-a100-80gb", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "--node-counts",
+               "1,2,4,8", "--batch-sizes", "64,256", "--no-solver", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_scaling_document_and_efficiency(scaled):
+    from planner.contract import ScalingDocument
+
+    ScalingDocument.model_validate(scaled)
+    assert [c["global_batch_size"] for c in scaled["curves"]] == [64, 256]
+    for curve in scaled["curves"]:
+        pts = curve["points"]
+        assert [p["nodes"] for p in pts] == [1, 2, 4, 8] and all(p["feasible"] for p in pts)
+        base = pts[0]["tokens_per_second"] / pts[0]["num_gpus"]
+        for p in pts:  # efficiency recomputed from tokens/s and GPU counts
+            assert p["scaling_efficiency"] == pytest.approx(p["tokens_per_second"] / p["num_gpus"] / base)
+            assert p["time_to_train_days"] == pytest.approx(1e12 / p["tokens_per_second"] / 86400)
+        below = [p["nodes"] for p in pts if p["scaling_efficiency"] < scaled["stop_efficiency"]]
+        assert curve["stops_paying_at_nodes"] == (below[0] if below else None)
+    # at batch 64 on 64 GPUs data parallelism runs out (dp <= 64 sequences): the larger batch scales better
+    small, large = (c["points"][-1]["scaling_efficiency"] for c in scaled["curves"])
+    assert large > small
+
+
+def test_scaling_point_is_the_plan_pick(scaled):
+    doc = json.loads(run("plan", "-c", "dgx-a100-80gb", "-n", "4", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048",
+                         "--no-solver", "--json").stdout)
+    point = scaled["curves"][0]["points"][2]
+    assert point["layout"] == doc["layout"]
+    assert point["step_time_seconds"] == pytest.approx(doc["predicted"]["step_time_seconds"])
+
+
+def test_scaling_text_marks_where_it_stops_paying():
+    proc = run("scaling", "-c", "dgx-a100-80gb", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "--node-counts",
+               "1,2,4,8,16", "--no-solver")
+    assert proc.returncode == 0, proc.stderr
+    assert " <" in proc.stdout and "stops paying" in proc.stdout.replace("\n", " ")
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+
+
+def test_wasteful_pick_says_what_would_help():
+    # 1T on 65,536 H100 at batch 3,072 (issue 13): 46% bubble; the pick must say so and offer fewer GPUs / a larger batch
+    args = ["plan", "-c", "dgx-h100", "-n", "8192", "-m", "megatron-1t", "-b", "3072", "-s", "2048", "--no-solver"]
+    doc = json.loads(run(*args, "--json").stdout)
+    u, t = doc["utilisation"], doc["time_breakdown"]
+    wasted = (t["pipeline_bubble_seconds"] + t["tp_comm_exposed_seconds"] + t["dp_comm_exposed_seconds"]
+              + t["pp_p2p_exposed_seconds"]) / doc["predicted"]["step_time_seconds"]
+    assert u["wasted_share"] == pytest.approx(wasted) and u["wasteful"] and wasted >= 0.3
+    assert [f["nodes"] for f in u["fewer_gpus"]] == [4096, 2048]
+    for f in u["fewer_gpus"]:
+        assert 0 < f["relative_throughput"] < 1
+        assert f["gpu_hours_change"] == pytest.approx(f["num_gpus"] / 65536 / f["relative_throughput"] - 1)
+    assert [b["global_batch_size"] for b in u["larger_batches"]] == [6144, 12288]
+    assert all(b["relative_throughput"] > 1 for b in u["larger_batches"])
+    target = 0.9 * doc["predicted"]["tokens_per_second"]
+    assert u["min_gpus_command"].endswith(f"--objective min-gpus --target-tokens-per-second {target:.0f}")
+    text = run(*args, "--no-schedule").stdout
+    assert "The pick wastes the cluster" in text and u["min_gpus_command"] in text
+
+
+def test_a_well_fed_pick_is_not_called_wasteful():
+    args = ["plan", "-c", "dgx-a100-80gb", "-n", "1", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "--no-solver"]
+    doc = json.loads(run(*args, "--json").stdout)
+    assert not doc["utilisation"]["wasteful"] and doc["utilisation"]["fewer_gpus"] == []
+    assert "wastes" not in run(*args).stdout
+
+
+# ---- does the pick survive? ------------------------------------------------------------------------------
+
+def _problem(cluster="dgx-a100-80gb", nodes=2, model="gpt3-1.3b", batch=64, seq=2048):
+    from cluster_specs import load_cluster
+    from planner.estimate import Problem
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import TrainingSpec
+
+    return Problem(load_model(model), TrainingSpec(global_batch_size=batch, seq_length=seq),
+                   load_cluster(cluster, nodes=nodes))
+
+
+def test_perturbations_change_exactly_their_input():
+    from planner.decisions import sensitivity as s
+
+    p = _problem()
+    assert s._net(p, 0.5).hardware.nic.bandwidth_bytes_per_second == pytest.approx(
+        p.hardware.nic.bandwidth_bytes_per_second / 2)
+    assert s._net(p, 0.5).hardware.intra_node == p.hardware.intra_node
+    assert s._intra(p, 0.5).hardware.intra_node.bandwidth_bytes_per_second == pytest.approx(
+        p.hardware.intra_node.bandwidth_bytes_per_second / 2)
+    assert s._matmul(p, 1.1).hardware.matmul_efficiency == pytest.approx(p.hardware.matmul_efficiency * 1.1)
+    assert s._matmul(_problem("dgx-h100"), 2.0).hardware.matmul_efficiency == 1.0  # capped
+    assert s._compute(p, 1.25).knobs.end_to_end_efficiency == pytest.approx(p.knobs.end_to_end_efficiency / 1.25)
+    assert s._one_node_fewer(p).cluster.num_nodes == 1
+    one = _problem(nodes=1)
+    assert s._net(one, 2.0) is None and s._one_node_fewer(one) is None
+
+
+def test_sensitivity_outcomes_and_regret():
+    from planner.decisions import sensitivity as s
+    from planner.decisions.train import StepTimeBand
+    from planner.search import PlanOptions, _simplicity, plan
+
+    p, opts = _problem(), PlanOptions(use_solver=False)
+    result = plan(p, opts)
+    band = StepTimeBand(0.9, 1.1, "test band")
+    rep = s.sensitivity(p, result, opts, band)
+    assert rep.tie_tolerance == pytest.approx(0.1)
+    assert [o.name for o in rep.outcomes][-1] == "one node fewer" and len(rep.outcomes) == 8
+    for sc, o in zip(s.scenarios(band), rep.outcomes, strict=True):
+        if o.verdict == "kept":
+            assert s.identity(o.new_pick.layout) == s.identity(result.pick.layout)
+        if o.original_step_seconds is not None:
+            # the original pick re-estimated here, independently, under the same perturbed inputs
+            assert o.original_step_seconds == pytest.approx(sc.make(p).estimate(result.pick.layout).step_seconds)
+            assert o.regret >= -1e-3  # the new best is the best there (up to the search's 0.1% tie)
+    fewer = rep.outcomes[-1]
+    assert fewer.original_step_seconds is None and "needs 16 GPUs" in fewer.note
+    assert all(c.step_seconds <= result.pick.step_seconds * 1.1 for c in rep.tied)
+    assert rep.recommended is min(rep.tied, key=lambda c: _simplicity(c.layout))
+    doc = s.as_json(rep, result.pick)
+    from planner.contract import SensitivityReport
+
+    SensitivityReport.model_validate(doc)
+    assert doc["short_list_size"] == min(len(rep.tied), 5)
+
+
+def test_plan_sensitivity_cli():
+    args = ["plan", "-c", "dgx-a100-80gb", "-n", "2", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "--no-solver",
+            "--sensitivity"]
+    doc = json.loads(run(*args, "--json").stdout)
+    from planner.contract import PlanDocument
+
+    PlanDocument.model_validate(doc)
+    assert [o["perturbation"] for o in doc["sensitivity"]["scenarios"]][:3] == [
+        "inter-node bandwidth x0.5", "inter-node bandwidth x2", "intra-node bandwidth x0.5"]
+    text = run(*args, "--no-schedule").stdout
+    assert "Sensitivity" in text and "regret" in text
+    assert max(len(line) for line in text.split("Sensitivity")[1].splitlines() if not line.startswith("  ")) <= 80

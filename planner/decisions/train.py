@@ -24,21 +24,23 @@ LEFT_OUT = ("CPUs and host memory", "NICs, switches and storage", "cooling and p
 
 @dataclass(frozen=True)
 class StepTimeBand:
-    """Where the measured step time is expected to fall, as factors on the predicted one (lower <= 1 <= upper)."""
+    """Where the measured step time is expected to fall, as factors on the predicted one (0 < lower <= upper; a
+    model that is biased on a regime can have both factors on one side of 1)."""
 
     lower_factor: float
     upper_factor: float
     source: str
 
     def __post_init__(self):
-        if not (0 < self.lower_factor <= 1 <= self.upper_factor) or not math.isfinite(self.upper_factor):
-            raise ValueError(f"band: lower {self.lower_factor}, upper {self.upper_factor} -> need 0 < lower <= 1 "
-                             "<= upper < inf")
+        if not (0 < self.lower_factor <= self.upper_factor) or not math.isfinite(self.upper_factor):
+            raise ValueError(f"band: lower {self.lower_factor}, upper {self.upper_factor} -> need 0 < lower <= "
+                             "upper < inf")
 
     @property
-    def relative_width(self) -> float:
-        """The larger one-sided relative error: two predictions closer than this cannot be told apart."""
-        return max(1 - self.lower_factor, self.upper_factor - 1)
+    def half_width(self) -> float:
+        """Half the band's relative width: two step-time predictions closer than this are a tie (the band's
+        spread is the model's error; a bias common to both layouts does not change their order)."""
+        return (self.upper_factor - self.lower_factor) / 2
 
     def as_json(self) -> dict:
         return {"lower_factor": self.lower_factor, "upper_factor": self.upper_factor, "source": self.source}
