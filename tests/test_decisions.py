@@ -324,3 +324,54 @@ def test_plan_sensitivity_cli():
     text = run(*args, "--no-schedule").stdout
     assert "Sensitivity" in text and "regret" in text
     assert max(len(line) for line in text.split("Sensitivity")[1].splitlines() if not line.startswith("  ")) <= 80
+
+
+# ---- figures ---------------------------------------------------------------------------------------------
+
+def test_letter_bars_are_exactly_proportional():
+    from planner.explain.figures import _bar
+
+    assert _bar([("A", 1.0), ("B", 1.0)], 4.0, 40) == "A" * 10 + "B" * 10
+    assert len(_bar([("A", 1 / 3), ("B", 1 / 3), ("C", 1 / 3)], 1.0, 10)) == 10
+
+
+def test_plan_figures_are_written_and_drawn_in_the_terminal(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "figs"
+    proc = run("plan", "-c", "dgx-a100-80gb", "-n", "4", "-m", "llama2-13b", "-b", "64", "-s", "2048", "--no-solver",
+               "--figures", str(out), "--no-schedule")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("memory", "time"):
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert b"<svg" in (out / f"{name}.svg").read_bytes()[:400]
+    assert "Memory per stage" in proc.stdout and "Time per step" in proc.stdout
+    assert "W weights" in proc.stdout  # letters, so the bars read without colour
+
+
+def test_scaling_and_compare_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    png, svg = tmp_path / "s.png", tmp_path / "c.svg"
+    assert run("scaling", "-c", "dgx-a100-80gb", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "--node-counts", "1,2",
+               "--no-solver", "--figure", str(png)).returncode == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert run("compare", "--clusters", "dgx-a100-80gb:1,dgx-h100:1", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048",
+               "--no-solver", "--figure", str(svg)).returncode == 0
+    assert b"<svg" in svg.read_bytes()[:400]
+
+
+def test_figures_without_matplotlib_exit_6_and_write_nothing(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from planner import cli\n"
+            f"sys.argv = ['planner', 'scaling', '-c', 'dgx-a100-80gb', '-m', 'gpt3-1.3b', '-b', '64', '-s', '2048', "
+            f"'--node-counts', '1', '--figure', {str(tmp_path / 'x.png')!r}]\n"
+            "cli.main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == errors.EXIT_MISSING_DEPENDENCY
+    assert "pip install 'planner[plots]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_figure_suffix_is_checked_first(tmp_path):
+    proc = run("compare", "--clusters", "dgx-h100:1", "-m", "gpt3-1.3b", "-b", "8", "-s", "1024",
+               "--figure", str(tmp_path / "c.pdf"))
+    assert proc.returncode == errors.EXIT_INPUT and ".png or .svg" in proc.stderr
