@@ -93,12 +93,6 @@ class InternalError(PlannerError):
     exit_code = ExitCode.INTERNAL
 
 
-class OutputError(PlannerError):
-    """A file the command was asked to write could not be written."""
-
-    exit_code = EXIT_IO
-
-
 def exit_code_for(exc: BaseException) -> int | None:
     """The exit code of a deliberate failure; None for anything else (a bug: the caller decides, exit 9)."""
     if isinstance(exc, PlannerError):

@@ -75,15 +75,16 @@ def decisions_speed(repeats: int = 3) -> None:
     from cluster_specs import load_cluster
     from planner.decisions.compare import compare, parse_clusters
     from planner.decisions.scaling import default_node_counts, scaling_curve
-    from planner.estimate import Problem
     from planner.inputs.models import load_model
     from planner.inputs.specs import TrainingSpec
+    from planner.problem import Problem, default_knobs
     from planner.search import PlanOptions
 
     model = load_model("llama3-405b")
 
     def make(cluster, nodes, batch=2048):
-        return Problem(model, TrainingSpec(global_batch_size=batch, seq_length=8192), load_cluster(cluster, nodes=nodes))
+        return Problem(model, TrainingSpec(global_batch_size=batch, seq_length=8192), load_cluster(cluster, nodes=nodes),
+                       default_knobs())
 
     cases = {
         "compare 405B on dgx-a100-80gb:2048,dgx-h100:2048,dgx-h200:2048": lambda: compare(

@@ -258,9 +258,9 @@ def test_a_well_fed_pick_is_not_called_wasteful():
 
 def _problem(cluster="dgx-a100-80gb", nodes=2, model="gpt3-1.3b", batch=64, seq=2048):
     from cluster_specs import load_cluster
-    from planner.estimate import Problem
     from planner.inputs.models import load_model
     from planner.inputs.specs import TrainingSpec
+    from planner.problem import Problem
 
     return Problem(load_model(model), TrainingSpec(global_batch_size=batch, seq_length=seq),
                    load_cluster(cluster, nodes=nodes))

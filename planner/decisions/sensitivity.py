@@ -41,7 +41,7 @@ def identity(layout) -> tuple:
 
 
 def _with(problem, *, cluster=None, knobs=None):
-    from planner.estimate import Problem
+    from planner.problem import Problem
 
     return Problem(problem.model, problem.training, cluster or problem.cluster, knobs or problem.knobs)
 
@@ -117,16 +117,17 @@ class Outcome:
 
 def _original_under(problem, layout, allow_tp_across_nodes: bool) -> tuple[float | None, str]:
     """The original pick's step time in the perturbed problem, or why it cannot run there."""
-    from planner.inputs.specs import layout_problems
+    from planner.estimate import fits_in_memory
+    from planner.rules import layout_violations
 
     if layout.num_gpus != problem.cluster.num_gpus:
         return None, f"the pick needs {layout.num_gpus:,} GPUs; this cluster has {problem.cluster.num_gpus:,}"
-    bad = layout_problems(layout, problem.model, problem.training, problem.cluster,
-                          allow_tp_across_nodes=allow_tp_across_nodes)
+    bad = layout_violations(layout, problem.model, problem.training, problem.cluster,
+                            allow_tp_across_nodes=allow_tp_across_nodes)
     if bad:
-        return None, bad[0]
+        return None, str(bad[0])
     est = problem.estimate(layout)
-    if not est.fits or est.peak_memory_bytes + problem.knobs.memory_headroom_bytes > est.gpu_memory_bytes:
+    if not fits_in_memory(est, problem.knobs.memory_headroom_bytes):
         return None, "the pick no longer fits in memory"
     return est.step_seconds, ""
 

@@ -40,7 +40,7 @@ def _quiet(opts):
 def fewer_gpus(problem, result, opts) -> list[dict]:
     """The best plan on half and a quarter of the nodes: its share of the pick's tokens/s and the GPU-hours saved."""
     from planner.errors import InfeasibleError
-    from planner.estimate import Problem
+    from planner.problem import Problem
     from planner.search import plan
 
     out, base = [], result.pick.estimate.tokens_per_second
@@ -70,7 +70,7 @@ def min_gpus_command(problem, target: float) -> str:
 
 def larger_batches(problem, result, opts) -> list[dict]:
     from planner.errors import InfeasibleError
-    from planner.estimate import Problem
+    from planner.problem import Problem
     from planner.search import plan
 
     out = []

@@ -51,7 +51,7 @@ def save(fig, path: Path) -> None:
     import os
     import tempfile
 
-    from planner.errors import OutputError
+    from planner.errors import FileAccessError
 
     path = Path(path)
     buf = io.BytesIO()
@@ -62,7 +62,7 @@ def save(fig, path: Path) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent if str(path.parent) else ".")
     except OSError as exc:
-        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+        raise FileAccessError(f"{path}: cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(buf.getvalue())
@@ -70,7 +70,7 @@ def save(fig, path: Path) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+        raise FileAccessError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
 def _umask() -> int:
@@ -186,14 +186,14 @@ def time_figure(est, path: Path, title: str) -> None:
 
 def plan_figures(problem, result, folder: Path) -> list[Path]:
     """memory.png/.svg and time.png/.svg of the pick in `folder` (created if missing)."""
-    from planner.errors import OutputError
+    from planner.errors import FileAccessError
 
     require_matplotlib()
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"{folder}: cannot create the figures folder: {exc.strerror or exc}") from None
+        raise FileAccessError(f"{folder}: cannot create the figures folder: {exc.strerror or exc}") from None
     est, lay = result.pick.estimate, result.pick.layout
     name = f"{problem.model.name} on {problem.cluster.num_gpus:,} x {problem.hardware.gpu_name}"
     out = []
