@@ -25,6 +25,11 @@ def from_pydantic(exc, *, source: str | None = None, what: str = "") -> SpecErro
         elif err["type"] == "missing":
             lines.append(f"{loc}: missing (required)")
             continue
+        if err["type"] in ("less_than_equal", "less_than") and err["loc"]:
+            from cluster_specs.limits import reason_for
+
+            why = reason_for(str(err["loc"][-1]))
+            msg += f" ({why})" if why else ""
         lines.append(f"{loc}: {shown} -> {msg}")
     return SpecError(lines, source=source)
 

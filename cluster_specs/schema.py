@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster_specs import limits as lim
 from cost_models.inputs import Hardware, Link
 
 GIB = 2**30
@@ -17,12 +18,12 @@ DTYPES = ("bf16", "fp16", "fp32", "fp8")
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class GPUSpec(_Frozen):
     name: str = ""
-    memory_gib: float = Field(gt=0)
+    memory_gib: float = Field(gt=0, le=lim.MAX_GPU_MEMORY_GIB)
     tflops: dict[Literal["bf16", "fp16", "fp32", "fp8"], float]
     hbm_gb_per_s: float = Field(gt=0)
     nvlink_gb_per_s: float | None = Field(default=None, gt=0)
@@ -41,6 +42,10 @@ class GPUSpec(_Frozen):
     @property
     def memory_bytes(self) -> float:
         return self.memory_gib * GIB
+
+    def default_precision(self) -> str:
+        """bf16 where the GPU has a bf16 tensor peak; else fp16 (V100, T4), else fp32."""
+        return next((d for d in ("bf16", "fp16", "fp32") if d in self.tflops), "fp32")
 
     def peak_flops_per_second(self, dtype: str) -> float:
         if dtype not in self.tflops:
@@ -101,8 +106,8 @@ class ClusterSpec(_Frozen):
     name: str = "custom"
     description: str = ""
     gpu: str | GPUSpec
-    num_nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1)
+    num_nodes: int = Field(ge=1, le=lim.MAX_GPUS)
+    gpus_per_node: int = Field(ge=1, le=lim.MAX_GPUS_PER_NODE)
     intra_node: IntraNodeLink
     inter_node: InterNodeNetwork
     host_to_device: HostLink
@@ -112,6 +117,9 @@ class ClusterSpec(_Frozen):
     @model_validator(mode="after")
     def _consistent(self):
         problems = []
+        if self.num_nodes * self.gpus_per_node > lim.MAX_GPUS:
+            problems.append(f"num_nodes x gpus_per_node: {self.num_nodes} x {self.gpus_per_node} -> "
+                            f"{lim.reason_for('num_gpus')}")
         if self.gpus_per_node > 1 and self.intra_node.kind == "none":
             problems.append(f"intra_node.kind: 'none' -> a node of {self.gpus_per_node} GPUs needs nvlink or pcie")
         if self.num_nodes > 1 and self.inter_node.nic_link() is None:

@@ -30,7 +30,8 @@ NodesOpt = Annotated[int | None, typer.Option("--nodes", "-n", help="Scale the c
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset, model YAML/JSON, or HF config.json.")]
 BatchOpt = Annotated[int, typer.Option("--global-batch-size", "-b", help="Sequences per optimizer step.")]
 SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16, fp16 or fp32.")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16, fp16 or fp32 (default: bf16, or fp16 on "
+                                                                       "a GPU without bf16 such as V100).")]
 HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
 FrameworkOpt = Annotated[str | None, typer.Option(
@@ -202,7 +203,7 @@ def models_show(name: str, as_json: JsonOpt = False):
 
 
 def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size: int, seq_len: int,
-                  precision: str = "bf16", headroom_gib: float | None = None, calibration: Path | None = None):
+                  precision: str | None = None, headroom_gib: float | None = None, calibration: Path | None = None):
     from pydantic import ValidationError
 
     from cluster_specs import load_cluster
@@ -213,6 +214,11 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
 
     cl = load_cluster(cluster, nodes=nodes)
     md = load_model(model)
+    if precision is None:
+        gpu = cl.gpu_spec()
+        precision = gpu.default_precision()
+        if precision != "bf16":
+            _stderr().print(f"note: {gpu.name} has no bf16 tensor peak: using --precision {precision}", highlight=False)
     try:
         tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision)
     except ValidationError as exc:
@@ -224,13 +230,10 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
         from planner.calibration import apply_calibration
 
         cl, knobs_kw = apply_calibration(cl, calibration)
+    from cluster_specs.limits import finite_option
     from cost_models.inputs import Knobs
 
-    headroom = DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib
-    if headroom < 0:
-        from cluster_specs import SpecError
-
-        raise SpecError(f"--headroom-gib: {headroom} -> must be >= 0")
+    headroom = finite_option("--headroom-gib", DEFAULT_HEADROOM_GIB if headroom_gib is None else headroom_gib)
     knobs = Knobs(memory_headroom_bytes=headroom * 2**30, **knobs_kw)
     return Problem(md, tr, cl, knobs)
 
@@ -240,7 +243,7 @@ def estimate(
     cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
     layout: Annotated[str, typer.Option("--layout", "-l", help="e.g. 'tp=8,pp=8,dp=16,zero=1,mbs=1,recompute=selective,"
                                                             "schedule=1f1b', or a plan JSON file.")],
-    nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
+    nodes: NodesOpt = None, precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
     allow_tp_across_nodes: Annotated[bool, typer.Option(help="Allow TP groups larger than a node.")] = False,
     calibration: CalibrationOpt = None, framework: FrameworkOpt = None, as_json: JsonOpt = False,
 ):
@@ -268,13 +271,14 @@ def estimate(
 @app.command()
 def plan(
     cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
-    nodes: NodesOpt = None, precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
+    nodes: NodesOpt = None, precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
     top: Annotated[int, typer.Option("--top", "-k", help="How many runners-up to show.")] = 5,
     objective: Annotated[str, typer.Option(help="throughput (max tokens/s), memory (min peak memory per GPU), "
                                                 "or min-gpus (fewest nodes meeting --target-tokens-per-second).")] = "throughput",
     target_tokens_per_second: Annotated[float | None, typer.Option(help="For --objective min-gpus.")] = None,
-    compare: Annotated[list[str] | None, typer.Option("--compare", help="Also estimate this layout (key=value string, "
-                                                                         "repeatable) and show it beside the pick.")] = None,
+    compare: Annotated[list[str] | None, typer.Option("--compare", help="Also estimate this layout (key=value string "
+                                                                         "or plan JSON file, repeatable) and show it "
+                                                                         "beside the pick.")] = None,
     allow_tp_across_nodes: Annotated[bool, typer.Option(help="Search TP groups larger than a node.")] = False,
     allow_async: Annotated[bool, typer.Option(help="Also search PipeDream's asynchronous 1F1B (stale weights).")] = False,
     no_solver: Annotated[bool, typer.Option("--no-solver", help="Skip the ILP refinement.")] = False,
@@ -306,6 +310,9 @@ def plan(
         raise SpecError(f"--objective: {objective!r} -> allowed: throughput, memory, min-gpus")
     if top < 0:
         raise SpecError(f"--top: {top} -> must be >= 0")
+    from cluster_specs.limits import finite_option
+
+    finite_option("--solver-time-limit", solver_time_limit, low_inclusive=False)
     from planner.decisions.plan_extras import PlanExtras, extend
 
     extras = PlanExtras(tokens=tokens, price_per_gpu_hour=gpu_hour_price, pue=pue, objective=objective,
@@ -330,7 +337,7 @@ def plan(
     from planner.estimate import layout_from_arg
     from planner.search import add_compared
 
-    compared = [layout_from_arg(text, problem) for text in compare or []]
+    compared = [layout_from_arg(text, problem, "--compare") for text in compare or []]
     result = add_compared(problem, make_plan(problem, opts), compared)
     doc = PlanDocument.from_result(problem, result, objective=objective, framework=restriction.caps.framework,
                                    notes=[min_gpus_note] if min_gpus_note else None)
@@ -533,7 +540,7 @@ def check(
     pp: Annotated[int | None, typer.Option("--pp", help="The pipeline degree, where the config does not say "
                                                         "(DeepSpeed JSON: the model's PipelineModule).")] = None,
     fix: FixOpt = None, framework: FrameworkOpt = None,
-    precision: PrecisionOpt = "bf16", headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
+    precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM_GIB,
     allow_tp_across_nodes: Annotated[bool, typer.Option(help="Accept TP groups larger than a node.")] = False,
     calibration: CalibrationOpt = None, as_json: JsonOpt = False,
 ):
@@ -673,12 +680,12 @@ def bench(
     as_json: JsonOpt = False,
 ):
     """Run the layout with torch.distributed (NCCL on GPUs, gloo on CPU) and compare with the prediction."""
-    from cluster_specs import SpecError, load_cluster, read_structured_file
+    from cluster_specs import SpecError, load_cluster
     from planner.calibration import apply_calibration, calibration_knobs
     from planner.estimate import complete_layout
     from planner.inputs.layout_string import parse_layout_string
     from planner.inputs.models import load_model
-    from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+    from planner.inputs.specs import TrainingSpec
 
     if dtype not in ("float32", "bfloat16"):
         raise SpecError(f"--dtype: {dtype!r} -> allowed: float32, bfloat16")
@@ -687,15 +694,14 @@ def bench(
     if top < 1 or (top > 1 and plan_file is None):
         raise SpecError(f"--top: {top} -> needs a plan JSON and a value >= 1")
     if plan_file is not None:
-        doc = read_structured_file(plan_file)
-        if not isinstance(doc, dict) or "layout" not in doc or "inputs" not in doc:
-            raise SpecError("expected a plan JSON (from `planner plan --json`)", source=str(plan_file))
-        from cluster_specs import ClusterSpec
+        from planner.inputs.plan_file import load_plan
 
-        lay = LayoutSpec.model_validate(doc["layout"])
-        md = ModelSpec.model_validate(doc["inputs"]["model"])
-        cl = ClusterSpec.model_validate(doc["inputs"]["cluster"])
-        seq = seq_len or doc["inputs"]["training"]["seq_length"]
+        parts = load_plan(plan_file)
+        if parts.cluster is None:
+            raise SpecError("inputs.cluster: missing (expected the output of `planner plan --json`)",
+                            source=str(plan_file))
+        lay, md, cl, doc = parts.layout, parts.model, parts.cluster, parts.doc
+        seq = seq_len or parts.training.seq_length
     else:
         if not (cluster and model and layout):
             raise SpecError("give a plan JSON, or --cluster, --model and --layout")

@@ -52,8 +52,9 @@ def complete_layout(fields: dict, model: ModelSpec, training: TrainingSpec, clus
     return layout
 
 
-def layout_from_arg(text: str, problem: Problem) -> LayoutSpec:
-    """A --layout or --compare value, completed: a key=value string, or a plan JSON file (its `layout` object)."""
+def layout_from_arg(text: str, problem: Problem, option: str = "--layout") -> LayoutSpec:
+    """A --layout or --compare value, completed: a key=value string, or a plan JSON file (its `layout` object;
+    a full plan is validated first, so a hand-edited one that breaks a layout rule is refused)."""
     from pathlib import Path
 
     from planner.inputs.layout_string import parse_layout_string
@@ -61,13 +62,16 @@ def layout_from_arg(text: str, problem: Problem) -> LayoutSpec:
     p = Path(text)
     if p.suffix.lower() == ".json" or (p.exists() and p.is_file()):
         from cluster_specs import read_structured_file
+        from planner.inputs.plan_file import plan_parts
 
         doc = read_structured_file(p)
         if not isinstance(doc, dict) or not isinstance(doc.get("layout"), dict):
-            raise SpecError("expected a plan JSON with a 'layout' object", source=str(p))
+            raise SpecError(f"{option}: expected a plan JSON with a 'layout' object", source=str(p))
+        if "inputs" in doc:
+            plan_parts(doc, str(p))
         fields = dict(doc["layout"])
     else:
-        fields = parse_layout_string(text)
+        fields = parse_layout_string(text, source=option)
     return complete_layout(fields, problem.model, problem.training, problem.cluster)
 
 

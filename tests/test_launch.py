@@ -111,14 +111,24 @@ def test_torchrun_export(plan_file):
 def test_export_refuses_what_a_framework_cannot_do(tmp_path):
     doc = json.loads((ROOT / "tests" / "data" / "plan_uneven.json").read_text())
     doc["layout"].update(pp=1, zero_stage=3, offload="optimizer+params", layers_per_stage=None,
-                         recompute_layers_per_stage=None, schedule="1f1b", dp=64, num_micro_batches=1,
-                         micro_batch_size=1)
+                         recompute_layers_per_stage=None, schedule="1f1b", dp=8, num_micro_batches=32,
+                         micro_batch_size=1)  # a valid layout (64 GPUs, batch 256)
     path = tmp_path / "z3.json"
     path.write_text(json.dumps(doc))
     proc = run("export", str(path), "--to", "megatron")  # Megatron offloads only the optimizer
     assert proc.returncode == errors.EXIT_INPUT and "offload" in proc.stderr and "Traceback" not in proc.stderr
     proc = run("export", str(path), "--to", "fairseq")
     assert proc.returncode == errors.EXIT_INPUT and "allowed" in proc.stderr
+
+
+def test_export_refuses_a_hand_edited_plan_that_breaks_a_layout_rule(tmp_path):
+    doc = json.loads((ROOT / "tests" / "data" / "plan_uneven.json").read_text())
+    doc["layout"]["tp"] = 3  # llama2-13b has 40 heads; 3 x pp x dp is not the cluster's GPU count either
+    path = tmp_path / "tp3.json"
+    path.write_text(json.dumps(doc))
+    proc = run("export", str(path), "--to", "megatron")
+    assert proc.returncode == errors.EXIT_INPUT and "tp: 3 -> must divide num_attention_heads (40)" in proc.stderr
+    assert proc.stdout == ""
 
 
 # ---- check ------------------------------------------------------------------------------------------------

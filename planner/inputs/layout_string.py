@@ -17,9 +17,10 @@ TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
 
 
-def parse_layout_string(text: str) -> dict:
+def parse_layout_string(text: str, source: str = "--layout") -> dict:
     """Return the given layout fields; missing keys are left for the caller's defaults."""
     fields: dict = {}
+    given: dict[str, str] = {}  # field -> the part that set it, to refuse `tp=8,tp=4`
     problems = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in part:
@@ -30,6 +31,10 @@ def parse_layout_string(text: str) -> dict:
         if name is None:
             problems.append(f"layout key {key!r} -> allowed: {', '.join(sorted(k for k in ALIASES if len(k) <= 8))}")
             continue
+        if name in given:
+            problems.append(f"layout key {key!r}: given twice ({given[name]}, then {part}) -> give each key once")
+            continue
+        given[name] = part
         if name in INT_FIELDS:
             try:
                 fields[name] = int(value)
@@ -48,5 +53,5 @@ def parse_layout_string(text: str) -> dict:
         else:
             fields[name] = value
     if problems:
-        raise SpecError(problems, source="--layout")
+        raise SpecError(problems, source=source)
     return fields

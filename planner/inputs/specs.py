@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster_specs import limits as lim
 from cost_models import inputs as cm
 from cost_models.compute import parameter_counts
 from cost_models.inputs import Offload, Precision, Recompute, Schedule
@@ -17,7 +18,7 @@ SCHEDULES = tuple(s.value for s in Schedule)  # the names `--schedules` accepts
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class MoESpec(_Frozen):
@@ -61,20 +62,20 @@ class ModelSpec(_Frozen):
 
     name: str = "custom"
     source: str = ""
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-    num_attention_heads: int = Field(ge=1)
-    num_kv_heads: int | None = Field(default=None, ge=1)
-    head_dim: int | None = Field(default=None, ge=1, description="when heads x head_dim != hidden_size")
-    ffn_hidden_size: int | None = Field(default=None, ge=1)
+    num_layers: int = Field(ge=1, le=lim.MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=lim.MAX_HIDDEN)
+    num_attention_heads: int = Field(ge=1, le=lim.MAX_HEADS)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=lim.MAX_HEADS)
+    head_dim: int | None = Field(default=None, ge=1, le=lim.MAX_HIDDEN, description="when heads x head_dim != hidden_size")
+    ffn_hidden_size: int | None = Field(default=None, ge=1, le=4 * lim.MAX_HIDDEN)
     mlp: Literal["gelu", "swiglu", "geglu"] = "gelu"
-    vocab_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1, le=lim.MAX_VOCAB)
     tied_embeddings: bool = True
     norm: Literal["layernorm", "rmsnorm", "nonparametric"] = "layernorm"
     norms_per_layer: int = Field(default=2, ge=0, le=8)
     attention: Literal["standard", "flash"] = "flash"
     position_embedding: Literal["learned", "rope", "alibi"] = "learned"
-    max_position_embeddings: int | None = Field(default=None, ge=1)
+    max_position_embeddings: int | None = Field(default=None, ge=1, le=lim.MAX_SEQ_LENGTH)
     bias: bool = True
     qkv_bias: bool = Field(default=False, description="bias on q, k, v only (Qwen2)")
     attention_bias: bool = Field(default=False, description="bias on q, k, v and o (Llama/DeepSeek attention_bias)")
@@ -157,8 +158,8 @@ PRECISION_BYTES = {p.value: p.bytes for p in Precision}
 class TrainingSpec(_Frozen):
     """What one step trains on, in what precision, with which optimizer."""
 
-    global_batch_size: int = Field(ge=1, description="sequences per optimizer step")
-    seq_length: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1, le=lim.MAX_GLOBAL_BATCH, description="sequences per optimizer step")
+    seq_length: int = Field(ge=1, le=lim.MAX_SEQ_LENGTH)
     precision: Precision = Precision.BF16
     optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
     grad_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
@@ -196,17 +197,18 @@ class TrainingSpec(_Frozen):
 class LayoutSpec(_Frozen):
     """The planner's output and what `check` validates. Field names follow torchtitan's short degree names."""
 
-    dp: int = Field(ge=1)
-    tp: int = Field(default=1, ge=1)
-    pp: int = Field(default=1, ge=1)
+    dp: int = Field(ge=1, le=lim.MAX_GPUS)
+    tp: int = Field(default=1, ge=1, le=lim.MAX_GPUS)
+    pp: int = Field(default=1, ge=1, le=lim.MAX_GPUS)
     zero_stage: int = Field(default=0, ge=0, le=3)
     offload: Offload = Offload.NONE
-    micro_batch_size: int = Field(default=1, ge=1)
-    num_micro_batches: int = Field(default=1, ge=1, description="per pipeline per step (gradient accumulation)")
+    micro_batch_size: int = Field(default=1, ge=1, le=lim.MAX_GLOBAL_BATCH)
+    num_micro_batches: int = Field(default=1, ge=1, le=lim.MAX_GLOBAL_BATCH,
+                                   description="per pipeline per step (gradient accumulation)")
     recompute: Recompute = Recompute.NONE
     sequence_parallel: bool = False
     schedule: Schedule = Schedule.ONE_F_ONE_B
-    virtual_stages: int = Field(default=1, ge=1)
+    virtual_stages: int = Field(default=1, ge=1, le=lim.MAX_LAYERS)
     layers_per_stage: list[int] | None = None
     recompute_layers_per_stage: list[int] | None = None
 

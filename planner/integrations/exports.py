@@ -56,26 +56,16 @@ class Export:
     predicted: dict | None = None
 
 
-def plan_parts(plan: dict) -> PlanParts:
-    from pydantic import ValidationError
+def plan_parts(plan: dict, source: str = "plan JSON") -> PlanParts:
+    from planner.inputs import plan_file
 
-    from cluster_specs.errors import from_pydantic
-
-    try:
-        layout = LayoutSpec.model_validate(plan["layout"])
-        model = ModelSpec.model_validate(plan["inputs"]["model"])
-        training = TrainingSpec.model_validate(plan["inputs"]["training"])
-        cl = plan["inputs"].get("cluster")
-        cluster = ClusterSpec.model_validate(cl) if cl else None
-    except KeyError as exc:
-        raise SpecError(f"plan JSON: missing {exc.args[0]!r} (expected the output of `planner plan --json`)") from None
-    except ValidationError as exc:
-        raise from_pydantic(exc, source="plan JSON") from None
+    parts = plan_file.plan_parts(plan, source)  # schemas and the layout rules: a hand-edited, invalid plan is refused
     predicted = plan.get("predicted") or {}
     from planner.estimate import DEFAULT_HEADROOM_GIB
 
     headroom = predicted.get("memory_headroom_bytes", DEFAULT_HEADROOM_GIB * GIB)
-    return PlanParts(layout, model, training, cluster, headroom, plan.get("framework", "generic"), predicted)
+    return PlanParts(parts.layout, parts.model, parts.training, parts.cluster, headroom, plan.get("framework", "generic"),
+                     predicted)
 
 
 # ---- the nearest expressible layout ---------------------------------------------------------------------------
