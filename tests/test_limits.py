@@ -49,8 +49,8 @@ def test_hf_zero_kv_heads_is_refused_not_read_as_all_heads():
     cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
            "intermediate_size": 128, "vocab_size": 100}
     assert ModelSpec.model_validate(hf_config_to_spec(cfg)).kv_heads == 4  # absent: MHA
-    with pytest.raises(ValueError, match="greater than or equal to 1"):
-        ModelSpec.model_validate(hf_config_to_spec({**cfg, "num_key_value_heads": 0}))
+    with pytest.raises(SpecError, match="num_key_value_heads: 0 -> must be an integer >= 1"):
+        hf_config_to_spec({**cfg, "num_key_value_heads": 0})
 
 
 def test_v100_defaults_to_fp16():
