@@ -217,7 +217,8 @@ def check_file(path: Path, args) -> dict:
             "passed": not out.violations, "violations": out.violations,
             "predicted": Predicted.from_estimate(out.estimate, out.problem.knobs.memory_headroom_bytes).model_dump() if out.estimate else None,
             "notes": out.notes + ([f"precision {precision} from the config (not --precision {args.precision})"]
-                                  if view.precision and view.precision != args.precision else []),
+                                  if view.precision and args.precision and view.precision != args.precision
+                                  else []),
             "error": None}
 
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,23 +41,17 @@ class ConfigView:
 
 def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
                 ) -> ConfigView:
-    from cluster_specs.reading import read_text
+    from cluster_specs.reading import parse_json, parse_toml, read_text
 
     text = read_text(path)
     suffix = path.suffix.lower()
     over = dict(overrides or {})
-    if suffix == ".toml":
-        try:
-            return _torchtitan(tomllib.loads(text), gpus, over, legacy=True)
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"malformed TOML: {exc}", source=str(path)) from None
+    if suffix == ".toml":  # the guarded parsers: depth limit, one-line errors
+        return _torchtitan(parse_toml(text, str(path)), gpus, over, legacy=True)
     if suffix == ".py":
         return _torchtitan(_python_recipe(text, str(path)), gpus, over, legacy=False)
     if suffix == ".json":
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"malformed JSON: {exc}", source=str(path)) from None
+        doc = parse_json(text, str(path))
         if not isinstance(doc, dict):
             raise SpecError("expected a JSON object", source=str(path))
         if "layout" in doc:
