@@ -1,0 +1,104 @@
+"""FP8 training: which GEMMs run in FP8, their speed by size, quantization cost, memory, FP8 communication
+(stdlib only).
+
+Sources: ../shared/reference/modern-training.md §1 (TransformerEngine@d0067d0d docs, torchao@36027d82
+float8 config and training docs, torchtitan@b5bcd76c float8.md, DeepSeek-V3 §3.3) and the GEMM timings
+measured on the project's H200 (§1.5.2 [X]). FP8 applies to the transformer Linear layers only: QKV (or
+MLA's projections), attention output, FC1, FC2 and the experts; embedding, output head, router, norms and
+the attention core stay in BF16 (§1.2). MFU stays quoted against the BF16 peak (§1.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Recipes (framework names in modern-training.md §1.1)
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Recipe:
+    name: str
+    kernel_factor: float  # FP8 kernel rate relative to the tensorwise fit below
+    quant_bytes_per_element: float  # HBM bytes per element to quantize one fresh BF16 operand
+    extra_weight_bytes_per_param: float  # persistent FP8 weight copies on top of the BF16 weight
+    fp8_param_all_gather: bool  # parameters all-gathered in FP8 (FSDP float8 all-gather / --fp8-param-gather)
+
+
+# kernel_factor: TE's 12-GEMM autocast speedups on H200 (gemm_profiling.rst L236-262): delayed 1.69, current
+# 1.58, blockwise 1.40; MXFP8 on B300 1.42 vs delayed 1.64 (L57-100); torchao rowwise from the [X] fit below.
+# quant bytes: the current/tensorwise cast reads the tensor twice (amax, then cast) and writes 1 byte: 5 B/element
+# (16384x4096 measured 0.094 ms on H200 = 5.6 B/element at 4.8 TB/s [X]); delayed scaling takes the amax from
+# history and fuses it into the cast: 3 B/element.
+# weights: TE caches an FP8 copy and an FP8 transposed copy next to the BF16 weight (+2 B, Hopper); MXFP8 keeps
+# rowwise and columnwise copies with 1/32 E8M0 scales (+2.06 B); torchao casts weights on the fly (transient only).
+RECIPES = {
+    "delayed": Fp8Recipe("delayed", 1.69 / 1.58, 3.0, 2.0, False),
+    "tensorwise": Fp8Recipe("tensorwise", 1.0, 5.0, 2.0, False),
+    "rowwise": Fp8Recipe("rowwise", 1.0, 5.0, 0.0, False),  # its own kernel fit (ROWWISE_FIT)
+    "blockwise": Fp8Recipe("blockwise", 1.40 / 1.58, 5.0, 2.0, False),
+    "mxfp8": Fp8Recipe("mxfp8", 1.42 / 1.64, 5.0, 2 * (1 + 1 / 32), False),
+}
+
+# GEMM efficiency fits e(x) = e_max · x / (x + x_half), x = GEMM GFLOP, to the 13 shapes of modern-training.md §1.5.2
+# [X] (H200, BF16 peak 989, FP8 peak 1979 TFLOP/s): (e_max, x_half GFLOP), median error 3.7 / 6.2 / 3.2%.
+BF16_FIT = (0.728, 4.67)
+TENSORWISE_FIT = (0.666, 15.3)
+ROWWISE_FIT = (0.637, 13.0)
+
+
+def _eff(fit: tuple[float, float], gflop: float) -> float:
+    e_max, half = fit
+    return e_max * gflop / (gflop + half)
+
+
+def fp8_gemm_speedup(*, gemm_flops: float, recipe: str, peak_ratio: float = 2.0) -> float:
+    """Kernel speed of an FP8 GEMM over the same BF16 GEMM, by size: 1.23x at 2048³, 1.8x at 16384x4096x4096
+    (tensorwise on H200). `peak_ratio` is the GPU's dense FP8/BF16 peak (2 on Hopper and Blackwell, §1.4).
+    Never 2x: the best FP8 kernels reach ≈70% of the FP8 peak against ≈78% for BF16 (§1.5.2)."""
+    gflop = gemm_flops / 1e9
+    fit = ROWWISE_FIT if recipe == "rowwise" else TENSORWISE_FIT
+    r = RECIPES[recipe]
+    return max(1.0, peak_ratio * _eff(fit, gflop) * r.kernel_factor / _eff(BF16_FIT, gflop))
+
+
+def linear_shapes(*, hidden_size: int, q_width: int, kv_width: int, ffn: int, gated: bool) -> list[tuple[int, int]]:
+    """(K, N) of the four Linear layers of a dense layer: QKV, attention output, FC1, FC2."""
+    h = hidden_size
+    return [(h, q_width + 2 * kv_width), (q_width, h), (h, (2 if gated else 1) * ffn), (ffn, h)]
+
+
+def quantization_seconds(*, tokens: int, shapes: list[tuple[int, int]], recipe: str, hbm_bytes_per_second: float
+                         ) -> tuple[float, float]:
+    """(forward, backward) seconds to quantize the fresh operands of one layer's FP8 GEMMs per micro-batch.
+
+    Forward: each Linear's input (T x K). Backward: grad_out (T x N), cast once in both orientations (dgrad and
+    wgrad), plus the transposed input copy; weights are quantized once per step and cached (TE
+    is_first_microbatch), so they are left out here (§1.5.2: 5-15% of the BF16 GEMM time is typical)."""
+    q = RECIPES[recipe].quant_bytes_per_element
+    fwd = sum(tokens * k for k, _ in shapes) * q / hbm_bytes_per_second
+    bwd = sum(tokens * (n * q + k * 1.0) for k, n in shapes) / hbm_bytes_per_second  # + 1 B transposed input
+    return fwd, bwd
+
+
+def fp8_weight_extra_bytes(*, fp8_params: float, recipe: str, fp8_param_gather: bool = False) -> float:
+    """Persistent extra bytes for FP8 weight copies (§1.3): TE +2 B/param (FP8 + FP8 transpose cached for the step),
+    0 with FP8 primary weights (Megatron --fp8-param-gather: the BF16 copy is dropped), MXFP8 +2.06 B."""
+    extra = RECIPES[recipe].extra_weight_bytes_per_param
+    if fp8_param_gather and recipe != "mxfp8":
+        extra -= 2.0  # FP8 weight (1) + transposed (1) replace the BF16 weight (2)
+    return max(0.0, extra) * fp8_params
+
+
+def scaling_state_bytes(*, num_gemms: int, recipe: str, amax_history: int = 1) -> float:
+    """Delayed scaling's amax history: 20·len bytes per GEMM (5 FP32 tensors: 3 forward, 2 backward), negligible at
+    Megatron's len 1, 20 KiB per GEMM at TE's 1024 (§1.3). Other recipes keep a scale per tensor/block (in the
+    FP8 copies' 1-3% and counted there)."""
+    return 20.0 * amax_history * num_gemms if recipe == "delayed" else 0.0
+
+
+def saved_activation_saving_bytes(*, tokens: int, hidden_size: int, q_width: int, ffn: int) -> float:
+    """Bytes saved per layer per micro-batch by keeping the four Linear inputs in FP8 instead of BF16 (Megatron
+    "stores linear layer inputs in FP8"; §1.3: ≈ 7 s b h of Korthikanti's 34 s b h for GPT): 1 B per element of
+    the QKV input h, projection input a·d, FC1 input h and FC2 input f."""
+    return float(tokens * (2 * hidden_size + q_width + ffn))

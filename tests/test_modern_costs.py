@@ -1,0 +1,150 @@
+"""CP, MoE/EP and FP8 cost functions against the worked examples and measurements of
+../shared/reference/modern-training.md (section numbers in each test)."""
+
+import pytest
+
+from cost_models.context_parallel import (
+    cp_buffer_bytes,
+    cp_problems,
+    cp_traffic,
+    exposed_cp_seconds,
+    ring_overlap_min_tokens,
+)
+from cost_models.fp8 import (
+    fp8_gemm_speedup,
+    fp8_weight_extra_bytes,
+    quantization_seconds,
+    saved_activation_saving_bytes,
+)
+from cost_models.inputs import Link
+from cost_models.moe import (
+    all_to_all_bytes_per_layer,
+    capacity_tokens,
+    cross_node_fraction,
+    expert_tokens_per_gemm,
+    routed_activation_bytes,
+    routed_tokens_per_rank,
+)
+from planner.inputs.models import load_model
+
+LLAMA3_8B = load_model("llama3-8b").to_cost_model()
+NVLINK = Link(450e9, 0.0)
+NIC = Link(50e9, 0.0)
+
+
+def test_cp_worked_example_bytes():
+    """§2.3: Llama-3-8B, s = 131072, cp = 8, t = 1, b = 1, BF16: ring/all-gather 469.8 MB forward, 939.5 MB
+    backward; Ulysses 293.6 MB each way."""
+    ring = cp_traffic(LLAMA3_8B, variant="p2p", micro_batch_size=1, seq_length=131072, tp=1, cp=8)
+    assert ring.forward_bytes == pytest.approx(469.8e6, rel=1e-3)
+    assert ring.backward_bytes == pytest.approx(939.5e6, rel=1e-3)
+    gather = cp_traffic(LLAMA3_8B, variant="all_gather", micro_batch_size=1, seq_length=131072, tp=1, cp=8)
+    assert gather.forward_bytes == ring.forward_bytes
+    a2a = cp_traffic(LLAMA3_8B, variant="a2a", micro_batch_size=1, seq_length=131072, tp=1, cp=8)
+    assert a2a.forward_bytes == pytest.approx(293.6e6, rel=1e-3) and a2a.backward_bytes == a2a.forward_bytes
+
+
+def test_ring_and_ulysses_break_even():
+    """§2.3: for GQA the ring sends more than Ulysses when cp > (a+g)/g: Llama-3-8B equal at cp = 5."""
+    def ratio(cp):
+        r = cp_traffic(LLAMA3_8B, variant="p2p", micro_batch_size=1, seq_length=8192 * 10, tp=1, cp=cp)
+        u = cp_traffic(LLAMA3_8B, variant="a2a", micro_batch_size=1, seq_length=8192 * 10, tp=1, cp=cp)
+        return r.forward_bytes / u.forward_bytes
+    assert ratio(5) == pytest.approx(1.0)
+    assert ratio(4) < 1 < ratio(6)
+
+
+@pytest.mark.parametrize("name,link,expected", [("llama3-8b", NVLINK, 556), ("llama3-8b", NIC, 5000),
+                                                ("llama3-70b", NVLINK, 278), ("llama3-70b", NIC, 2500),
+                                                ("llama2-7b", NVLINK, 2222), ("llama2-7b", NIC, 20000)])
+def test_ring_overlap_threshold(name, link, expected):
+    """§2.4 table: s_l >= (g/a)·β·F_att/B_link at 500 TFLOP/s."""
+    model = load_model(name).to_cost_model()
+    assert ring_overlap_min_tokens(model, attention_flops_per_second=500e12, link=link) == pytest.approx(expected, rel=2e-3)
+
+
+def test_ring_is_hidden_at_long_context_and_all_gather_is_not():
+    """§2.3: per ring step 67.1 MB against ≈4.4 ms of attention: hidden over NVLink and over a 50 GB/s NIC;
+    all-gather CP is charged in full (Llama 3, §8.7)."""
+    traffic = cp_traffic(LLAMA3_8B, variant="p2p", micro_batch_size=1, seq_length=131072, tp=1, cp=8)
+    attn_fwd = 8 * 4.4e-3
+    for link in (NVLINK, NIC):
+        fwd, bwd = exposed_cp_seconds(traffic, variant="p2p", cp=8, link=link, attention_forward_seconds=attn_fwd,
+                                      attention_backward_seconds=2.5 * attn_fwd)
+        assert fwd == 0 and bwd == 0
+    gather = cp_traffic(LLAMA3_8B, variant="all_gather", micro_batch_size=1, seq_length=131072, tp=1, cp=8)
+    fwd, bwd = exposed_cp_seconds(gather, variant="all_gather", cp=8, link=NIC, attention_forward_seconds=attn_fwd,
+                                  attention_backward_seconds=2.5 * attn_fwd)
+    assert fwd == pytest.approx(469.8e6 / 50e9, rel=1e-3) and bwd == pytest.approx(2 * fwd)
+    # short sequences over the NIC: the ring is exposed (s_l = 1024 < 5000 tokens)
+    short = cp_traffic(LLAMA3_8B, variant="p2p", micro_batch_size=1, seq_length=8192, tp=1, cp=8)
+    tiny_attn = 4 * 32 * 128 * 1024 * 8192 / 500e12
+    fwd, _ = exposed_cp_seconds(short, variant="p2p", cp=8, link=NIC, attention_forward_seconds=tiny_attn,
+                                attention_backward_seconds=2.5 * tiny_attn)
+    assert fwd > 0
+
+
+def test_cp_constraints_and_buffers():
+    assert cp_problems(LLAMA3_8B, variant="p2p", cp=16, seq_length=131072, tp=8) == []
+    assert cp_problems(LLAMA3_8B, variant="p2p", cp=3, seq_length=8192, tp=1)[0][0] == "cp"
+    # Ulysses needs KV heads per TP rank divisible by cp: 8 KV heads, tp 2 -> 4 per rank, cp 8 impossible
+    assert any("a2a" in msg for _, msg in cp_problems(LLAMA3_8B, variant="a2a", cp=8, seq_length=131072, tp=2))
+    assert cp_problems(LLAMA3_8B, variant="a2a", cp=4, seq_length=131072, tp=2) == []
+    ring = cp_buffer_bytes(LLAMA3_8B, variant="p2p", micro_batch_size=1, seq_length=131072, tp=1, cp=8)
+    assert ring == 3 * 16384 * 2 * 8 * 128 * 2  # two KV receive buffers + dKV
+    assert cp_buffer_bytes(LLAMA3_8B, variant="all_gather", micro_batch_size=1, seq_length=131072, tp=1, cp=8) \
+        == 131072 * 2 * 8 * 128 * 2
+
+
+def test_deepseek_v3_dispatch_volume():
+    """§3.4 worked example: T = 4096, k = 8, h = 7168, ep = 64: BF16 dispatch 462 MB per rank per layer, FP8 with
+    1x128 scales 238 MB; combine in BF16."""
+    fwd, bwd = all_to_all_bytes_per_layer(tokens=4096, top_k=8, hidden_size=7168, ep=64)
+    assert fwd / 2 == pytest.approx(462e6, rel=2e-3) and bwd == fwd
+    fp8, _ = all_to_all_bytes_per_layer(tokens=4096, top_k=8, hidden_size=7168, ep=64, dispatch_bytes=1 + 4 / 128)
+    assert fp8 - fwd / 2 == pytest.approx(238e6, rel=2e-3)
+    assert all_to_all_bytes_per_layer(tokens=4096, top_k=8, hidden_size=7168, ep=1) == (0.0, 0.0)
+
+
+def test_expert_gemm_rows_capacity_and_placement():
+    v3 = load_model("deepseek-v3").to_cost_model()
+    assert expert_tokens_per_gemm(v3.moe, tokens=4096, ep=64) == 8192  # §3.6
+    assert capacity_tokens(tokens=4096, top_k=2, num_experts=8, capacity_factor=1.25) == 1280
+    assert routed_tokens_per_rank(v3.moe, tokens=4096, imbalance=1.0) == 4096 * 8
+    # EP 64 over 8-GPU nodes: 7/8 of the copies cross nodes; node-limited to 4 of 8 copies: at most half
+    assert cross_node_fraction(ep=64, gpus_per_node=8, top_k=8) == pytest.approx(56 / 64)
+    assert cross_node_fraction(ep=64, gpus_per_node=8, top_k=8, node_limit=4) == pytest.approx(0.5)
+    assert cross_node_fraction(ep=8, gpus_per_node=8, top_k=2) == 0.0
+    # routed-token activations: T·k·γ·(2h + 3 f_e)·2 bytes (§3.7)
+    assert routed_activation_bytes(v3, routed_tokens=4096 * 8) == 4096 * 8 * (2 * 7168 + 3 * 2048) * 2
+
+
+# measured kernel speedups, tensorwise (modern-training.md §1.5.2 [X], H200)
+MEASURED = [((2048, 2048, 2048), 1.16), ((4096, 4096, 4096), 1.77), ((8192, 8192, 8192), 1.81),
+            ((16384, 4096, 4096), 1.84), ((16384, 4096, 14336), 1.74), ((16384, 14336, 4096), 2.02),
+            ((4096, 7168, 2048), 1.90), ((16384, 1024, 1024), 1.42)]
+
+
+def test_fp8_speedup_by_size_follows_the_h200_measurements():
+    errors = []
+    for (m, k, n), measured in MEASURED:
+        predicted = fp8_gemm_speedup(gemm_flops=2 * m * k * n, recipe="tensorwise")
+        errors.append(abs(predicted / measured - 1))
+        assert predicted < 2.0  # never the peak ratio
+    errors.sort()
+    assert errors[len(errors) // 2] < 0.10 and max(errors) < 0.25
+    small = fp8_gemm_speedup(gemm_flops=2 * 2048**3, recipe="tensorwise")
+    large = fp8_gemm_speedup(gemm_flops=2 * 16384 * 4096 * 4096, recipe="tensorwise")
+    assert small < large  # speedup grows with size (TE speedups.rst L97-110)
+    assert fp8_gemm_speedup(gemm_flops=2 * 16384 * 4096 * 4096, recipe="blockwise") < large
+
+
+def test_fp8_quantization_and_memory():
+    # 16384 x 4096 activation, tensorwise: 5 B/element at H200's 4.8 TB/s = 0.070 ms (measured 0.094 / 0.070 ms)
+    fwd, _ = quantization_seconds(tokens=16384, shapes=[(4096, 4096)], recipe="tensorwise", hbm_bytes_per_second=4.8e12)
+    assert fwd == pytest.approx(16384 * 4096 * 5 / 4.8e12) and 0.060e-3 < fwd < 0.094e-3
+    assert fp8_weight_extra_bytes(fp8_params=1e9, recipe="tensorwise") == 2e9  # FP8 + FP8 transposed copies
+    assert fp8_weight_extra_bytes(fp8_params=1e9, recipe="tensorwise", fp8_param_gather=True) == 0
+    assert fp8_weight_extra_bytes(fp8_params=1e9, recipe="rowwise") == 0  # torchao casts on the fly
+    # GPT (f = 4h): 7 s b h bytes of Korthikanti's 34 s b h (§1.3)
+    assert saved_activation_saving_bytes(tokens=10, hidden_size=64, q_width=64, ffn=256) == 7 * 10 * 64
