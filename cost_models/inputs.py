@@ -165,6 +165,8 @@ class Training:
     grad_bytes: int  # gradient buffer element (4 with fp32 main grads, Megatron's default for bf16)
     optimizer_bytes: int  # per parameter: fp32 master copy (if any) + optimizer moments
     grad_reduce_bytes: int  # element size of the DP gradient reduction
+    fp8_recipe: str | None = None  # FP8 GEMMs (cost_models/fp8.py FP8_RECIPES); None: all GEMMs in bf16/fp16
+    fp8_param_gather: bool = False  # FP8 primary weights / FP8 parameter all-gather (Megatron --fp8-param-gather)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,10 @@ class Layout:
     virtual_stages: int = 1
     layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible
     recompute_layers_per_stage: tuple[int, ...] | None = None  # full-recompute layers per stage (ILP)
+    cp: int = 1  # context parallel: each rank holds seq/cp tokens of every sequence (GPUs = dp·tp·pp·cp)
+    cp_comm: str = "p2p"  # p2p (ring) | all_gather | a2a (Ulysses); Megatron --cp-comm-type
+    ep: int = 1  # expert parallel: routed experts split over ep ranks, carved from dp·cp·tp (parallel folding)
+    etp: int = 1  # expert tensor parallel (Megatron --expert-tensor-parallel-size); 1 for fine-grained MoE
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,3 +208,5 @@ class Knobs:
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
     tp_layer_overhead_seconds: float = 0.0  # per layer and micro-batch (fwd+bwd) under TP: framework dispatch
     # of sharded operators (DTensor); 0 on GPUs, where launches overlap; `planner calibrate` measures it on CPU ranks
+    moe_imbalance: float = 1.1  # max/mean tokens per EP rank (cost_models/moe.py DEFAULT_IMBALANCE, stated)
+    ep_overlap_fraction: float = 0.0  # share of the EP all-to-all hidden (Megatron without a2a overlap: none)

@@ -1,0 +1,164 @@
+"""What context parallelism, expert parallelism and FP8 change in one layer on one GPU (stdlib only).
+
+The stage model (cost_models/step.py) asks `layer_extras` once per estimate and folds the result into its
+per-layer time, memory and parameter counts. Each term comes from the pure modules context_parallel.py,
+moe.py and fp8.py (sources there, and ../shared/reference/modern-training.md). Rank order is Megatron's
+tp-cp-ep-dp-pp: TP innermost, then CP; the expert grid is etp-ep-edp-pp (parallel folding, §3.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.communication import all_to_all_seconds, group_link
+from cost_models.compute import parameter_counts
+from cost_models.context_parallel import cp_buffer_bytes, cp_traffic, exposed_cp_seconds
+from cost_models.fp8 import (
+    fp8_gemm_speedup,
+    fp8_weight_extra_bytes,
+    quantization_seconds,
+    saved_activation_saving_bytes,
+)
+from cost_models.inputs import Hardware, Knobs, Layout, Training, Transformer
+from cost_models.moe import (
+    all_to_all_bytes_per_layer,
+    dispatch_buffer_bytes,
+    expert_weight_count,
+    routed_activation_bytes,
+    routed_tokens_per_rank,
+    router_activation_bytes,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerExtras:
+    """Per layer, per micro-batch, per GPU, averaged over the layers (MoE and dense layers differ)."""
+
+    tokens_per_rank: float  # b·s/cp: what every non-attention kernel processes
+    gemm_time_factor: float  # time of the layer's GEMMs relative to bf16 (1/FP8 speedup, x imbalance on experts)
+    cp_seconds: float  # exposed CP traffic, forward + backward
+    ep_seconds: float  # exposed EP all-to-all, forward + backward
+    fp8_quant_seconds: float  # casting fresh operands to FP8, forward + backward
+    activation_delta_bytes: float  # MoE routed-token activations instead of a dense MLP's, minus FP8-saved inputs
+    transient_bytes: float  # CP receive buffers and EP dispatch buffers live while one layer runs
+    layer_params: float  # one layer's parameters on this GPU: dense part / tp, routed experts / (ep·etp), norms
+    expert_params: float  # the routed-expert part of layer_params (its states shard over edp)
+    fp8_weight_bytes: float  # FP8 weight copies of one layer on this GPU
+
+    @property
+    def extra_seconds(self) -> float:
+        return self.cp_seconds + self.ep_seconds + self.fp8_quant_seconds
+
+
+def expert_data_parallel(layout: Layout) -> int:
+    """EDP = dp·cp·tp / (ep·etp): expert gradients reduce and expert optimizer states shard over it (§3.5)."""
+    return max(1, layout.dp * layout.cp * layout.tp // (layout.ep * layout.etp))
+
+
+def _moe_fraction(model: Transformer) -> float:
+    return model.num_moe_layers / model.num_layers
+
+
+def _layer_params(model: Transformer, layout: Layout) -> tuple[float, float]:
+    pc = parameter_counts(model)
+    frac = _moe_fraction(model)
+    routed = pc.per_layer_routed_experts * frac
+    mean = pc.layers / model.num_layers
+    dense_part = mean - routed - pc.per_layer_norms
+    experts = routed / (layout.ep * layout.etp)
+    return dense_part / layout.tp + experts + pc.per_layer_norms, experts
+
+
+def _moe_tokens(layout: Layout, tokens: float) -> float:
+    """Tokens entering an MoE layer on one rank: sequence-parallel TP shards them by tp."""
+    return tokens / layout.tp if layout.sequence_parallel else tokens
+
+
+def _fp8_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, tokens: float
+               ) -> tuple[float, float]:
+    """(GEMM time factor, quantization seconds f+b) for one layer's Linear GEMMs in FP8."""
+    recipe = training.fp8_recipe
+    if recipe is None:
+        return 1.0, 0.0
+    t = layout.tp
+    q, kv, h = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim, model.hidden_size
+    f = model.moe.expert_ffn_hidden_size if model.moe else model.ffn_hidden_size
+    gated = 2 if model.swiglu else 1
+    rows = tokens if not model.moe else max(1.0, tokens * model.moe.top_k * layout.ep / model.moe.num_experts)
+    shapes = [(h, (q + 2 * kv) // t), (q // t, h), (h, gated * f // t), (f // t, h)]
+    flops = [2 * tokens * k * n for k, n in shapes[:2]] + [2 * rows * k * n for k, n in shapes[2:]]
+    time_fp8 = sum(fl / fp8_gemm_speedup(gemm_flops=fl, recipe=recipe) for fl in flops)
+    factor = time_fp8 / sum(flops)
+    fwd, bwd = quantization_seconds(tokens=int(tokens), shapes=shapes, recipe=recipe,
+                                    hbm_bytes_per_second=hw.hbm_bytes_per_second)
+    return factor, fwd + bwd
+
+
+def _cp_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, core_seconds: float
+              ) -> tuple[float, float]:
+    """(exposed seconds f+b, transient bytes) of CP for one layer."""
+    if layout.cp <= 1:
+        return 0.0, 0.0
+    kw = dict(micro_batch_size=layout.micro_batch_size, seq_length=training.seq_length, tp=layout.tp, cp=layout.cp,
+              activation_bytes=training.activation_bytes)
+    traffic = cp_traffic(model, variant=layout.cp_comm, **kw)
+    link = group_link(hw, group_size=layout.cp, stride=layout.tp).link
+    fwd, bwd = exposed_cp_seconds(traffic, variant=layout.cp_comm, cp=layout.cp, link=link,
+                                  attention_forward_seconds=core_seconds, attention_backward_seconds=2 * core_seconds)
+    return fwd + bwd, cp_buffer_bytes(model, variant=layout.cp_comm, **kw)
+
+
+def _ep_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs, tokens: float
+              ) -> tuple[float, float, float]:
+    """(exposed all-to-all seconds f+b, activation delta bytes, dispatch buffer bytes) of an MoE layer, averaged."""
+    moe = model.moe
+    if moe is None:
+        return 0.0, 0.0, 0.0
+    frac, h, act_b = _moe_fraction(model), model.hidden_size, training.activation_bytes
+    t_moe = _moe_tokens(layout, tokens)
+    routed = routed_tokens_per_rank(moe, tokens=int(t_moe), imbalance=knobs.moe_imbalance)
+    seconds = 0.0
+    if layout.ep > 1:
+        dispatch = 1 + 4 / 128 if training.fp8_recipe == "blockwise" else act_b  # FP8 dispatch (DeepSeek-V3 style)
+        fwd, bwd = all_to_all_bytes_per_layer(tokens=int(t_moe * knobs.moe_imbalance), top_k=moe.top_k, hidden_size=h,
+                                              ep=layout.ep, dispatch_bytes=dispatch, combine_bytes=act_b)
+        link = group_link(hw, group_size=layout.ep, stride=layout.etp).link
+        per_rank = (fwd + bwd) * layout.ep / (layout.ep - 1)  # all_to_all_seconds takes the per-rank buffer
+        seconds = all_to_all_seconds(message_bytes=per_rank, group_size=layout.ep, link=link)
+        seconds *= 1 - knobs.ep_overlap_fraction
+    # replace the dense-MLP activations memory.py counted (8 f bytes per token / tp, 2-byte, gated) by the routed ones
+    dense_mlp = tokens * (8 if model.swiglu else 4) * model.ffn_hidden_size * act_b / 2 / layout.tp
+    moe_mlp = (routed_activation_bytes(model, routed_tokens=routed, activation_bytes=act_b, etp=layout.etp)
+               + tokens * (8 if model.swiglu else 4) * moe.shared_expert_ffn_hidden_size * act_b / 2 / layout.tp
+               + router_activation_bytes(tokens=int(t_moe), num_experts=moe.num_experts))
+    buffer = dispatch_buffer_bytes(routed_tokens=routed, hidden_size=h, activation_bytes=act_b) if layout.ep > 1 else 0
+    return seconds * frac, (moe_mlp - dense_mlp) * frac, buffer
+
+
+def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs, *,
+                 gemm_flops_per_gpu: float, core_seconds: float) -> LayerExtras:
+    """CP, EP and FP8 terms of one layer. `gemm_flops_per_gpu` and `core_seconds` are the layer's forward GEMM
+    FLOPs and attention-core time per GPU for b·s/cp tokens (the stage model computes both)."""
+    tokens = layout.micro_batch_size * training.seq_length / layout.cp
+    factor, quant = _fp8_terms(model, training, hw, layout, tokens)
+    if model.moe is not None and knobs.moe_imbalance != 1.0:
+        expert = 2 * tokens * model.moe.top_k * expert_weight_count(model) / layout.tp * _moe_fraction(model)
+        factor *= 1 + (knobs.moe_imbalance - 1) * min(1.0, expert / max(gemm_flops_per_gpu, 1.0))
+    cp_s, cp_buf = _cp_terms(model, training, hw, layout, core_seconds)
+    ep_s, moe_act, ep_buf = _ep_terms(model, training, hw, layout, knobs, tokens)
+    params, experts = _layer_params(model, layout)
+    fp8_weights = saving = 0.0
+    if training.fp8_recipe is not None:
+        norms = parameter_counts(model).per_layer_norms
+        fp8_weights = fp8_weight_extra_bytes(fp8_params=params - norms, recipe=training.fp8_recipe,
+                                             fp8_param_gather=training.fp8_param_gather)
+        ffn = model.moe.expert_ffn_hidden_size * model.moe.top_k if model.moe else model.ffn_hidden_size
+        rep = layout.tp if layout.sequence_parallel else 1
+        saving = saved_activation_saving_bytes(tokens=int(tokens), hidden_size=model.hidden_size // rep,
+                                               q_width=model.num_attention_heads * model.head_dim // layout.tp,
+                                               ffn=ffn // layout.tp)
+    return LayerExtras(
+        tokens_per_rank=tokens, gemm_time_factor=factor, cp_seconds=cp_s, ep_seconds=ep_s, fp8_quant_seconds=quant,
+        activation_delta_bytes=moe_act - saving, transient_bytes=cp_buf + ep_buf, layer_params=params,
+        expert_params=experts, fp8_weight_bytes=fp8_weights,
+    )
