@@ -43,6 +43,7 @@ class Precision(StrEnum):
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
+    FP8 = "fp8"  # FP8 GEMMs in the Linear layers; weights, activations and everything else in bf16 (fp8.py)
 
     @property
     def bytes(self) -> int:

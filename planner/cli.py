@@ -30,8 +30,9 @@ NodesOpt = Annotated[int | None, typer.Option("--nodes", "-n", help="Scale the c
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset, model YAML/JSON, or HF config.json.")]
 BatchOpt = Annotated[int, typer.Option("--global-batch-size", "-b", help="Sequences per optimizer step.")]
 SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")]
-PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16, fp16 or fp32 (default: bf16, or fp16 on "
-                                                                       "a GPU without bf16 such as V100).")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16, fp16, fp32 or fp8 (FP8 GEMMs, TE current "
+                                                                       "scaling; default: bf16, or fp16 on a GPU "
+                                                                       "without bf16 such as V100).")]
 HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
 FrameworkOpt = Annotated[str | None, typer.Option(

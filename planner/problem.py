@@ -33,7 +33,7 @@ class Problem:
 
     @cached_property
     def hardware(self) -> Hardware:
-        return self.cluster.to_cost_model(self.training.precision)
+        return self.cluster.to_cost_model(self.training.compute_dtype)
 
     @cached_property
     def cm_model(self) -> Transformer:

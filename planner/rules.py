@@ -34,7 +34,8 @@ def _degree_rules(layout: LayoutSpec, model: ModelSpec, cluster: ClusterSpec | N
     out: list[Violation] = []
     t = layout.tp
     if cluster is not None and layout.num_gpus != cluster.num_gpus:
-        out.append(Violation("gpus_match_cluster", "dp*tp*pp", f"{layout.dp}*{t}*{layout.pp} = {layout.num_gpus}",
+        out.append(Violation("gpus_match_cluster", "dp*tp*pp*cp",
+                             f"{layout.dp}*{t}*{layout.pp}*{layout.cp} = {layout.num_gpus}",
                              f"must equal the cluster's {cluster.num_gpus} GPUs ({cluster.num_nodes} nodes x "
                              f"{cluster.gpus_per_node})", "choose degrees whose product is the number of GPUs"))
     heads, kv = model.num_attention_heads, model.kv_heads
@@ -155,6 +156,50 @@ def _split_rules(layout: LayoutSpec, model: ModelSpec) -> list[Violation]:
     return out
 
 
+def _cp_rules(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> list[Violation]:
+    from cost_models.context_parallel import cp_problems
+
+    fix = "use a cp that splits the sequence into 2·cp equal chunks (and cp_comm p2p when heads do not divide)"
+    found = cp_problems(model.to_cost_model(), variant=layout.cp_comm, cp=layout.cp, seq_length=training.seq_length,
+                        tp=layout.tp if layout.sequence_parallel else 1)
+    return [Violation("cp_" + ("comm" if field == "cp_comm" else "split"), field, str(getattr(layout, field)),
+                      why.split(" -> ", 1)[-1], fix) for field, why in found]
+
+
+def _ep_rules(layout: LayoutSpec, model: ModelSpec) -> list[Violation]:
+    out: list[Violation] = []
+    moe, ep, etp = model.moe, layout.ep, layout.etp
+    if (ep > 1 or etp > 1) and moe is None:
+        out.append(Violation("ep_needs_moe", "ep", str(ep), f"expert parallelism needs a mixture-of-experts model "
+                             f"({model.name} is dense)", "use ep=1"))
+    if moe is not None and moe.num_experts % ep:
+        out.append(Violation("ep_divides_experts", "ep", str(ep), f"must divide num_experts ({moe.num_experts}) "
+                             "(Megatron arguments.py L1657)", "use an ep that divides the experts"))
+    if moe is not None and moe.expert_ffn_hidden_size % etp:
+        out.append(Violation("etp_divides_expert_ffn", "etp", str(etp), "must divide expert_ffn_hidden_size "
+                             f"({moe.expert_ffn_hidden_size})", "use etp=1 (fine-grained experts) or a divisor"))
+    folded = layout.dp * layout.cp * layout.tp
+    if folded % (ep * etp):
+        out.append(Violation("ep_folds_into_dp", "ep*etp", f"{ep}*{etp}", f"must divide dp*cp*tp = {folded} (the "
+                             "expert grid etp x ep x edp x pp covers the same GPUs: Megatron parallel folding, "
+                             "torchtitan parallel_dims)", "use an ep that divides dp*cp*tp"))
+    return out
+
+
+def _fp8_rules(training: TrainingSpec, cluster: ClusterSpec | None) -> list[Violation]:
+    if cluster is None or training.precision != "fp8":
+        return []
+    gpu = cluster.gpu_spec()
+    name = gpu.name or str(cluster.gpu)
+    if "fp8" not in gpu.tflops:
+        return [Violation("fp8_needs_tensor_cores", "precision", "fp8", f"the {name} has no FP8 tensor cores (needs "
+                          "Ada, Hopper or Blackwell)", "use --precision bf16")]
+    if training.fp8_recipe == "mxfp8" and not name.upper().startswith(("B", "GB")):
+        return [Violation("mxfp8_needs_blackwell", "fp8_recipe", "mxfp8", f"needs Blackwell (SM100) GPUs, not {name}",
+                          "use the tensorwise recipe")]
+    return []
+
+
 def layout_violations(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec,
                       cluster: ClusterSpec | None = None, *, allow_tp_across_nodes: bool = False) -> list[Violation]:
     """Every rule a layout breaks, in a fixed order (degrees, sequence parallelism, placement, batch, schedule,
@@ -165,7 +210,10 @@ def layout_violations(layout: LayoutSpec, model: ModelSpec, training: TrainingSp
             *_batch_rules(layout, training),
             *_schedule_rules(layout, model),
             *_state_rules(layout),
-            *_split_rules(layout, model)]
+            *_split_rules(layout, model),
+            *_cp_rules(layout, model, training),
+            *_ep_rules(layout, model),
+            *_fp8_rules(training, cluster)]
 
 
 def validate_layout(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec | None = None,

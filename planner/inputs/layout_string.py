@@ -11,8 +11,11 @@ ALIASES = {
     "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
     "schedule": "schedule", "vpp": "virtual_stages", "virtual_stages": "virtual_stages",
     "layers_per_stage": "layers_per_stage", "recompute_layers_per_stage": "recompute_layers_per_stage",
+    "cp": "cp", "context_parallel": "cp", "cp_comm": "cp_comm", "ep": "ep", "expert_parallel": "ep",
+    "etp": "etp", "expert_tensor_parallel": "etp",
 }
-INT_FIELDS = {"tp", "pp", "dp", "zero_stage", "micro_batch_size", "num_micro_batches", "virtual_stages"}
+INT_FIELDS = {"tp", "pp", "dp", "zero_stage", "micro_batch_size", "num_micro_batches", "virtual_stages", "cp", "ep",
+              "etp"}
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
 

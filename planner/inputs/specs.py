@@ -153,6 +153,7 @@ class ModelSpec(_Frozen):
 
 
 PRECISION_BYTES = {p.value: p.bytes for p in Precision}
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")  # cost_models/fp8.py
 
 
 class TrainingSpec(_Frozen):
@@ -161,6 +162,12 @@ class TrainingSpec(_Frozen):
     global_batch_size: int = Field(ge=1, le=lim.MAX_GLOBAL_BATCH, description="sequences per optimizer step")
     seq_length: int = Field(ge=1, le=lim.MAX_SEQ_LENGTH)
     precision: Precision = Precision.BF16
+    fp8_recipe: Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"] = Field(
+        default="tensorwise",
+        description="with precision fp8: TE delayed/current(tensorwise)/blockwise/MXFP8 or torchao tensorwise/rowwise "
+        "scaling (modern-training.md §1.1); tensorwise is NeMo's FP8-CS and torchao's fastest",
+    )
+    fp8_param_gather: bool = Field(default=False, description="FP8 primary weights, FP8 parameter all-gather")
     optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
     grad_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
         default=None,
@@ -171,7 +178,7 @@ class TrainingSpec(_Frozen):
 
     @property
     def grad_bytes(self) -> int:
-        dtype = self.grad_dtype or ("fp32" if self.precision == "bf16" else self.precision)
+        dtype = self.grad_dtype or ("fp32" if self.precision in ("bf16", "fp8") else self.precision)
         return PRECISION_BYTES[dtype]
 
     @property
@@ -180,6 +187,12 @@ class TrainingSpec(_Frozen):
         master = 4 if self.precision != "fp32" else 0
         moments = 8 if self.optimizer in ("adam", "adamw") else 4
         return master + moments
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype whose peak the cost model divides by: FP8 runs charge the FP8 GEMMs their measured speedup over
+        the BF16 peak (cost_models/fp8.py), and MFU stays quoted against BF16 (modern-training.md §1.4)."""
+        return "bf16" if self.precision == "fp8" else self.precision
 
     def to_cost_model(self) -> cm.Training:
         reduce = self.grad_reduce_dtype
@@ -191,6 +204,8 @@ class TrainingSpec(_Frozen):
             grad_bytes=self.grad_bytes,
             optimizer_bytes=self.optimizer_bytes_per_param,
             grad_reduce_bytes=PRECISION_BYTES[reduce] if reduce else self.grad_bytes,
+            fp8_recipe=self.fp8_recipe if self.precision == "fp8" else None,
+            fp8_param_gather=self.precision == "fp8" and self.fp8_param_gather,
         )
 
 
@@ -211,6 +226,11 @@ class LayoutSpec(_Frozen):
     virtual_stages: int = Field(default=1, ge=1, le=lim.MAX_LAYERS)
     layers_per_stage: list[int] | None = None
     recompute_layers_per_stage: list[int] | None = None
+    cp: int = Field(default=1, ge=1, description="context parallel degree (sequence split over cp ranks)")
+    cp_comm: Literal["p2p", "all_gather", "a2a"] = Field(
+        default="p2p", description="CP exchange: ring (Megatron's default), Llama 3's all-gather, or Ulysses all-to-all")
+    ep: int = Field(default=1, ge=1, description="expert parallel degree (routed experts split over ep ranks)")
+    etp: int = Field(default=1, ge=1, description="expert tensor parallel degree (Megatron)")
 
     @classmethod
     def trusted(cls, **fields: Any) -> LayoutSpec:
@@ -225,7 +245,7 @@ class LayoutSpec(_Frozen):
 
     @property
     def num_gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def to_cost_model(self) -> cm.Layout:
         return cm.Layout(
@@ -244,10 +264,18 @@ class LayoutSpec(_Frozen):
             recompute_layers_per_stage=tuple(self.recompute_layers_per_stage)
             if self.recompute_layers_per_stage
             else None,
+            cp=self.cp,
+            cp_comm=self.cp_comm,
+            ep=self.ep,
+            etp=self.etp,
         )
 
     def short(self) -> str:
         parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"zero={self.zero_stage}"]
+        if self.cp > 1:
+            parts += [f"cp={self.cp}"] + ([f"cp_comm={self.cp_comm}"] if self.cp_comm != "p2p" else [])
+        if self.ep > 1 or self.etp > 1:
+            parts += [f"ep={self.ep}"] + ([f"etp={self.etp}"] if self.etp > 1 else [])
         if self.offload != "none":
             parts.append(f"offload={self.offload}")
         parts += [f"mbs={self.micro_batch_size}", f"recompute={self.recompute}"]
