@@ -34,8 +34,9 @@ def _degree_rules(layout: LayoutSpec, model: ModelSpec, cluster: ClusterSpec | N
     out: list[Violation] = []
     t = layout.tp
     if cluster is not None and layout.num_gpus != cluster.num_gpus:
-        out.append(Violation("gpus_match_cluster", "dp*tp*pp*cp",
-                             f"{layout.dp}*{t}*{layout.pp}*{layout.cp} = {layout.num_gpus}",
+        degrees, values = ("dp*tp*pp*cp", f"{layout.dp}*{t}*{layout.pp}*{layout.cp}") if layout.cp > 1 else \
+            ("dp*tp*pp", f"{layout.dp}*{t}*{layout.pp}")
+        out.append(Violation("gpus_match_cluster", degrees, f"{values} = {layout.num_gpus}",
                              f"must equal the cluster's {cluster.num_gpus} GPUs ({cluster.num_nodes} nodes x "
                              f"{cluster.gpus_per_node})", "choose degrees whose product is the number of GPUs"))
     heads, kv = model.num_attention_heads, model.kv_heads

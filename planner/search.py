@@ -99,13 +99,19 @@ def _fits(problem: Problem, est: StepEstimate) -> bool:
     return fits_in_memory(est, problem.knobs.memory_headroom_bytes)
 
 
-def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero: int, offload: str) -> float:
+def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero: int, offload: str, cp: int = 1,
+                              ep: int = 1) -> float:
     """Model states of an average stage (the stage model's bytes per parameter): no stage holds less, so above
-    capacity the layout cannot fit."""
-    per_param = sum(state_bytes_per_param(problem.cm_training, zero_stage=zero, dp=dp, offload=offload))
+    capacity the layout cannot fit. Routed experts divide by ep instead of tp; states shard over dp·cp (experts
+    over EDP, never counted as less sharded than that here)."""
+    per_param = sum(state_bytes_per_param(problem.cm_training, zero_stage=zero, dp=max(dp * cp, dp * cp * tp // ep),
+                                          offload=offload))
     if per_param == 0:
         return 0.0
-    return problem.total_params / (tp * pp) * per_param + problem.knobs.per_process_overhead_bytes
+    counts = problem.model.parameter_counts()
+    experts = counts["per_layer_routed_experts"] * problem.cm_model.num_moe_layers
+    per_gpu = (problem.total_params - experts) / (tp * pp) + experts / (ep * pp)
+    return per_gpu * per_param + problem.knobs.per_process_overhead_bytes
 
 
 def _tp_degrees(problem: Problem, opts: PlanOptions) -> list[int]:
@@ -117,14 +123,29 @@ def _tp_degrees(problem: Problem, opts: PlanOptions) -> list[int]:
             and model.ffn % t == 0 and model.hidden_size % t == 0]
 
 
-def _degrees(problem: Problem, opts: PlanOptions) -> Iterator[tuple[int, int, int]]:
-    """(tp, pp, dp) with pp <= layers and dp dividing the global batch."""
+# CP is searched when each rank keeps at least this many tokens of a sequence: below it the per-layer work is too
+# small to hide a ring step off the node (modern-training.md §2.4: 2,500-5,000 tokens over a 50 GB/s NIC)
+MIN_CP_TOKENS = 4096
+MAX_EP = 64  # DeepSeek-V3's EP 64 is the largest published (modern-training.md §3.5)
+
+
+def _degrees(problem: Problem, opts: PlanOptions) -> Iterator[tuple[int, int, int, int]]:
+    """(tp, pp, dp, cp) with pp <= layers and dp dividing the global batch; cp > 1 only for long sequences."""
     n, L, B = problem.cluster.num_gpus, problem.model.num_layers, problem.training.global_batch_size
+    s = problem.training.seq_length
     for tp in _tp_degrees(problem, opts):
-        for pp in divisors(n // tp):
-            dp = n // (tp * pp)
-            if pp <= L and B % dp == 0:
-                yield tp, pp, dp
+        for cp in (c for c in divisors(n // tp) if c == 1 or (s % (2 * c * tp) == 0 and s // c >= MIN_CP_TOKENS)):
+            for pp in divisors(n // (tp * cp)):
+                dp = n // (tp * pp * cp)
+                if pp <= L and B % dp == 0:
+                    yield tp, pp, dp, cp
+
+
+def _ep_degrees(model, folded: int) -> list[int]:
+    """EP degrees for an MoE model: divisors of the experts that divide dp·cp·tp (parallel folding)."""
+    if model.moe is None:
+        return [1]
+    return [e for e in divisors(model.moe.num_experts) if folded % e == 0 and e <= MAX_EP]
 
 
 def _state_options(pp: int, dp: int, offload: bool) -> list[tuple[int, Offload]]:
@@ -158,13 +179,14 @@ def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool) -> It
     """Yield layout field dicts without recompute (the ladder is applied by the caller), in a fixed order
     (tp, pp, micro-batch size, ZeRO/offload, schedule) that breaks exact ties."""
     B, L = problem.training.global_batch_size, problem.model.num_layers
-    for tp, pp, dp in _degrees(problem, opts):
+    for tp, pp, dp, cp in _degrees(problem, opts):
         per_dp = B // dp
-        states = _state_options(pp, dp, offload)
-        for mbs in (d for d in divisors(per_dp) if d <= opts.max_micro_batch_size):
+        states = _state_options(pp, dp * cp, offload)
+        for mbs, ep in itertools.product((d for d in divisors(per_dp) if d <= opts.max_micro_batch_size),
+                                         _ep_degrees(problem.model, dp * cp * tp)):
             m = per_dp // mbs
             for (zero, off), (schedule, v) in itertools.product(states, _schedule_options(pp, m, L, opts)):
-                base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "offload": off,
+                base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero_stage": zero, "offload": off,
                                     "micro_batch_size": mbs, "num_micro_batches": m, "sequence_parallel": tp > 1,
                                     "schedule": schedule, "virtual_stages": v})
                 if base is not None:
@@ -191,7 +213,8 @@ def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: 
                 progress.advance(task)
             ladder = [r for r in Recompute if opts.allows({**base, "recompute": r})]
             stats.candidates_considered += len(ladder)
-            lb = _states_lower_bound_bytes(problem, base["tp"], base["pp"], base["dp"], base["zero_stage"], base["offload"])
+            lb = _states_lower_bound_bytes(problem, base["tp"], base["pp"], base["dp"], base["zero_stage"], base["offload"],
+                                           base.get("cp", 1), base.get("ep", 1))
             if lb > cap:
                 least_peak = min(least_peak, lb)
                 continue
