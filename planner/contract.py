@@ -216,7 +216,7 @@ class EstimateDocument(_Strict):
 class Decision(_Strict):
     """The seed's decision-table row for the request, and whether the pick follows it."""
 
-    row: int = Field(description="Row of the decision table (1-6).")
+    row: int = Field(description="Row of the decision table (1-6 the seed's; 7 long context, 8 mixture of experts).")
     scenario: str
     recommendation: str
     agrees: bool = Field(description="Whether the pick is of the recommended kind.")

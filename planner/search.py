@@ -369,7 +369,8 @@ def _fits_one_card(problem: Problem) -> bool:
 def decide(problem: Problem, ranked: list[Candidate], pick: Candidate) -> Decision:
     hw = problem.hardware
     row = classify(num_gpus=hw.num_gpus, num_nodes=hw.num_nodes, fits_one_card=_fits_one_card(problem),
-                   network_per_gpu=network_bytes_per_second_per_gpu(hw))
+                   network_per_gpu=network_bytes_per_second_per_gpu(hw), seq_length=problem.training.seq_length,
+                   moe=problem.model.moe is not None)
     scenario, rec = ROWS[row]
     g = hw.gpus_per_node
     agrees = matches_row(row, pick.layout, g)
