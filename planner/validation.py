@@ -138,12 +138,8 @@ def build_case(row: dict) -> Case | str:
     if row.get("record_type") != "throughput_run":
         return f"record_type {row.get('record_type')}"
     precision_text = (row.get("precision") or "").lower()
-    if "fp8" in precision_text:
-        return "FP8 run: the cost models do not model FP8"
-    if row.get("moe"):
-        return "MoE model"
-    if (row.get("cp") or 1) > 1 or (row.get("ep") or 1) > 1:
-        return "context or expert parallelism is not modelled"
+    if row.get("moe") or (row.get("ep") or 1) > 1:
+        return "MoE model: the row carries no expert shapes (num_experts, top_k, expert FFN width) to rebuild it"
     needed = ["num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length", "global_batch_size"]
     missing = [k for k in needed if not row.get(k)]
     if missing:
@@ -175,18 +171,25 @@ def build_case(row: dict) -> Case | str:
     if "bloom" in name.lower() or "bs-" in row["id"]:
         model["position_embedding"] = "alibi"
     precision = "fp16" if ("fp16" in precision_text and "bf16" not in precision_text) or "v100" in (row.get("gpu_type") or "").lower() else "bf16"
+    # FP8 rows (modern-training.md §1.1): torchtitan's float8 of 2024-12 is torchao tensorwise; TE-based stacks
+    # (NeMo/Megatron-Core recipes of 2024, llm-foundry's TE AMP) use TE's default, delayed scaling; NeMo/Bridge's FP8
+    # recipes gather parameters in FP8 (fp8_param_gather True, frameworks.md §4.6)
+    fp8_recipe = "tensorwise" if family == "fsdp" and "torchtitan" in (row.get("framework") or "").lower() else "delayed"
+    if "fp8" in precision_text:
+        precision = "fp8"
     try:
         model_spec = ModelSpec.model_validate(model)
-        training = TrainingSpec(global_batch_size=row["global_batch_size"], seq_length=row["seq_length"], precision=precision)
+        training = TrainingSpec(global_batch_size=row["global_batch_size"], seq_length=row["seq_length"], precision=precision,
+                                fp8_recipe=fp8_recipe, fp8_param_gather=family == "mcore")
         cluster = ClusterSpec.model_validate(cluster_data)
     except Exception as exc:  # a row whose shape the specs reject
         return f"not representable: {str(exc).splitlines()[0][:120]}"
     n = row["total_gpus"]
-    tp, pp = row.get("tp") or 1, row.get("pp") or 1
-    dp = row.get("dp") or n // (tp * pp)
-    if tp * pp * dp != n:
-        return f"tp*pp*dp = {tp * pp * dp} != {n} GPUs"
-    fields: dict = {"tp": tp, "pp": pp, "dp": dp}
+    tp, pp, cp = row.get("tp") or 1, row.get("pp") or 1, row.get("cp") or 1
+    dp = row.get("dp") or n // (tp * pp * cp)
+    if tp * pp * dp * cp != n:
+        return f"tp*pp*dp*cp = {tp * pp * dp * cp} != {n} GPUs"
+    fields: dict = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
     if row.get("vpp") and row["vpp"] > 1:
         fields.update(schedule="interleaved_1f1b", virtual_stages=row["vpp"])
     zero = row.get("zero_stage")
@@ -437,6 +440,9 @@ def render_markdown(report: Report, *, runs_path: str, planner_section: str = ""
     out += [f"- `{r.case.row_id}`: {r.error * 100:+.1f}%" for r in bad] or ["- none"]
     if planner_section:
         out += ["", planner_section]
+    from planner.validation_modern import modern_section
+
+    out += ["", *modern_section(report)]
     out += ["", "## Every evaluated row", "",
             "| row | measured from | layout used | measured s | predicted s | error | peak mem GiB | measured mem GB | fits |",
             "|---|---|---|---|---|---|---|---|---|"]

@@ -1,6 +1,5 @@
 """CP, EP and FP8 through the stage model, the rules and the search (modern-training.md; sources per test)."""
 
-from dataclasses import replace
 
 import pytest
 

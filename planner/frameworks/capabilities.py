@@ -37,7 +37,7 @@ class Capabilities:
     max_virtual_stages: int = 1
     pads_vocab: bool = False  # pads the vocabulary to a multiple of tp itself (no divisibility rule)
     vocab_rule: str = ""
-    precisions: tuple[str, ...] = ("bf16", "fp16", "fp32")
+    precisions: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")  # fp8: TE (Megatron/NeMo), torchao (torchtitan)
     sources: dict[str, str] = field(default_factory=dict)
 
     def refusal(self, f: dict) -> str | None:
@@ -148,7 +148,7 @@ TORCHTITAN = Capabilities(
     sp_needs_tp="warn", uneven_split="any", per_stage_recompute="none", max_virtual_stages=64,
     vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
                "embedding and output",
-    precisions=("bf16", "fp32"),
+    precisions=("bf16", "fp32", "fp8"),
     sources={
         "schedules": "frameworks.md §1.4: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
                      "ZBVZeroBubble (zero_bubble exports as ZBVZeroBubble: two stages per rank in a V)",

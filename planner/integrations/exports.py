@@ -17,6 +17,7 @@ from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+from planner.integrations.modern_flags import deepspeed_settings, megatron_args, torchtitan_settings
 
 GIB = 2**30
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
@@ -325,6 +326,7 @@ def to_megatron(parts: PlanParts, lay: LayoutSpec, *, deepspeed: bool = False) -
     else:
         args += _megatron_sharding(lay) + _megatron_pipeline(lay, model)
     args += _megatron_recompute(lay, deepspeed=deepspeed)
+    args += [a for a in megatron_args(lay, model, training) if a[0] != "--bf16" or ("--bf16", None) not in args]
     env = _env_lines(lay, parts.cluster) if not deepspeed else []
     notes = [f"environment: {e}" for e in env]
     if deepspeed:
@@ -378,6 +380,7 @@ def _override(v) -> str:
 def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -> tuple[str, list[str]]:
     """DeepSpeed's JSON with only keys DeepSpeed reads (runtime/config.py); the triad over the DP degree (§3.2)."""
     training = parts.training
+    modern = deepspeed_settings(lay, parts.model, training)  # Ulysses degree, or a refusal for EP/FP8/ring CP
     zero: dict = {"stage": lay.zero_stage, "contiguous_gradients": True, "overlap_comm": True}
     if lay.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -389,6 +392,7 @@ def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -
         "gradient_accumulation_steps": lay.num_micro_batches,
         "zero_optimization": zero,
         "gradient_clipping": 1.0,
+        **modern,
     }
     if training.precision == "bf16":
         config["bf16"] = {"enabled": True}
@@ -472,7 +476,8 @@ def _torchtitan_training(lay: LayoutSpec, training: TrainingSpec) -> dict:
     local = lay.micro_batch_size * lay.num_micro_batches if lay.pp > 1 else lay.micro_batch_size
     train: dict = {"local_batch_size": local, "global_batch_size": training.global_batch_size,
                    "seq_len": training.seq_length,
-                   "mixed_precision_param": {"bf16": "bfloat16", "fp32": "float32"}[training.precision]}
+                   "mixed_precision_param": {"bf16": "bfloat16", "fp32": "float32",
+                                             "fp8": "bfloat16"}[training.precision]}
     if lay.offload == "optimizer+params":
         train["enable_cpu_offload"] = True
     return train
@@ -491,9 +496,14 @@ def _torchtitan_flavor(model: ModelSpec) -> tuple[str, str, list[str]]:
 def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     """torchtitan 0.3: a Python module with one function returning Trainer.Config (frameworks.md §1.1)."""
     par, train = _torchtitan_parallelism(lay, parts.model), _torchtitan_training(lay, parts.training)
+    modern, float8 = torchtitan_settings(lay, parts.model, parts.training)
+    par.update(modern)
     if lay.pp > 1:
         train["disable_cuda_graphs"] = True  # Trainer.Config raises for CUDA graphs with pp > 1 (§1.4)
     name, flavor, notes = _torchtitan_flavor(parts.model)
+    if float8:
+        notes.append(f"float8: add converters=[Float8LinearConverter.Config(recipe_name={float8['recipe_name']!r}, "
+                     "filter_fqns=['output', 'router.gate'])] to the model config (frameworks.md §1.9)")
     mode = {"none": "none", "full": "full", "selective": "selective"}[lay.recompute]
     if lay.recompute == "selective":
         notes.append("recompute selective -> torchtitan's per-op SAC (recomputes more than Megatron's core-attention "
@@ -521,13 +531,18 @@ def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
 def to_torchtitan_toml(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     """torchtitan <= 0.2.2: the TOML job file (frameworks.md §1.1)."""
     par, train = _torchtitan_parallelism(lay, parts.model), _torchtitan_training(lay, parts.training)
+    modern, float8 = torchtitan_settings(lay, parts.model, parts.training)
+    par.update(modern)
     name, flavor, notes = _torchtitan_flavor(parts.model)
     ac: dict = {"mode": lay.recompute}
     if lay.recompute == "selective":
         ac["selective_ac_option"] = "op"
     lines = []
-    for section, values in (("model", {"name": name, "flavor": flavor}), ("training", train), ("parallelism", par),
-                            ("activation_checkpoint", ac)):
+    model_section = {"name": name, "flavor": flavor} | ({"converters": ["float8"]} if float8 else {})
+    sections = [("model", model_section), ("training", train), ("parallelism", par), ("activation_checkpoint", ac)]
+    if float8:
+        sections.append(("quantize.linear.float8", float8))
+    for section, values in sections:
         lines.append(f"\n[{section}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
     return "\n".join(lines).lstrip("\n"), notes

@@ -1,0 +1,103 @@
+"""What each framework's launch settings say for context parallelism, expert parallelism, MoE/MLA shapes and FP8,
+or why it cannot say it (refusals raise SpecError, exit 3).
+
+Option names: ../shared/reference/frameworks.md §1.9 (torchtitan), §2.8 (Megatron-LM), §3.8 (DeepSpeed), §6.1
+(the degree table). Megatron's recipe names are its own (`--fp8-recipe {tensorwise,delayed,mxfp8,blockwise}`),
+torchtitan's come from torchao (`recipe_name` in {tensorwise, rowwise, rowwise_with_gw_hp}).
+"""
+
+from __future__ import annotations
+
+from cluster_specs import SpecError
+from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+
+MEGATRON_CP_COMM = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a"}
+MEGATRON_FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise")
+TORCHTITAN_FP8_RECIPES = ("tensorwise", "rowwise")
+
+# The feature table (README "Modern training in the exports"): what each export can express
+FEATURE_TABLE = [
+    ("context parallel, ring (p2p)", "--context-parallel-size, --cp-comm-type p2p", "context_parallel_degree",
+     "refused (DeepSpeed has Ulysses only)"),
+    ("context parallel, all-gather", "--cp-comm-type allgather", "refused (ring only)", "refused"),
+    ("context parallel, Ulysses (a2a)", "--cp-comm-type a2a", "refused (ring only)",
+     "sequence_parallel_size (+ Megatron-DeepSpeed --ds-sequence-parallel-size)"),
+    ("expert parallel", "--expert-model-parallel-size, --expert-tensor-parallel-size, --num-experts, "
+     "--moe-router-topk, --moe-ffn-hidden-size, --moe-layer-freq", "expert_parallel_degree (+ etp 1)",
+     "refused (ep_size is an argument of deepspeed.moe.layer.MoE in model code)"),
+    ("MLA", "--multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, "
+     "--v-head-dim", "model code (DeepSeek-V3 model args)", "model code"),
+    ("FP8", "--fp8-format hybrid, --fp8-recipe tensorwise|delayed|blockwise|mxfp8, --fp8-param-gather",
+     "float8 converter, recipe_name tensorwise|rowwise, enable_fsdp_float8_all_gather (tensorwise)",
+     "refused (no FP8 switch in DeepSpeed's config; FP8 comes from Transformer Engine in model code)"),
+]
+
+
+def megatron_args(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> list[tuple[str, object]]:
+    args: list[tuple[str, object]] = []
+    if layout.cp > 1:
+        args += [("--context-parallel-size", layout.cp), ("--cp-comm-type", MEGATRON_CP_COMM[layout.cp_comm])]
+    moe = model.moe
+    if moe is not None:
+        args += [("--num-experts", moe.num_experts), ("--moe-router-topk", moe.top_k),
+                 ("--moe-ffn-hidden-size", moe.expert_ffn_hidden_size), ("--moe-grouped-gemm", None),
+                 ("--moe-token-dispatcher-type", "alltoall"),
+                 ("--expert-model-parallel-size", layout.ep), ("--expert-tensor-parallel-size", layout.etp)]
+        if moe.shared_expert_ffn_hidden_size:
+            args.append(("--moe-shared-expert-intermediate-size", moe.shared_expert_ffn_hidden_size))
+        if moe.num_dense_layers:
+            dense, sparse = moe.num_dense_layers, model.num_layers - moe.num_dense_layers
+            args.append(("--moe-layer-freq", f"([0]*{dense}+[1]*{sparse})"))
+        if moe.capacity_factor is not None:
+            args.append(("--moe-expert-capacity-factor", moe.capacity_factor))
+    if model.mla is not None:
+        mla = model.mla
+        args += [("--multi-latent-attention", None), ("--kv-lora-rank", mla.kv_lora_rank),
+                 ("--qk-head-dim", mla.qk_nope_head_dim), ("--qk-pos-emb-head-dim", mla.qk_rope_head_dim),
+                 ("--v-head-dim", mla.v_head_dim)]
+        if mla.q_lora_rank is not None:
+            args.append(("--q-lora-rank", mla.q_lora_rank))
+    if training.precision == "fp8":
+        if training.fp8_recipe not in MEGATRON_FP8_RECIPES:
+            raise SpecError(f"fp8_recipe: {training.fp8_recipe} -> Megatron-LM's --fp8-recipe takes "
+                            f"{', '.join(MEGATRON_FP8_RECIPES)} (rowwise is torchao's); plan with tensorwise")
+        args += [("--bf16", None), ("--fp8-format", "hybrid"), ("--fp8-recipe", training.fp8_recipe)]
+        if training.fp8_param_gather:
+            args.append(("--fp8-param-gather", None))
+    return args
+
+
+def torchtitan_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> tuple[dict, dict]:
+    """(parallelism keys, the float8 section or {}) for torchtitan's TOML."""
+    if layout.cp > 1 and layout.cp_comm != "p2p":
+        raise SpecError(f"cp_comm: {layout.cp_comm} -> torchtitan's context parallelism is torch's ring "
+                        "(context_parallel); plan with cp_comm p2p or export with --to megatron")
+    if layout.etp > 1:
+        raise SpecError(f"etp: {layout.etp} -> torchtitan has no expert-tensor parallelism in its config (experts "
+                        "borrow ranks from FSDP and TP); plan with etp 1 or export with --to megatron")
+    par = {"context_parallel_degree": layout.cp}
+    if model.moe is not None:
+        par["expert_parallel_degree"] = layout.ep
+    float8: dict = {}
+    if training.precision == "fp8":
+        if training.fp8_recipe not in TORCHTITAN_FP8_RECIPES:
+            raise SpecError(f"fp8_recipe: {training.fp8_recipe} -> torchtitan's float8 (torchao) takes "
+                            f"{', '.join(TORCHTITAN_FP8_RECIPES)}; plan with one of them or export with --to megatron")
+        float8 = {"recipe_name": training.fp8_recipe, "filter_fqns": ["output", "router.gate"]}
+        if training.fp8_recipe == "tensorwise" and layout.zero_stage >= 1:
+            float8 |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
+    return par, float8
+
+
+def deepspeed_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> dict:
+    """Keys to add to the DeepSpeed JSON; refusals for what its config cannot carry."""
+    if training.precision == "fp8":
+        raise SpecError("precision: fp8 -> DeepSpeed's config has no FP8 training switch (FP8 comes from Transformer "
+                        "Engine in model code); export with --to megatron or --to torchtitan")
+    if layout.ep > 1:
+        raise SpecError(f"ep: {layout.ep} -> DeepSpeed sets expert parallelism in model code "
+                        "(deepspeed.moe.layer.MoE(ep_size=...)), not in its config; export with --to megatron")
+    if layout.cp > 1 and layout.cp_comm != "a2a":
+        raise SpecError(f"cp: {layout.cp} with cp_comm {layout.cp_comm} -> DeepSpeed has Ulysses (a2a) sequence "
+                        "parallelism only; plan with cp_comm a2a or export with --to megatron")
+    return {"sequence_parallel_size": layout.cp} if layout.cp > 1 else {}
