@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from cost_models.communication import all_reduce_seconds, group_link, tp_bytes_per_layer_per_micro_batch
 from cost_models.compute import layer_forward_flops, parameter_counts, recompute_extra_forward_flops
+from cost_models.extensions import LayerExtras, expert_data_parallel, layer_extras
 from cost_models.inputs import (
     Hardware,
     Knobs,
@@ -101,6 +102,7 @@ class LayerCosts:
     matmul_efficiency: float
     padded_vocab: int
     policy: Recompute  # the per-layer policy of layers that are not fully recomputed
+    extras: LayerExtras  # CP/EP/FP8 terms (cost_models/extensions.py)
 
     def comm_seconds(self, layers: int, recomputed: int) -> float:
         """Exposed per-layer model-parallel traffic of `layers` layers, `recomputed` of them fully recomputed."""
@@ -115,22 +117,26 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     act_b = training.activation_bytes
     V = vocab_padded(model.vocab_size, tp=t)
     policy = Recompute.NONE if layout.recompute == Recompute.FULL else Recompute(layout.recompute)
-    tokens = b * s
+    s_l = s // layout.cp  # tokens of each sequence on this rank (context parallelism)
+    tokens = b * s_l
     peak = hw.peak_flops_per_second
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
     eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
     rate = peak * eff
     sp = layout.sequence_parallel
+    # CP, EP and FP8 terms (cost_models/extensions.py); all zero / 1.0 for a dense bf16 layout without CP or EP
+    ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate)
 
     def act(rec: Recompute) -> float:
-        return activation_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t, sequence_parallel=sp,
+        base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
                                           recompute=rec, activation_bytes=act_b, fused_swiglu=fused_swiglu)
+        return base if rec == Recompute.FULL else base + ext.activation_delta_bytes
 
     act_none = act(Recompute.NONE)
     # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
     # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
     t_layer_mem = knobs.elementwise_traffic_factor * act_none / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS
-    tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s, hidden_size=h, tp=t,
+    tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t,
                                                    activation_bytes=act_b)
     t_ar = 0.0
     if t > 1:
@@ -140,7 +146,9 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     logits_gemm = 2 * tokens * h * V / t
     pc = parameter_counts(model)
     return LayerCosts(
-        t_layer_forward=(gemm + core) / t / rate + t_layer_mem + t_tp_dispatch,
+        # extras (CP/EP traffic, FP8 casts) are forward + backward: the stage charges 3 forwards per layer
+        t_layer_forward=(gemm * ext.gemm_time_factor + core) / t / rate + t_layer_mem + t_tp_dispatch
+        + ext.extra_seconds / FORWARD_PASSES_PER_TRAINING_PASS,
         t_recompute_policy=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate,
         t_recompute_full=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute="full") / t / rate
         + t_layer_mem,
@@ -152,11 +160,11 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         act_policy_bytes=act(policy),
         act_full_bytes=act(Recompute.FULL),
         act_none_bytes=act_none,
-        embedding_act_bytes=embedding_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, tp=t,
+        embedding_act_bytes=embedding_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t,
                                                        sequence_parallel=sp, dropout=model.dropout),
-        output_act_bytes=output_activation_bytes(seq_length=s, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
+        output_act_bytes=output_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
                                                  sequence_parallel=sp, activation_bytes=act_b),
-        layer_params=(pc.per_layer - pc.per_layer_norms) / t + pc.per_layer_norms,
+        layer_params=ext.layer_params,
         embedding_params=V * h / t + pc.position_embedding,
         output_params=V * h / t if (not model.tied_embeddings or layout.pp > 1) else 0.0,
         final_norm_params=pc.final_norm,
@@ -165,6 +173,7 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         matmul_efficiency=eff,
         padded_vocab=V,
         policy=policy,
+        extras=ext,
     )
 
 
@@ -295,7 +304,7 @@ class StageModel:
         """Buffers alive only for part of the step: gradient buckets, the layer being recomputed, ZeRO-3's gathered
         unit, the offload bucket."""
         lay, tr, lc = self.layout, self.training, self.lc
-        transient = self.knobs.bucket_bytes
+        transient = self.knobs.bucket_bytes + lc.extras.transient_bytes
         if self.full_layers[i] > 0:
             transient += lc.act_none_bytes  # the layer being recomputed is materialised whole during backward
         if lay.zero_stage >= 3 or lay.offload == Offload.OPTIMIZER_PARAMS:
@@ -303,26 +312,34 @@ class StageModel:
             unit = lc.layer_params if self.knobs.zero3_gather == Zero3Gather.LAYER else lc.largest_module_params
             transient += unit * (2 * tr.param_bytes + tr.grad_bytes)
         if lay.offload != Offload.NONE:
-            shard = lay.dp if lay.zero_stage >= 1 else 1
+            shard = lay.dp * lay.cp if lay.zero_stage >= 1 else 1
             transient += min(params / shard, OFFLOAD_REDUCE_BUCKET_ELEMENTS) * tr.grad_bytes  # one reduce bucket
         return transient
 
     def memory(self, i: int) -> StageMemory:
-        lay = self.layout
+        lay, ext = self.layout, self.lc.extras
         P = self.params(i)
-        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp, offload=lay.offload)
+        dc = lay.dp * lay.cp  # states shard over DP x CP (Megatron: CP piggybacks on the DP group)
+        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=dc, offload=lay.offload)
         flight = self.in_flight(i)
-        weights = P * w
+        n = self.split[i]
+        weights = P * w + n * ext.fp8_weight_bytes / (dc if lay.zero_stage >= 3 else 1)
+        experts = n * ext.expert_params  # their optimizer state shards over EDP instead of DP x CP
+        if lay.zero_stage >= 1 and o > 0:
+            o_expert = self.training.optimizer_bytes / expert_data_parallel(lay)
+            o_total = P * o + experts * (o_expert - o)
+        else:
+            o_total = P * o
         if self.schedule == Schedule.PIPEDREAM_ASYNC:
             weights += max(0.0, flight - 1) * P * self.training.param_bytes  # stashed weight versions
-        return StageMemory(i, self.split[i], P, weights, P * g, P * o, self.activations_per_micro_batch(i) * flight,
+        return StageMemory(i, self.split[i], P, weights, P * g, o_total, self.activations_per_micro_batch(i) * flight,
                            self.transient_bytes(i, P), self.knobs.per_process_overhead_bytes, flight)
 
     def linear(self, i: int) -> StageLinear:
         """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the
         memory row is a safe bound whether or not the stage recomputes (the estimate re-checks the result)."""
         lc, lay = self.lc, self.layout
-        per_state = sum(state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp))
+        per_state = sum(state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp * lay.cp))
         flight = self.in_flight(i)
         exposed_ar = lc.t_tp_all_reduce * lc.tp_expose
         fixed = self.knobs.per_process_overhead_bytes + self.knobs.bucket_bytes + lc.act_none_bytes

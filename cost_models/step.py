@@ -87,8 +87,8 @@ def pp_p2p_seconds(hw: Hardware, training: Training, layout: Layout, model: Tran
     p, m = layout.pp, layout.num_micro_batches
     if p == 1:
         return 0.0
-    pp_link, _ = pp_neighbour_link(hw, tp=layout.tp, dp=layout.dp)
-    msg = layout.micro_batch_size * training.seq_length * model.hidden_size * training.activation_bytes / layout.tp
+    pp_link, _ = pp_neighbour_link(hw, tp=layout.tp, dp=layout.dp * layout.cp)
+    msg = layout.micro_batch_size * training.seq_length // layout.cp * model.hidden_size * training.activation_bytes / layout.tp
     naive = schedule == Schedule.NAIVE
     one = p2p_seconds(message_bytes=msg * (m if naive else 1), link=pp_link)
     steady = 0.0 if naive else (1 - knobs.pp_overlap_fraction) * 2 * m * virtual_stages * one
@@ -99,7 +99,7 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
                     times: Sequence[StageTime], params: Sequence[float]) -> tuple[float, float]:
     """(total, exposed) data-parallel traffic of the slowest stage."""
     lay = sm.layout
-    p, d, m = lay.pp, lay.dp, lay.num_micro_batches
+    p, d, m = lay.pp, lay.dp * lay.cp, lay.num_micro_batches  # gradients reduce over DP x CP
     link = group_link(hw, group_size=d, stride=lay.tp).link
     total = exposed = 0.0
     for i in range(p):
@@ -123,7 +123,7 @@ def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, 
     """(optimizer step, exposed offload traffic) of the largest stage: Adam on the GPU bound by HBM, or CPU Adam
     plus the gradient/parameter copies over PCIe, and with optimizer+params the streamed parameters' share not
     hidden behind compute."""
-    shard = layout.dp if layout.zero_stage >= 1 else 1
+    shard = layout.dp * layout.cp if layout.zero_stage >= 1 else 1
     local = max_params / shard
     if layout.offload == Offload.NONE:
         return local * OPTIMIZER_STEP_BYTES_PER_PARAM / hw.hbm_bytes_per_second, 0.0
@@ -142,7 +142,7 @@ def host_memory_bytes(hw: Hardware, training: Training, layout: Layout, max_para
     """Host memory per node under offload: optimizer state and fp32 gradients (and parameters) of every GPU."""
     if layout.offload == Offload.NONE:
         return 0.0
-    local = max_params / (layout.dp if layout.zero_stage >= 1 else 1)
+    local = max_params / (layout.dp * layout.cp if layout.zero_stage >= 1 else 1)
     host = local * (training.optimizer_bytes + HOST_GRAD_BYTES) * hw.gpus_per_node
     if layout.offload == Offload.OPTIMIZER_PARAMS:
         host += local * training.param_bytes * hw.gpus_per_node
@@ -200,7 +200,7 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
     host = host_memory_bytes(hw, training, layout, max(params))
     time = time_breakdown(sm, times, span, p2p, dp, optimizer, offload)
     step = span.seconds + p2p + dp[1] + optimizer + offload
-    n_gpus = layout.tp * layout.pp * layout.dp
+    n_gpus = layout.tp * layout.pp * layout.dp * layout.cp
     tokens = training.global_batch_size * training.seq_length
     mflops = model_flops_per_step(model, global_batch_size=training.global_batch_size, seq_length=training.seq_length,
                                   vocab_size=sm.lc.padded_vocab)

@@ -3,26 +3,27 @@
 
 import pytest
 
-from cluster_specs import SpecError
+from cluster_specs import SpecError, load_cluster
 from planner.inputs.models import load_model
 from planner.inputs.specs import LayoutSpec, TrainingSpec
-from planner.integrations.exports import to_deepspeed, to_megatron, to_torchtitan
+from planner.integrations.exports import export
 from planner.integrations.modern_flags import deepspeed_settings, megatron_args, torchtitan_settings
 
 
 def _plan(model: str, layout: LayoutSpec, training: TrainingSpec) -> dict:
+    cluster = load_cluster("dgx-h100", nodes=max(1, layout.num_gpus // 8))
     return {"layout": layout.model_dump(mode="json"),
-            "inputs": {"model": load_model(model).model_dump(mode="json"), "training": training.model_dump(mode="json")}}
+            "inputs": {"model": load_model(model).model_dump(mode="json"), "training": training.model_dump(mode="json"),
+                       "cluster": cluster.model_dump(mode="json")}}
 
 
 def test_megatron_long_context_fp8():
     layout = LayoutSpec(dp=8, tp=8, pp=16, cp=16, sequence_parallel=True, zero_stage=1, num_micro_batches=2)
     training = TrainingSpec(global_batch_size=16, seq_length=131072, precision="fp8", fp8_recipe="delayed")
-    text = to_megatron(_plan("llama3.1-405b", layout, training))
+    text = export(_plan("llama3.1-405b", layout, training), "megatron").text
     for line in ("--context-parallel-size 16", "--cp-comm-type p2p", "--fp8-format hybrid", "--fp8-recipe delayed",
                  "--bf16"):
         assert line in text.splitlines()
-    assert "WORLD_SIZE / (tp x pp x cp)" in text
 
 
 def test_megatron_deepseek_v3_moe_and_mla():
@@ -45,7 +46,7 @@ def test_megatron_refuses_a_torchao_recipe():
 def test_torchtitan_cp_ep_float8():
     layout = LayoutSpec(dp=8, cp=8, zero_stage=3)
     training = TrainingSpec(global_batch_size=8, seq_length=262144, precision="fp8")
-    text = to_torchtitan(_plan("llama3-8b", layout, training))
+    text = export(_plan("llama3-8b", layout, training), "torchtitan", torchtitan_format="toml").text
     assert "context_parallel_degree = 8" in text and 'converters = ["float8"]' in text
     assert 'recipe_name = "tensorwise"' in text and "enable_fsdp_float8_all_gather = true" in text
     par, _ = torchtitan_settings(LayoutSpec(dp=8, ep=8), load_model("mixtral-8x7b"),
@@ -62,7 +63,7 @@ def test_torchtitan_cp_ep_float8():
 def test_deepspeed_ulysses_and_refusals():
     layout = LayoutSpec(dp=2, cp=4, cp_comm="a2a")
     training = TrainingSpec(global_batch_size=2, seq_length=65536)
-    assert '"sequence_parallel_size": 4' in to_deepspeed(_plan("llama3-8b", layout, training))
+    assert '"sequence_parallel_size": 4' in export(_plan("llama3-8b", layout, training), "deepspeed").text
     for lay, train, why in ((LayoutSpec(dp=2, cp=4), training, "Ulysses"),
                             (LayoutSpec(dp=8, ep=8), TrainingSpec(global_batch_size=8, seq_length=4096), "model code"),
                             (LayoutSpec(dp=8), TrainingSpec(global_batch_size=8, seq_length=4096, precision="fp8"),
