@@ -112,26 +112,22 @@ class LayerCosts:
 
 def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs,
                 *, fused_swiglu: bool = False) -> LayerCosts:
-    h, t = model.hidden_size, layout.tp
+    h, t, act_b = model.hidden_size, layout.tp, training.activation_bytes
     b, s = layout.micro_batch_size, training.seq_length
-    act_b = training.activation_bytes
     V = vocab_padded(model.vocab_size, tp=t)
     policy = Recompute.NONE if layout.recompute == Recompute.FULL else Recompute(layout.recompute)
     s_l = s // layout.cp  # tokens of each sequence on this rank (context parallelism)
-    tokens = b * s_l
-    peak = hw.peak_flops_per_second
+    tokens, sp = b * s_l, layout.sequence_parallel
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
     eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
-    rate = peak * eff
-    sp = layout.sequence_parallel
-    # CP, EP and FP8 terms (cost_models/extensions.py); all zero / 1.0 for a dense bf16 layout without CP or EP
+    peak, rate = hw.peak_flops_per_second, hw.peak_flops_per_second * eff
+    # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
     ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate)
 
     def act(rec: Recompute) -> float:
         base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
                                           recompute=rec, activation_bytes=act_b, fused_swiglu=fused_swiglu)
         return base if rec == Recompute.FULL else base + ext.activation_delta_bytes
-
     act_none = act(Recompute.NONE)
     # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
     # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
@@ -146,7 +142,6 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     logits_gemm = 2 * tokens * h * V / t
     pc = parameter_counts(model)
     return LayerCosts(
-        # extras (CP/EP traffic, FP8 casts) are forward + backward: the stage charges 3 forwards per layer
         t_layer_forward=(gemm * ext.gemm_time_factor + core) / t / rate + t_layer_mem + t_tp_dispatch
         + ext.extra_seconds / FORWARD_PASSES_PER_TRAINING_PASS,
         t_recompute_policy=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate,
