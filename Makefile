@@ -27,8 +27,11 @@ plan: $(STAMP)
 test: $(DEVSTAMP)
 	$(BIN)/python -m pytest
 
+# ruff (incl. C901, max complexity 12) and mypy at the settings in pyproject.toml ([tool.mypy]: --strict flags on
+# cost_models/, default checks elsewhere): both must report 0 errors.
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check planner cost_models cluster_specs tests
+	$(BIN)/mypy
 
 # The published JSON Schemas are generated from planner/contract.py (tests/test_contract.py checks they are current)
 SCHEMAS := plan estimate check bench check-batch compare scaling

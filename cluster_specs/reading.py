@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from cluster_specs.errors import SpecError
 from planner.errors import ExitCode
@@ -98,6 +100,7 @@ def nesting_depth(doc) -> int:
     deepest, stack = 0, [(doc, 1)]
     while stack:
         node, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, list | tuple):

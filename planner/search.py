@@ -549,7 +549,7 @@ def add_compared(problem: Problem, result: PlanResult, layouts: list[LayoutSpec]
 def published_layout_ranks(report) -> str:
     """Markdown: where each published layout ranks among the planner's candidates, and the gap to the pick."""
     rows = []
-    done = {}
+    done: dict[tuple[str, ...], PlanResult | Exception] = {}
     for r in report.results:
         if r.layout is None or r.predicted_step_seconds is None:
             continue
@@ -557,10 +557,12 @@ def published_layout_ranks(report) -> str:
         key = (c.model.model_dump_json(), c.cluster.model_dump_json(), c.training.model_dump_json(), str(c.knobs))
         problem = Problem(c.model, c.training, c.cluster, c.knobs)
         if key not in done:
+            res: PlanResult | Exception
             try:
-                done[key] = plan(problem, PlanOptions(use_solver=False, top_k=3))
+                res = plan(problem, PlanOptions(use_solver=False, top_k=3))
             except Exception as exc:  # an infeasible or unusual row is reported, not fatal
-                done[key] = exc
+                res = exc
+            done[key] = res
         res = done[key]
         if isinstance(res, Exception):
             rows.append((c.row_id, r.layout.short(), "-", "-", f"planner: {str(res).splitlines()[0][:80]}"))

@@ -112,8 +112,7 @@ class TrainingRun:
         return {
             "tokens": self.tokens, "tokens_per_step": self.tokens_per_step, "steps": self.steps,
             "step_time_seconds": self.step_seconds, "num_gpus": self.num_gpus,
-            **{k: {"value": v, "low": None if bounds[k] is None else bounds[k][0],
-                   "high": None if bounds[k] is None else bounds[k][1]} for k, v in self.quantities().items()},
+            **{k: _bounded(v, bounds[k]) for k, v in self.quantities().items()},
             "price_per_gpu_hour": self.price_per_gpu_hour,
             "gpu_board_power_watts": self.power.board_watts, "gpu_board_power_source": self.power.source,
             "pue": self.pue,
@@ -221,3 +220,7 @@ def render_lines(run: TrainingRun) -> list[str]:
         lines += wrap("band", f"step time x{run.band.lower_factor:.2f} to x{run.band.upper_factor:.2f} "
                               f"({run.band.source})")
     return lines
+
+
+def _bounded(value: float | None, band: tuple[float, float] | None) -> dict[str, float | None]:
+    return {"value": value, "low": None if band is None else band[0], "high": None if band is None else band[1]}

@@ -87,9 +87,9 @@ def hf_config_to_spec(cfg: dict, *, source: str = "config.json") -> dict:
         why = HF_UNSUPPORTED.get(kind) if isinstance(kind, str) else None
         lead = f"not modelled: {why}" if why else f"not a supported family ({', '.join(HF_FAMILIES)})"
         raise SpecError(f"model_type: {kind!r} -> {lead}; {_HAND_SPEC}", source=source)
-    cfg = _Cfg(cfg, kind, source)
-    name = cfg.raw.get("_name_or_path") or Path(source).parent.name or kind
-    return {"name": name, "source": f"Hugging Face config ({source}, model_type {kind})", **reader(cfg)}
+    typed = _Cfg(cfg, str(kind), source)
+    name = cfg.get("_name_or_path") or Path(source).parent.name or kind
+    return {"name": name, "source": f"Hugging Face config ({source}, model_type {kind})", **reader(typed)}
 
 
 class _Cfg:

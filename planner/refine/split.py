@@ -76,6 +76,8 @@ def best_split_uniform(num_layers: int, layer_seconds: float, stage_extra_second
             hi = mid
     T = candidates[lo]
     ns = count(T)
+    if ns is None:  # cannot happen: the search ends on a feasible makespan
+        return None
     # remove the surplus from the stages with the most slack; every stage stays <= T and >= 1 layer
     surplus = sum(ns) - L
     while surplus > 0:
