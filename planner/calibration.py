@@ -30,3 +30,22 @@ def apply_calibration(cluster: ClusterSpec, path: Path) -> tuple[ClusterSpec, di
         data["intra_node"] = cal.intra_node.model_dump(mode="json")
     data["measured"] = cal.measured.model_dump(mode="json")
     return ClusterSpec.model_validate(data), calibration_knobs(cal)
+
+
+def calibrated(cluster: ClusterSpec, calibration: Path | None) -> tuple[ClusterSpec, dict]:
+    """The one merge: a cluster file written by `planner calibrate` carries its fitted knobs; a --calibration file
+    replaces the GPU and intra-node figures (and brings its knobs). Returns (cluster, knob overrides)."""
+    if calibration is None:
+        return cluster, calibration_knobs(cluster)
+    return apply_calibration(cluster, calibration)
+
+
+def write_calibration_file(path: Path, spec: dict) -> None:
+    """Write what `planner calibrate` measured as a cluster file, and check it loads back as one."""
+    import yaml
+
+    from planner.fileio import write_atomically
+
+    text = "# Written by `planner calibrate`: this machine, measured. Use as --cluster FILE or --calibration FILE.\n"
+    write_atomically(path, text + yaml.safe_dump(spec, sort_keys=False))
+    load_cluster(str(path))

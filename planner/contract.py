@@ -543,9 +543,34 @@ class ScalingDocument(_Strict):
     curves: list[ScalingCurve]
 
 
+# ---- errors ----------------------------------------------------------------------------------------------
+
+
+class ErrorDocument(_Strict):
+    """With --json, a command that fails prints this on stdout (and the human lines on stderr)."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["error"] = "error"
+    exit_code: int = Field(description="The process exit code (planner.errors.EXIT_CODES).")
+    error: str = Field(description="The exit code's name: usage, invalid_input, infeasible, solver_failed, "
+                                   "missing_dependency, benchmark_failed, io_error, internal_error.")
+    message: str = Field(description="The first problem, one line.")
+    problems: list[str] = Field(description="Every problem, one line each (field: value -> what is allowed).")
+    source: str | None = Field(description="The file or option the problems are about, when known.")
+
+    @classmethod
+    def from_failure(cls, exit_code: int, problems: list[str], source: str | None = None) -> ErrorDocument:
+        from planner.errors import EXIT_CODES, ExitCode
+
+        name = EXIT_CODES[ExitCode(exit_code)][0] if exit_code in set(ExitCode) else "error"
+        return cls(**_versions(), exit_code=exit_code, error=name, message=problems[0] if problems else name,
+                   problems=problems, source=source)
+
+
 SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanDocument, "estimate": EstimateDocument, "check": CheckReport,
                                        "bench": BenchReport, "check-batch": CheckBatch, "compare": CompareDocument,
-                                       "scaling": ScalingDocument}
+                                       "scaling": ScalingDocument, "error": ErrorDocument}
 
 
 def json_schema(which: str) -> dict[str, Any]:

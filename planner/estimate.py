@@ -4,14 +4,47 @@ The JSON documents are built in planner/contract.py; `Problem` lives in planner/
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cluster_specs import ClusterSpec, SpecError
+from cost_models.inputs import Knobs
 from cost_models.step import StepEstimate
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.problem import DEFAULT_HEADROOM_GIB, GIB, Problem
 from planner.rules import validate_layout
 
-__all__ = ["DEFAULT_HEADROOM_GIB", "GIB", "Problem", "complete_layout", "estimate_layout", "fits_in_memory",
+__all__ = ["DEFAULT_HEADROOM_GIB", "GIB", "Problem", "build_problem", "complete_layout", "estimate_layout", "fits_in_memory",
            "layout_from_arg"]
+
+
+def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size: int, seq_len: int,
+                  precision: str | None = None, headroom_gib: float = DEFAULT_HEADROOM_GIB,
+                  calibration: Path | None = None) -> Problem:
+    """The problem a command describes: cluster (scaled, calibrated), model, training setup, knobs. Without a
+    precision, the GPU's default (bf16, or fp16 on a GPU without bf16 such as V100; a note says so)."""
+    import sys
+
+    from pydantic import ValidationError
+
+    from cluster_specs import load_cluster
+    from cluster_specs.errors import from_pydantic
+    from cluster_specs.limits import finite_option
+    from planner.calibration import calibrated
+    from planner.inputs.models import load_model
+
+    headroom = finite_option("--headroom-gib", headroom_gib)
+    cl, knobs_kw = calibrated(load_cluster(cluster, nodes=nodes), calibration)
+    md = load_model(model)
+    if precision is None:
+        gpu = cl.gpu_spec()
+        precision = gpu.default_precision()
+        if precision != "bf16":
+            print(f"note: {gpu.name} has no bf16 tensor peak: using --precision {precision}", file=sys.stderr)
+    try:
+        tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision)
+    except ValidationError as exc:
+        raise from_pydantic(exc, source="training setup") from None
+    return Problem(md, tr, cl, Knobs(memory_headroom_bytes=headroom * GIB, **knobs_kw))
 
 
 def complete_layout(fields: dict, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> LayoutSpec:

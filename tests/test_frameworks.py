@@ -18,7 +18,7 @@ def run(*args):
 
 def _plan(framework, *, fix=None, schedules=None, cluster="dgx-a100-80gb", nodes=16, model="llama2-13b", batch=512,
           seq=4096):
-    from planner.cli import build_problem
+    from planner.estimate import build_problem
     from planner.search import PlanOptions, plan
 
     problem = build_problem(cluster, nodes, model, batch, seq)

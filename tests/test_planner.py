@@ -153,7 +153,9 @@ def test_infeasible_exit_code_and_message():
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "plan", "-c", "single-rtx4090", "-m", "llama3-405b",
                            "-b", "8", "-s", "2048", "--json"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == errors.EXIT_INFEASIBLE
-    assert proc.stdout == ""
+    doc = json.loads(proc.stdout)  # with --json, one error document on stdout
+    assert doc["kind"] == "error" and doc["exit_code"] == 4 and doc["error"] == "infeasible"
+    assert [f"error: {p}" for p in doc["problems"]] == proc.stderr.strip().splitlines()
     assert "the least any layout needs is" in proc.stderr and "Traceback" not in proc.stderr
     assert "would help" in proc.stderr
 

@@ -484,3 +484,18 @@ def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, me
                       "slowest rank counts; each figure is the median of its repeats", h2d_note, *noise["warnings"]],
         },
     }
+
+
+def calibrate_machine(*, nproc: int, model: str | None, seq_len: int, micro_batch_size: int, tp: int,
+                      gpu_name: str | None, repeats: int, max_message_mib: float) -> dict:
+    """`planner calibrate`: the standard GEMM sweep plus the model's shapes, collectives up to max_message_mib."""
+    extra = None
+    if model:
+        from planner.inputs.models import load_model
+
+        md = load_model(model)
+        extra = model_gemms(tokens=micro_batch_size * seq_len, hidden=md.hidden_size, ffn=md.ffn, tp=tp,
+                            kv_dim=md.kv_heads * md.hidden_size // md.num_attention_heads, vocab=md.vocab_size)
+    top = int(max_message_mib * 2**20)
+    messages = sorted({max(4096, top // 4**k) // 4 * 4 for k in range(4)})
+    return calibrate(nproc=nproc, messages=messages, repeats=repeats, gpu_name=gpu_name, extra_gemms=extra)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cost_models.communication import all_reduce_seconds, group_link, p2p_seconds, pp_neighbour_link
 from planner.bench.runner import BenchConfig, launch_local, worker
 from planner.contract import BenchReport
 from planner.estimate import Problem
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+
+if TYPE_CHECKING:
+    from cluster_specs import ClusterSpec
 
 GIB = 2**30
 
@@ -271,3 +276,34 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     return report_document(problem, lay, cfg, reports).model_dump(mode="json")
+
+
+def bench_target(*, plan_file: Path | None, cluster: str | None, model: str | None, layout: str | None,
+                 nodes: int | None, seq_len: int | None, dp: int | None,
+                 micro_batches: int | None) -> tuple[dict | None, ModelSpec, ClusterSpec, LayoutSpec, int]:
+    """What to benchmark: the plan's model, cluster and layout, or --cluster/--model/--layout.
+    Returns (plan document or None, model, cluster, layout, sequence length)."""
+    from cluster_specs import SpecError, load_cluster
+    from planner.estimate import complete_layout
+    from planner.inputs.layout_string import parse_layout_string
+    from planner.inputs.models import load_model
+
+    if plan_file is not None:
+        from planner.inputs.plan_file import load_plan
+
+        parts = load_plan(plan_file)
+        if parts.cluster is None:
+            raise SpecError("inputs.cluster: missing (expected the output of `planner plan --json`)",
+                            source=str(plan_file))
+        return parts.doc, parts.model, parts.cluster, parts.layout, seq_len or parts.training.seq_length
+    if not (cluster and model and layout):
+        raise SpecError("give a plan JSON, or --cluster, --model and --layout")
+    cl = load_cluster(cluster, nodes=nodes)
+    md = load_model(model)
+    seq = seq_len or 2048
+    fields = parse_layout_string(layout)
+    fields.setdefault("dp", dp or max(1, cl.num_gpus // (fields.get("tp", 1) * fields.get("pp", 1))))
+    fields.setdefault("num_micro_batches", micro_batches or max(1, fields.get("pp", 1)))
+    tr = TrainingSpec(global_batch_size=fields.get("micro_batch_size", 1) * fields["num_micro_batches"] * fields["dp"],
+                      seq_length=seq)
+    return None, md, cl, complete_layout(fields, md, tr, cl), seq

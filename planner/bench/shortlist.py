@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from datetime import UTC, datetime
+from pathlib import Path
 
 DEFAULT_BAND = 0.10  # runners-up within 10% of the pick's predicted step time (when the plan carries no band)
 
@@ -79,3 +80,34 @@ def _default_e2e() -> float:
     from cost_models.inputs import Knobs
 
     return Knobs().end_to_end_efficiency
+
+
+def run_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opts,
+                  save_calibration: Path | None) -> dict | None:
+    """`bench --top K`: run the pick and its runners-up, say which to launch, write the calibration.
+    Returns the summary document (None on ranks other than 0 of a torchrun job)."""
+    import yaml
+
+    from planner.bench.session import bench_one, fit_shortlist
+    from planner.fileio import write_atomically
+    from planner.inputs.specs import LayoutSpec
+
+    entries, rule = shortlist(plan, top)
+    entries, layouts, skipped = fit_shortlist(entries, opts)  # refuse or skip before running anything
+    docs = [bench_one(md, lay, seq, cl, knobs_kw, opts) for lay in layouts]
+    if docs[0] is None:
+        return None
+    results = [{"layout_short": LayoutSpec.model_validate(e["layout"]).short(), "role": e["role"],
+                "plan_predicted_step_seconds": e["predicted_step_seconds"],
+                "predicted": d["comparison"]["predicted_step_seconds"],
+                "measured": d["comparison"]["measured_step_seconds"]} for e, d in zip(entries, docs, strict=True)]
+    for r in results:
+        r["error"] = (r["predicted"] - r["measured"]) / r["measured"]
+    summary = {"kind": "bench-shortlist", "rule": rule, "results": results, "decision": decide(results),
+               "skipped": skipped, "runs": docs}
+    if save_calibration is not None:
+        cal = calibration_document(docs[0]["cluster"], knobs_kw, results, source=rule)
+        write_atomically(save_calibration, "# Written by `planner bench --top`: use as `plan --calibration FILE`.\n"
+                         + yaml.safe_dump(cal, sort_keys=False))
+        summary["calibration_file"] = str(save_calibration)
+    return summary

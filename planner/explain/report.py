@@ -74,7 +74,14 @@ def render_estimate(console: Console, *, title: str, layout, predicted, memory, 
     console.print(tim)
 
 
-def render_plan(console: Console, doc, *, show_schedule: bool = True) -> None:
+def render_estimate_document(console: Console, doc) -> None:
+    """`estimate`: from the contract's EstimateDocument."""
+    cl = doc.inputs.cluster
+    render_estimate(console, title=f"{doc.inputs.model.name} on {cl.num_gpus} x {gpu_name(cl)}", layout=doc.layout,
+                    predicted=doc.predicted, memory=doc.memory_breakdown, time=doc.time_breakdown)
+
+
+def render_plan(console: Console, doc, *, show_schedule: bool = True, full_schedule: bool = False) -> None:
     """The plan from the contract's PlanDocument."""
     cl = doc.inputs.cluster
     render_estimate(console, title=f"Plan: {doc.inputs.model.name} on {cl.num_gpus} x {gpu_name(cl)} "
@@ -113,4 +120,78 @@ def render_plan(console: Console, doc, *, show_schedule: bool = True) -> None:
     if show_schedule and lay.pp > 1:
         from planner.explain.schedule_view import render_layout_schedule
 
-        render_layout_schedule(console, lay, doc.time_breakdown.stage_seconds)
+        render_layout_schedule(console, lay, doc.time_breakdown.stage_seconds, full=full_schedule)
+
+
+def render_check(console: Console, report) -> None:
+    """`check`: one FAIL line per violation with its fix, the notes, the prediction, PASS or the count."""
+    for v in report.violations:
+        console.print(f"[red]FAIL[/red] {v.message}\n     fix: {v.hint}", highlight=False)
+    for n in report.notes:
+        console.print(f"[dim]note: {n}[/dim]")
+    p = report.predicted
+    if p is not None:
+        console.print(f"predicted: {p.step_time_seconds:.3g} s/step, {p.tokens_per_second:,.0f} tokens/s, MFU "
+                      f"{p.mfu:.1%}, peak {p.peak_memory_bytes_per_gpu / GIB:.1f} of {p.gpu_memory_bytes / GIB:.1f} "
+                      f"GiB per GPU (stage {p.peak_memory_stage})", highlight=False)
+    console.print("[green]PASS[/green]" if report.passed else f"[red]{len(report.violations)} violation(s)[/red]")
+
+
+def render_bench(console: Console, doc: dict) -> None:
+    """`bench`: predicted against measured, one row per quantity, then the notes."""
+    from planner.inputs.specs import LayoutSpec
+
+    lay = LayoutSpec.model_validate(doc["layout"])
+    table = Table(title=f"Benchmark: {doc['model']['name']}, {lay.short()}, {doc['world_size']} ranks on "
+                        f"{doc['device']} ({doc['optimizer']}, {doc['dtype']}); predicted on {doc['cluster']['name']}",
+                  title_justify="left")
+    for col in ("quantity", "predicted", "measured", "error"):
+        table.add_column(col, justify="right" if col != "quantity" else "left")
+    for r in doc["comparison"]["rows"]:
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        table.add_row(r["quantity"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}", err)
+    console.print(table)
+    for note in doc["comparison"].get("notes", []):
+        console.print(f"[dim]note: {note}[/dim]")
+
+
+def render_shortlist(console: Console, summary: dict) -> None:
+    """`bench --top K`: each layout's predicted and measured step, and which to launch."""
+    table = Table(title=f"Short list ({summary['rule']})", title_justify="left")
+    for col in ("layout", "role", "predicted s", "measured s", "error"):
+        table.add_column(col, justify="left" if col in ("layout", "role") else "right")
+    for r in summary["results"]:
+        table.add_row(r["layout_short"], r["role"], f"{r['predicted']:.4g}", f"{r['measured']:.4g}", f"{r['error']:+.1%}")
+    console.print(table)
+    for line in summary["skipped"]:
+        console.print(f"[dim]not run: {line}[/dim]")
+    console.print(f"launch: {summary['decision']['launch']} ({summary['decision']['reason']})", highlight=False)
+
+
+def render_calibration(console: Console, err: Console, output, nproc: int, spec: dict) -> None:
+    """The measured figures (never a catalog peak), how well the GEMM line fits, and how noisy it was."""
+    s, n = spec["measured"]["summary"], spec["measured"]["noise"]
+    link = "pinned host->device" if s["host_to_device_pinned"] else "host memory copy (no host-device link on CPU)"
+    out = console
+    out.print(f"wrote {output}: {nproc} x {s['device_name']} (torch {s['torch_version']}, {s['dtype']})", highlight=False)
+    out.print(f"  GEMM {s['dtype']}: fitted peak {s['gemm_fitted_peak_tflops']:.3g} TFLOP/s; best measured "
+              f"{s['gemm_best_tflops']:.3g} at {s['gemm_best_shape']}, smallest {s['gemm_smallest_tflops']:.3g} at "
+              f"{s['gemm_smallest_shape']}; fit error median {s['gemm_fit_median_abs_error']:.0%}, max "
+              f"{s['gemm_fit_max_abs_error']:.0%}", highlight=False)
+    out.print(f"  memory copy {s['memory_copy_gb_per_s']:.3g} GB/s; {link} {s['host_to_device_gb_per_s']:.3g} GB/s; "
+              f"all-reduce bus bandwidth {spec['intra_node']['gb_per_s']:.3g} GB/s, latency "
+              f"{spec['intra_node']['latency_us']:.3g} µs", highlight=False)
+    if s.get("layer_probes"):
+        errs = ", ".join(f"{p['fit_error']:+.0%}" for p in s["layer_probes"] if p.get("fit_error") is not None)
+        out.print(f"  layer probes (forward + backward of one layer, {len(s['layer_probes'])} sizes): x_half "
+                  f"{s['x_half_gflop_used']:.3g} GFLOP (GEMM line alone: {s['x_half_gflop_gemm_line']:.3g}), "
+                  f"end-to-end factor {s['end_to_end_efficiency']:.3g}; fit errors {errs}", highlight=False)
+    if s.get("tp_probes"):
+        out.print(f"  TP probe (the same layers at tp=2 over rank pairs): {s['tp_layer_overhead_seconds'] * 1e3:.3g} ms "
+                  "per layer and micro-batch beyond the model's FLOPs and collectives", highlight=False)
+    load = "-" if n["load_average"] is None else f"{n['load_average']:.1f}"
+    out.print(f"  noise: repeats spread {n['median_spread']:.0%} (median), {n['max_spread']:.0%} (max); load average "
+              f"{load} on {n['cores']} cores", highlight=False)
+    for note in spec["measured"]["notes"]:
+        if note.startswith(("the machine was busy", "noisy")):
+            err.print(f"warning: {note}", highlight=False)

@@ -12,6 +12,7 @@ from cost_models.pipeline import Timeline, simulate
 
 STYLES = {"F": "bold white on blue", "B": "bold black on green", "W": "bold white on magenta"}
 MAX_OPS_DRAWN = 20_000
+DEFAULT_WIDTH = 100  # timeline columns when neither --width nor a terminal says
 
 
 def timeline_rows(tl: Timeline, width: int, stages: list[int] | None = None) -> list[Text]:
@@ -54,7 +55,12 @@ def schedule_timeline(*, schedule: str, pp: int, micro_batches: int, virtual_sta
                     t_forward=t_forward, t_backward=t_backward, t_weight=t_weight)
 
 
-def render_layout_schedule(console: Console, lay, stage_seconds: list[float]) -> None:
+def recording_console(width: int | None) -> Console:
+    """A console that also records for SVG, as wide as the drawing (not the terminal), so no row wraps."""
+    return Console(record=True, width=max(80, (width or DEFAULT_WIDTH) + 12))
+
+
+def render_layout_schedule(console: Console, lay, stage_seconds: list[float], *, full: bool = False) -> None:
     """The pick's schedule with its own per-stage forward and backward times (fewer micro-batches when huge)."""
     m = lay.num_micro_batches
     shown = m
@@ -69,3 +75,37 @@ def render_layout_schedule(console: Console, lay, stage_seconds: list[float]) ->
                   t_forward=tf, t_backward=tb)
     note = "" if shown == m else f" (first {shown} of {m} micro-batches drawn)"
     render_timeline(console, tl, title=f"Pipeline schedule: {lay.schedule}, pp={lay.pp}{note}")
+
+
+def check_schedule_request(names: list[str], *, pp: int, micro_batches: int, virtual_stages: int,
+                           width: int | None) -> None:
+    """`planner schedule`'s options, each checked: one line per problem (field, value, what is allowed)."""
+    from cluster_specs import SpecError
+    from planner.inputs.specs import SCHEDULES
+
+    problems = [f"--schedule: {n!r} -> allowed: {', '.join(SCHEDULES)}" for n in names if n not in SCHEDULES]
+    for flag, value in (("--pp", pp), ("--micro-batches", micro_batches), ("--virtual-stages", virtual_stages)):
+        if value < 1:
+            problems.append(f"{flag}: {value} -> must be >= 1")
+    if width is not None and not 20 <= width <= 1000:
+        problems.append(f"--width: {width} -> must be between 20 and 1000 columns")
+    if not problems and "interleaved_1f1b" in names and micro_batches % pp:
+        problems.append(f"--micro-batches: {micro_batches} -> interleaved_1f1b needs a multiple of --pp ({pp})")
+    if not problems and pp * micro_batches * virtual_stages > MAX_OPS_DRAWN:
+        problems.append(f"--pp x --micro-batches x --virtual-stages: {pp * micro_batches * virtual_stages:,} -> at "
+                        f"most {MAX_OPS_DRAWN:,} (micro-batch, stage, chunk) steps are simulated and drawn")
+    if problems:
+        raise SpecError(problems)
+
+
+def draw_schedules(console: Console, names: list[str], *, pp: int, micro_batches: int, virtual_stages: int,
+                   width: int | None) -> None:
+    """`planner schedule`: each schedule in unit times (forward 1, backward 2), one under another."""
+    for name in names:
+        v = virtual_stages if name == "interleaved_1f1b" else 1
+        tl = schedule_timeline(schedule=name, pp=pp, micro_batches=micro_batches, virtual_stages=v,
+                               t_weight=1.0 if name == "zero_bubble" else None)
+        extra = f", v={v}" if v > 1 else ""
+        render_timeline(console, tl, title=f"{name}: pp={pp}, {micro_batches} micro-batches{extra} "
+                                           "(forward 1, backward 2 time units)", width=width)
+        console.print()

@@ -188,8 +188,8 @@ def _diff(a: LayoutSpec, b: LayoutSpec) -> str:
 def check_file(path: Path, args) -> dict:
     """One config -> its report (the CheckReport contract); SpecError propagates as could-not-check."""
     from cluster_specs import load_cluster
-    from planner.cli import build_problem
     from planner.contract import Predicted
+    from planner.estimate import build_problem
     from planner.frameworks.restriction import parse_fix
 
     cl = load_cluster(args.cluster, nodes=args.nodes)
@@ -244,3 +244,31 @@ def render_report(out, r: dict, *, several: bool) -> None:
                   f"peak {p['peak_memory_bytes_per_gpu'] / GIB:.1f} of {p['gpu_memory_bytes'] / GIB:.1f} GiB per GPU "
                   f"(stage {p['peak_memory_stage']})", highlight=False)
     out.print("[green]PASS[/green]" if r["passed"] else f"[red]{len(r['violations'])} violation(s)[/red]")
+
+
+def check_files(configs: list, args, *, as_json: bool) -> tuple[object, list[dict], int]:
+    """Check each config in turn: (the JSON document, the reports, the exit code). A config that cannot be checked
+    is exit 3 (it wins over 1, a violation); with one config and no --json its error is raised as is."""
+    from cluster_specs import SpecError
+    from planner import SCHEMA_VERSION, __version__
+    from planner.contract import CheckBatch, CheckReport
+    from planner.frameworks.capabilities import parse_framework
+
+    if args.framework is not None:
+        args.framework = parse_framework(args.framework).value
+    reports = []
+    for path in configs:
+        head = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "check"}
+        try:
+            reports.append({**head, **check_file(path, args)})
+        except SpecError as exc:
+            if len(configs) == 1 and not as_json:
+                raise
+            reports.append({**head, "config": str(path), "format": None, "framework": args.framework, "layout": None,
+                            "passed": False, "violations": [], "predicted": None, "notes": [],
+                            "error": str(exc).splitlines()[0] if str(exc) else "could not check"})
+    code = 3 if any(r["error"] for r in reports) else 1 if any(not r["passed"] for r in reports) else 0
+    typed = [CheckReport.model_validate(r) for r in reports]
+    doc = typed[0] if len(typed) == 1 else CheckBatch(schema_version=SCHEMA_VERSION, tool_version=__version__,
+                                                      passed=code == 0, exit_code=code, reports=typed)
+    return doc, reports, code

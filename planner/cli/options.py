@@ -1,0 +1,77 @@
+"""Options shared by several commands, and the two ways a command answers: JSON on stdout, or the terminal."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from planner.defaults import DEFAULT_HEADROOM_GIB
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Write exactly one JSON document to stdout (errors too).")]
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster preset name or YAML/JSON file.")]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", "-n", help="Scale the cluster to this many nodes.")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset, model YAML/JSON, or HF config.json.")]
+BatchOpt = Annotated[int, typer.Option("--global-batch-size", "-b", help="Sequences per optimizer step.")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16, fp16, fp32 or fp8 (FP8 GEMMs, TE current "
+                                                                       "scaling; default: bf16, or fp16 on a GPU "
+                                                                       "without bf16 such as V100).")]
+HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
+CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
+TpAcrossOpt = Annotated[bool, typer.Option("--allow-tp-across-nodes", help="Allow TP groups larger than a node.")]
+OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", help="Also write the JSON document here (atomically).")]
+FrameworkOpt = Annotated[str | None, typer.Option(
+    "--framework", help="megatron, nemo, torchtitan, deepspeed, megatron-deepspeed or generic: only what it can run "
+                        "(default: plan/estimate generic; export the plan's; check the config's).")]
+FixOpt = Annotated[list[str] | None, typer.Option("--fix", help="Pin layout keys, e.g. tp=8 or 'pp=4,zero=1' (repeatable).")]
+SchedulesOpt = Annotated[str | None, typer.Option("--schedules", help="Allowed pipeline schedules, e.g. 1f1b,interleaved_1f1b.")]
+DEFAULT_HEADROOM = DEFAULT_HEADROOM_GIB  # the one default (planner.estimate), shown by --help
+
+
+def problem_request(cluster: str, model: str, global_batch_size: int, seq_len: int, nodes: int | None,
+                    precision: str | None, headroom_gib: float, calibration: Path | None):
+    from planner.requests import ProblemRequest
+
+    return ProblemRequest(cluster=cluster, model=model, global_batch_size=global_batch_size, seq_len=seq_len,
+                          nodes=nodes, precision=precision, headroom_gib=headroom_gib, calibration=calibration)
+
+
+def stdout():
+    from rich.console import Console
+
+    return Console()
+
+
+def stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def emit_json(doc: Any) -> None:
+    text = doc.model_dump_json(indent=2) if hasattr(doc, "model_dump_json") else json.dumps(doc, indent=2)
+    sys.stdout.write(text + "\n")
+
+
+def write_file(path: Path | None, text: str | bytes) -> None:
+    """-o/--svg: written atomically with the umask's mode; 'wrote PATH' on stderr."""
+    if path is None:
+        return
+    from planner.fileio import write_atomically
+
+    write_atomically(path, text)
+    stderr().print(f"wrote {path}", highlight=False, markup=False)
+
+
+def need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        from planner.errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            "torch is not installed: `pip install 'planner[bench]'` (torch==2.13.0) for bench and calibrate") from None

@@ -1,0 +1,116 @@
+"""What `estimate` and `plan` compute, without the terminal: a request in, a contract document out.
+
+The CLI (planner/cli/) only parses options into these requests, calls one function, and prints or renders the
+document. Everything a command decides lives here or below: defaults (the headroom), the calibration merge,
+the framework restriction, the min-gpus search, compared layouts, the DeepSpeed TP degree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster_specs import SpecError
+from planner.contract import EstimateDocument, PlanDocument
+from planner.estimate import DEFAULT_HEADROOM_GIB, Problem, build_problem
+
+OBJECTIVES = ("throughput", "memory", "min-gpus")
+
+
+@dataclass(frozen=True)
+class ProblemRequest:
+    """The options every planning command shares."""
+
+    cluster: str
+    model: str
+    global_batch_size: int
+    seq_len: int
+    nodes: int | None = None
+    precision: str | None = None  # None: the GPU's default (planner.estimate.build_problem)
+    headroom_gib: float = DEFAULT_HEADROOM_GIB
+    calibration: Path | None = None
+
+    def problem(self, *, global_batch_size: int | None = None, seq_len: int | None = None) -> Problem:
+        return build_problem(self.cluster, self.nodes, self.model, global_batch_size or self.global_batch_size,
+                             seq_len or self.seq_len, self.precision, self.headroom_gib, self.calibration)
+
+
+def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None = None,
+                      allow_tp_across_nodes: bool = False) -> EstimateDocument:
+    from planner.estimate import estimate_layout, layout_from_arg
+    from planner.frameworks.capabilities import refuse_unrunnable
+
+    problem = req.problem()
+    lay = layout_from_arg(layout, problem)
+    fw = refuse_unrunnable(framework, lay, problem.model)
+    est = estimate_layout(problem, lay, allow_tp_across_nodes=allow_tp_across_nodes)
+    return EstimateDocument.from_estimate(problem, lay, est, framework=fw)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    top: int = 5
+    objective: str = "throughput"
+    target_tokens_per_second: float | None = None
+    compare: list[str] = field(default_factory=list)
+    allow_tp_across_nodes: bool = False
+    allow_async: bool = False
+    use_solver: bool = True
+    solver_time_limit_seconds: float = 10.0
+    framework: str | None = None
+    fix: list[str] | None = None
+    schedules: str | None = None
+    tokens: float | None = None
+    gpu_hour_price: float | None = None
+    pue: float | None = None
+    sensitivity: bool = False
+    figures: Path | None = None
+    command: str = ""  # the plan command as typed (for the short-list hint)
+
+    def check(self) -> None:
+        from cluster_specs.limits import finite_option
+
+        finite_option("--solver-time-limit", self.solver_time_limit_seconds, low_inclusive=False)
+        problems = []
+        if self.objective not in OBJECTIVES:
+            problems.append(f"--objective: {self.objective!r} -> allowed: {', '.join(OBJECTIVES)}")
+        if self.top < 0:
+            problems.append(f"--top: {self.top} -> must be >= 0")
+        t = self.target_tokens_per_second
+        if self.objective == "min-gpus" and (t is None or not (math.isfinite(t) and t > 0)):
+            problems.append(f"--target-tokens-per-second: {t} -> required with --objective min-gpus, a finite "
+                            "number > 0")
+        if problems:
+            raise SpecError(problems)
+
+
+def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = False) -> tuple[PlanDocument, list[str]]:
+    """The plan, and the extra terminal lines the decisions package asked for (--tokens)."""
+    from planner.decisions.plan_extras import PlanExtras, extend
+    from planner.estimate import layout_from_arg
+    from planner.frameworks.restriction import build_restriction
+    from planner.search import PlanOptions, add_compared, plan_min_gpus
+    from planner.search import plan as make_plan
+
+    plan.check()
+    extras = PlanExtras(tokens=plan.tokens, price_per_gpu_hour=plan.gpu_hour_price, pue=plan.pue,
+                        objective=plan.objective, sensitivity=plan.sensitivity, command=plan.command,
+                        figures=plan.figures)
+    extras.check()
+    problem = req.problem()
+    restriction = build_restriction(plan.framework, problem.model.vocab_size, plan.fix, plan.schedules)
+    opts = PlanOptions(top_k=plan.top, objective="throughput" if plan.objective == "min-gpus" else plan.objective,
+                       allow_tp_across_nodes=plan.allow_tp_across_nodes, allow_async=plan.allow_async,
+                       use_solver=plan.use_solver, solver_time_limit_seconds=plan.solver_time_limit_seconds,
+                       progress=progress, restriction=restriction)
+    notes = []
+    if plan.objective == "min-gpus":
+        problem, note = plan_min_gpus(problem, opts, plan.target_tokens_per_second)
+        notes.append(note)
+    compared = [layout_from_arg(text, problem, "--compare") for text in plan.compare]
+    result = add_compared(problem, make_plan(problem, opts), compared)
+    doc = PlanDocument.from_result(problem, result, objective=plan.objective, framework=restriction.caps.framework,
+                                   notes=notes)
+    extend(doc, problem, result, extras, opts)
+    return doc, extras.lines
