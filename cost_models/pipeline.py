@@ -202,56 +202,71 @@ def _dependency(kind: str, r: int, mb: int, c: int, p: int, v: int) -> tuple[str
 def _simulate_zero_bubble(p: int, m: int, tf: list[float], tb: list[float], tw: list[float], t_p2p: float,
                           m_reported: int) -> Timeline:
     """ZB-H1 by greedy list scheduling: each stage runs B first, then F (while fewer than p - stage
-    micro-batches are in flight, as 1F1B), and W only when neither is ready (Qi et al. 2023 §3)."""
+    micro-batches are in flight, as 1F1B), and W only when neither is ready (Qi et al. 2023 §3).
+
+    Each step runs the op that can start earliest over all stages (ties: the lowest stage). A stage's choice
+    depends only on its own state and its neighbours' F/B ends, so after an op only that stage and its two
+    neighbours are re-evaluated."""
+    from collections import deque
+
     tbi = [tb[r] - tw[r] for r in range(p)]  # input-gradient part
-    f_end: dict[tuple[int, int], float] = {}
-    b_end: dict[tuple[int, int], float] = {}
+    f_end: list[list[float | None]] = [[None] * m for _ in range(p)]
+    b_end: list[list[float | None]] = [[None] * m for _ in range(p)]
     next_f = [0] * p
     next_b = [0] * p
-    pending_w: list[list[int]] = [[] for _ in range(p)]
+    pending_w: list[deque[int]] = [deque() for _ in range(p)]
     free = [0.0] * p
     ops: list[Op] = []
-    total = 3 * p * m
-    while len(ops) < total:
-        # pick the stage whose next possible op can start earliest
-        best = None
-        for r in range(p):
-            cands = []
-            i = next_b[r]
-            if i < m and (r, i) in f_end and (r == p - 1 or (r + 1, i) in b_end):
-                ready = f_end[(r, i)] if r == p - 1 else b_end[(r + 1, i)] + t_p2p
-                cands.append((max(free[r], ready), 0, "B", i))
-            j = next_f[r]
-            if j < m and j - next_b[r] < p - r and (r == 0 or (r - 1, j) in f_end):
-                ready = 0.0 if r == 0 else f_end[(r - 1, j)] + t_p2p
-                cands.append((max(free[r], ready), 1, "F", j))
-            if pending_w[r]:
-                cands.append((free[r], 2, "W", pending_w[r][0]))
-            if not cands:
-                continue
-            start_first = min(c[0] for c in cands)
-            # W only if it does not delay a B or F that could start now
-            chosen = min((c for c in cands if c[0] <= start_first + 1e-12), key=lambda c: c[1])
-            if chosen[2] == "W" and any(c[2] != "W" and c[0] <= free[r] + 1e-12 for c in cands):
-                chosen = min((c for c in cands if c[2] != "W"), key=lambda c: (c[0], c[1]))
-            if best is None or chosen[0] < best[0][0] - 1e-12:
-                best = (chosen, r)
-        if best is None:
+    inf = float("inf")
+
+    def choice(r: int) -> tuple[float, str, int] | None:
+        """B if it can start first (or tie), else F, else W: W only fills time no B or F can use."""
+        fr = free[r]
+        b = f = None
+        i, j = next_b[r], next_f[r]
+        if i < m and f_end[r][i] is not None:
+            dep = f_end[r][i] if r == p - 1 else b_end[r + 1][i]
+            if dep is not None:
+                b = max(fr, dep + (t_p2p if r < p - 1 else 0.0))
+        if j < m and j - i < p - r:
+            dep = 0.0 if r == 0 else f_end[r - 1][j]
+            if dep is not None:
+                f = max(fr, dep + (t_p2p if r > 0 else 0.0))
+        w = fr if pending_w[r] else None
+        starts = [x for x in (b, f, w) if x is not None]
+        if not starts:
+            return None
+        first = min(starts) + 1e-12
+        if b is not None and b <= first:
+            return b, "B", i
+        if f is not None and f <= first:
+            return f, "F", j
+        return fr, "W", pending_w[r][0]
+
+    chosen_of = [choice(r) for r in range(p)]
+    start_of = [c[0] if c is not None else inf for c in chosen_of]
+    for _ in range(3 * p * m):
+        first = min(start_of)
+        if first == inf:
             raise RuntimeError("zero_bubble schedule deadlocked")
-        (start, _, kind, i), r = best
-        dur = {"F": tf[r], "B": tbi[r], "W": tw[r]}[kind]
-        end = start + dur
+        r = start_of.index(first)
+        start, kind, i = chosen_of[r]  # type: ignore[misc]
+        end = start + (tf[r] if kind == "F" else tbi[r] if kind == "B" else tw[r])
         free[r] = end
         ops.append(Op(r, kind, i, 0, start, end))
         if kind == "F":
-            f_end[(r, i)] = end
+            f_end[r][i] = end
             next_f[r] += 1
         elif kind == "B":
-            b_end[(r, i)] = end
+            b_end[r][i] = end
             next_b[r] += 1
             pending_w[r].append(i)
         else:
-            pending_w[r].pop(0)
+            pending_w[r].popleft()
+        for k in (r - 1, r, r + 1):
+            if 0 <= k < p:
+                c = chosen_of[k] = choice(k)
+                start_of[k] = c[0] if c is not None else inf
     return _timeline("zero_bubble", p, m_reported, 1, ops)
 
 
@@ -260,10 +275,13 @@ def _timeline(schedule: str, p: int, m: int, v: int, ops: list[Op]) -> Timeline:
     makespan = max(o.end for o in ops)
     busy = [0.0] * p
     peak = [0.0] * p
+    by_stage: list[list[Op]] = [[] for _ in range(p)]
+    for o in ops:
+        by_stage[o.stage].append(o)
     for r in range(p):
         live = 0
         best = 0
-        for o in (o for o in ops if o.stage == r):
+        for o in by_stage[r]:
             busy[r] += o.end - o.start
             if o.kind == "F":
                 live += 1
