@@ -1,0 +1,153 @@
+"""Failures at the command line: one exit code each (planner/errors.py's table), one JSON error document on stdout
+with --json, one "please report" line for a bug (the traceback only with --debug), and output files that are
+written whole, with the umask's mode, or not at all."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from planner import errors
+from planner.cli import main
+
+SMALL_PLAN = ["plan", "-c", "dgx-h100", "-n", "1", "-m", "gpt3-1.3b", "-b", "16", "-s", "1024", "--no-schedule",
+              "--no-solver"]
+
+
+def cli(capsys, *args):
+    """Run the CLI in this process: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+def error_doc(out: str) -> dict:
+    doc = json.loads(out)  # exactly one JSON document
+    assert doc["kind"] == "error"
+    return doc
+
+
+def test_exit_code_table_is_in_help_and_readme(capsys):
+    from pathlib import Path
+
+    code, out, _ = cli(capsys, "--help")
+    assert code == 0
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for number, (_, meaning) in errors.EXIT_CODES.items():
+        assert f"{number}  {meaning}" in out
+        assert f"| {number} |" in readme
+    assert max(len(line) for line in out.splitlines()) <= 80 or os.environ.get("COLUMNS")
+
+
+@pytest.mark.parametrize("args,code,name,needle", [
+    (["plan", "--bogus"], errors.EXIT_USAGE, "usage", "--bogus"),
+    (["models", "show", "llama3-8"], errors.EXIT_INPUT, "invalid_input", "did you mean llama3-8b"),
+    (["estimate", "-c", "dgx-h100", "-m", "gpt3-175b", "-b", "8", "-s", "2048", "--layout", "tp=3,dp=1"],
+     errors.EXIT_INPUT, "invalid_input", "tp: 3 -> must divide gpus_per_node (8)"),
+    (["plan", "-c", "single-rtx4090", "-m", "llama3-405b", "-b", "8", "-s", "2048"], errors.EXIT_INFEASIBLE,
+     "infeasible", "no layout fits"),
+])
+def test_json_errors_are_one_document_on_stdout(capsys, args, code, name, needle):
+    rc, out, err = cli(capsys, *args, "--json")
+    assert rc == code
+    doc = error_doc(out)
+    assert doc["exit_code"] == code and doc["error"] == name
+    assert any(needle in p for p in doc["problems"]) and needle in err  # the human line stays on stderr
+    assert doc["message"] == doc["problems"][0]
+    from planner.contract import ErrorDocument
+
+    ErrorDocument.model_validate(doc)
+
+
+def test_without_json_stdout_stays_empty_on_error(capsys):
+    rc, out, err = cli(capsys, "models", "show", "llama3-8")
+    assert rc == errors.EXIT_INPUT and out == "" and err.startswith("error: ")
+
+
+def test_internal_error_is_one_line_and_exit_9(capsys, monkeypatch):
+    import planner.explain.catalog as catalog
+
+    def boom(_specs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(catalog, "models_doc", boom)
+    rc, out, err = cli(capsys, "models", "list", "--json")
+    assert rc == errors.EXIT_INTERNAL == 9
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "please report" in err and "ZeroDivisionError" in err and "--debug" in err
+    assert error_doc(out)["error"] == "internal_error"
+    rc, out, err = cli(capsys, "models", "list", "--json", "--debug")
+    assert rc == 9 and "Traceback (most recent call last)" in err and 'raise ZeroDivisionError("division by zero")' in err
+
+
+# ---- output files ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def umask():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_output_file_is_whole_with_the_umask_mode(capsys, tmp_path, umask):
+    out_path = tmp_path / "plan.json"
+    rc, out, _ = cli(capsys, *SMALL_PLAN, "--json", "-o", str(out_path))
+    assert rc == 0
+    assert json.loads(out_path.read_text()) == json.loads(out)
+    assert _mode(out_path) == 0o644  # 0666 & ~022, as open() would give; not mkstemp's 0600
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary file left
+    os.chmod(out_path, 0o640)  # an existing file keeps its mode
+    cli(capsys, *SMALL_PLAN, "-o", str(out_path))
+    assert _mode(out_path) == 0o640
+    os.umask(0o077)
+    new = tmp_path / "new.json"
+    cli(capsys, *SMALL_PLAN, "-o", str(new))
+    assert _mode(new) == 0o600
+
+
+@pytest.mark.parametrize("target", ["/nonexistent/dir/plan.json", "/proc/plan.json", "DIR"])
+def test_unwritable_output_is_an_io_error(capsys, tmp_path, target):
+    target = str(tmp_path) if target == "DIR" else target
+    before = sorted(os.listdir(tmp_path))
+    rc, out, err = cli(capsys, *SMALL_PLAN, "--json", "-o", target)
+    assert rc == errors.EXIT_IO == 8
+    doc = error_doc(out)
+    assert doc["error"] == "io_error" and target in doc["message"]
+    assert err.startswith(f"error: cannot write {target}") and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == before  # nothing half-written
+
+
+def test_export_and_svg_to_a_missing_directory(capsys, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli(capsys, *SMALL_PLAN, "-o", str(plan))[0] == 0
+    rc, _, err = cli(capsys, "export", str(plan), "--to", "megatron", "-o", "/nonexistent/x")
+    assert rc == 8 and "cannot write /nonexistent/x" in err
+    rc, _, err = cli(capsys, "schedule", "--pp", "2", "-m", "4", "--svg", "/nonexistent/x.svg")
+    assert rc == 8 and "cannot write /nonexistent/x.svg" in err
+
+
+# ---- numeric options ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([*SMALL_PLAN, "--headroom-gib", "nan"], "--headroom-gib: nan -> must be a finite number >= 0"),
+    ([*SMALL_PLAN, "--headroom-gib", "inf"], "--headroom-gib: inf -> must be a finite number >= 0"),
+    ([*SMALL_PLAN, "--headroom-gib", "-1"], "--headroom-gib: -1.0 -> must be a finite number >= 0"),
+    ([*SMALL_PLAN, "--solver-time-limit", "-1"], "--solver-time-limit: -1.0 -> must be a finite number > 0"),
+    ([*SMALL_PLAN, "--solver-time-limit", "nan"], "--solver-time-limit: nan -> must be a finite number > 0"),
+    (["schedule", "--width", "-5"], "--width: -5 -> must be between 20 and 1000 columns"),
+    (["schedule", "--pp", "0", "--micro-batches", "16", "--schedule", "interleaved_1f1b"], "--pp: 0 -> must be >= 1"),
+    (["schedule", "--micro-batches", "0"], "--micro-batches: 0 -> must be >= 1"),
+    (["schedule", "--schedule", "zigzag"], "--schedule: 'zigzag' -> allowed: naive, gpipe"),
+])
+def test_numeric_options_are_checked(capsys, args, needle):
+    rc, out, err = cli(capsys, *args, "--json") if args[0] != "schedule" else cli(capsys, *args)
+    assert rc == errors.EXIT_INPUT, err
+    assert needle in err and "Traceback" not in err
