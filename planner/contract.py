@@ -168,7 +168,9 @@ class CandidateReport(_Strict):
     memory_breakdown: MemoryBreakdown
     time_breakdown: TimeReport
     origin: str = Field(description="search | split | ilp | compared: where the layout came from.")
-    reason: str | None = Field(description="One line: what dominates its cost beyond compute, in numbers.")
+    reason: str | None = Field(description="One line. The pick: what dominates its cost beyond compute, in numbers. "
+                                           "Runners-up and compared layouts: what differs from the pick and what "
+                                           "it costs.")
 
     @classmethod
     def from_estimate(cls, layout: LayoutSpec, est: StepEstimate, *, headroom_bytes: float, origin: str,
@@ -367,11 +369,18 @@ class PlanDocument(CandidateReport):
             return CandidateReport.from_estimate(c.layout, c.estimate, headroom_bytes=headroom, origin=c.origin,
                                                  reason=result.reasons.get(id(c)))
 
+        def against_pick(c: Any) -> CandidateReport:
+            from planner.explain.versus import versus
+
+            r = report(c)
+            return r.model_copy(update={"reason": versus(pick, r)})
+
+        pick = report(result.pick)
         decision = result.decision.model_copy(update={"reasons": [*result.decision.reasons, *(notes or [])]})
         return cls(**_versions(), objective=objective, framework=framework, inputs=Inputs.from_problem(problem),
-                   **dict(report(result.pick)), alternatives=[report(c) for c in result.alternatives],
+                   **dict(pick), alternatives=[against_pick(c) for c in result.alternatives],
                    decision=decision, search=result.stats.model_copy(),
-                   compared=[report(c) for c in getattr(result, "compared", [])])
+                   compared=[against_pick(c) for c in getattr(result, "compared", [])])
 
 
 # ---- check -----------------------------------------------------------------------------------------------

@@ -100,7 +100,11 @@ def test_plan_document_holds_the_result():
     assert all(a.predicted.step_time_seconds >= doc.predicted.step_time_seconds for a in doc.alternatives)
     assert [c.origin for c in doc.compared] == ["compared"]
     assert doc.compared[0].layout.tp == 2 and doc.compared[0].layout.dp == 8  # 32 GPUs / (2 x 2)
-    assert doc.compared[0].reason.startswith(f"{(doc.compared[0].predicted.step_time_seconds / doc.predicted.step_time_seconds - 1) * 100:+.1f}%")
+    from planner.explain.versus import versus
+
+    delta = doc.compared[0].predicted.step_time_seconds / doc.predicted.step_time_seconds - 1
+    assert doc.compared[0].reason == versus(doc, doc.compared[0])
+    assert doc.compared[0].reason.startswith("tp 2 instead of") and f"{delta:+.1%} step time" in doc.compared[0].reason
     assert doc.decision.reasons[-1] == "a note" and result.decision.reasons[-1] != "a note"  # the result is not mutated
     assert doc.search.candidates_evaluated == result.stats.candidates_evaluated > 0
     # JSON round trip through the model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 GIB = 2**30
 
@@ -27,7 +28,7 @@ def count(x: float) -> str:
     return f"{x:,.0f}"
 
 
-def kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+def kv_table(title: str | None, rows: list[tuple[str, str]]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
     table.add_column(style="bold cyan")
     table.add_column()
@@ -43,8 +44,9 @@ def gpu_name(cluster) -> str:
 def render_estimate(console: Console, *, title: str, layout, predicted, memory, time) -> None:
     """One layout from the contract's models: Predicted, MemoryBreakdown, TimeReport."""
     p = predicted
+    console.print(Text(title, style="bold"))
+    print_layout(console, layout)
     rows = [
-        ("layout", layout.short()),
         ("micro-batches", f"{layout.num_micro_batches} per pipeline"),
         ("step time", seconds(p.step_time_seconds)),
         ("tokens/s", f"{p.tokens_per_second:,.0f} ({p.tokens_per_second_per_gpu:,.1f} per GPU)"),
@@ -55,7 +57,7 @@ def render_estimate(console: Console, *, title: str, layout, predicted, memory, 
     ]
     if p.host_memory_bytes_per_node:
         rows.append(("host memory/node", gib(p.host_memory_bytes_per_node)))
-    console.print(kv_table(title, rows))
+    console.print(kv_table(None, rows))
     mem = Table(title="Memory on the peak stage", title_justify="left")
     mem.add_column("part")
     mem.add_column("per GPU", justify="right")
@@ -81,8 +83,45 @@ def render_estimate_document(console: Console, doc) -> None:
                     predicted=doc.predicted, memory=doc.memory_breakdown, time=doc.time_breakdown)
 
 
+def layout_arg(lay) -> str:
+    """The layout in `--layout` syntax, complete enough to give the same layout back with the same batch."""
+    parts = [f"tp={lay.tp}", f"pp={lay.pp}", f"dp={lay.dp}", f"zero={lay.zero_stage}"]
+    if lay.offload != "none":
+        parts.append(f"offload={lay.offload}")
+    parts += [f"mbs={lay.micro_batch_size}", f"recompute={lay.recompute}"]
+    if lay.tp > 1 or lay.sequence_parallel:
+        parts.append(f"sp={int(lay.sequence_parallel)}")
+    if lay.pp > 1 or lay.schedule != "1f1b":
+        parts.append(f"schedule={lay.schedule}")
+    if lay.virtual_stages > 1:
+        parts.append(f"vpp={lay.virtual_stages}")
+    for key in ("layers_per_stage", "recompute_layers_per_stage"):
+        if getattr(lay, key):
+            parts.append(f"{key}={'/'.join(str(n) for n in getattr(lay, key))}")
+    return ",".join(parts)
+
+
+def print_layout(console: Console, lay) -> None:
+    """The layout on a line of its own, never cut or wrapped by us (copy-paste it into --layout)."""
+    console.print("layout (for --layout):", style="bold")
+    console.print(layout_arg(lay), soft_wrap=True, highlight=False, markup=False)
+
+
+def wrap_at_commas(text: str, width: int, indent: str) -> list[str]:
+    """Break a key=value,... string only after commas, so no token is cut."""
+    lines, line = [], indent
+    for token in text.split(","):
+        piece = token if line == indent else "," + token
+        if len(line) + len(piece) > width and line != indent:
+            lines.append(line + ",")
+            line = indent + token
+        else:
+            line += piece
+    return [*lines, line]
+
+
 def render_plan(console: Console, doc, *, show_schedule: bool = True, full_schedule: bool = False) -> None:
-    """The plan from the contract's PlanDocument."""
+    """The plan from the contract's PlanDocument, laid out for 80 columns."""
     cl = doc.inputs.cluster
     render_estimate(console, title=f"Plan: {doc.inputs.model.name} on {cl.num_gpus} x {gpu_name(cl)} "
                                    f"({cl.num_nodes} nodes)",
@@ -98,21 +137,7 @@ def render_plan(console: Console, doc, *, show_schedule: bool = True, full_sched
                   f"({'agrees' if d.agrees else '[yellow]the pick differs[/yellow]'})")
     for line in d.reasons:
         console.print(f"  - {line}")
-    rows = [*doc.alternatives, *doc.compared]
-    if rows:
-        table = Table(title="Runners-up and compared layouts", title_justify="left")
-        for col in ("#", "layout", "step", "tokens/s", "MFU", "peak GiB"):
-            table.add_column(col, overflow="fold")
-        notes = []
-        for i, c in enumerate(rows, 1):
-            p = c.predicted
-            short = c.layout.short() if c.origin != "compared" else f"[cyan]compared[/cyan] {c.layout.short()}"
-            table.add_row(str(i), short, seconds(p.step_time_seconds), f"{p.tokens_per_second:,.0f}", f"{p.mfu:.1%}",
-                          f"{p.peak_memory_bytes_per_gpu / GIB:.1f}" + ("" if p.fits else " [red](no fit)[/red]"))
-            notes.append(f"{i}. {c.reason}")
-        console.print(table)
-        for n in notes:
-            console.print(f"  {n}")
+    _render_others(console, doc)
     s = doc.search
     console.print(f"[dim]searched {s.candidates_considered:,} candidates, evaluated {s.candidates_evaluated:,}, "
                   f"{s.solver_runs} ILP solves ({s.solver_seconds:.2f} s; {', '.join(s.solver_statuses) or 'none'}), "
@@ -120,7 +145,28 @@ def render_plan(console: Console, doc, *, show_schedule: bool = True, full_sched
     if show_schedule and lay.pp > 1:
         from planner.explain.schedule_view import render_layout_schedule
 
-        render_layout_schedule(console, lay, doc.time_breakdown.stage_seconds, full=full_schedule)
+        render_layout_schedule(console, lay, doc.time_breakdown.stage_seconds, full=full_schedule,
+                               bubble_seconds=doc.time_breakdown.pipeline_bubble_seconds,
+                               step_seconds=doc.predicted.step_time_seconds)
+
+
+def _render_others(console: Console, doc) -> None:
+    """Runners-up and compared layouts: numbers, the layout (wrapped only at commas), how it differs."""
+    rows = [*doc.alternatives, *doc.compared]
+    if not rows:
+        return
+    console.print("\n[bold]Runners-up and compared layouts[/bold] (step time against the pick)")
+    width = max(40, min(console.width, 120))
+    for i, c in enumerate(rows, 1):
+        p = c.predicted
+        delta = p.step_time_seconds / doc.predicted.step_time_seconds - 1
+        tag = "compared: " if c.origin == "compared" else ""
+        console.print(f"{i:>2}. {tag}{seconds(p.step_time_seconds)} ({delta:+.1%}), {p.tokens_per_second:,.0f} "
+                      f"tokens/s, MFU {p.mfu:.1%}, {p.peak_memory_bytes_per_gpu / GIB:.1f} GiB"
+                      + ("" if p.fits else " [red](does not fit)[/red]"), highlight=False)
+        for line in wrap_at_commas(layout_arg(c.layout), width, "    "):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        console.print(f"    {c.reason}", highlight=False, markup=False)
 
 
 def render_check(console: Console, report) -> None:
