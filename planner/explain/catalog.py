@@ -18,8 +18,9 @@ def clusters_doc(specs: list) -> list[dict[str, Any]]:
 def render_clusters(console: Console, specs: list) -> None:
     table = Table(title="Cluster presets (scale any with --nodes N)", title_justify="left")
     table.add_column("name", no_wrap=True, min_width=max(len(s.name) for s in specs))  # the name one must type
-    for col in ("GPU", "per node", "inside a node", "between nodes"):
-        table.add_column(col, overflow="fold")
+    table.add_column("GPU", no_wrap=True, min_width=max(len(str(s.gpu)) for s in specs))
+    for col in ("per node", "inside a node", "between nodes"):
+        table.add_column(col)  # wrapped at spaces
     for s in specs:
         net = s.inter_node
         table.add_row(s.name, str(s.gpu), str(s.gpus_per_node), f"{s.intra_node.kind} {s.intra_node.gb_per_s:g} GB/s",
