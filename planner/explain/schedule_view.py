@@ -134,7 +134,8 @@ def render_layout_schedule(console: Console, lay, stage_seconds: list[float], *,
         note = "" if shown == m else f"; first {shown} of {m} micro-batches"
         render_timeline(console, tl, title=f"Pipeline schedule: {name}, pp={p}, {m} micro-batches{note}", unit=" s",
                         stages=list(range(p)) if full else None)
-        console.print(f"{share}: the estimate, as in 'why'; the drawing's idle share counts every stage")
+        console.print(f"{share}, as in the time table (the line above: every stage's idle share)",
+                      highlight=False)
         return
     shown = _shown_micro_batches(lay, 2 * p)
     tl = _layout_timeline(lay, stage_seconds, shown)
@@ -151,7 +152,7 @@ def render_layout_schedule(console: Console, lay, stage_seconds: list[float], *,
                            _cells(rows[r], tl.makespan - window, tl.makespan, half, inter)), no_wrap=True, crop=False)
     console.print(" " * LABEL + _axis(0.0, window, half, " s") + "   " + _axis(-window, 0.0, half, " s", prefix="end"),
                   no_wrap=True, crop=False, highlight=False)
-    console.print(f"{share}, as in 'why'", highlight=False)
+    console.print(f"{share}, as in the time table", highlight=False)
     console.print(legend(inter))
 
 
