@@ -147,7 +147,7 @@ def simulate(
     p, v = pp, virtual_stages if schedule == "interleaved_1f1b" else 1
     m = num_micro_batches
 
-    def per_stage(x: float | list[float]) -> list[float]:
+    def per_stage(x):
         return list(x) if isinstance(x, list | tuple) else [float(x)] * p
 
     tf, tb = per_stage(t_forward), per_stage(t_backward)
@@ -189,7 +189,7 @@ def simulate(
     return _timeline(schedule, p, num_micro_batches, v, ops)
 
 
-def _dependency(kind: str, r: int, mb: int, c: int, p: int, v: int) -> tuple[str, int, int, int] | None:
+def _dependency(kind: str, r: int, mb: int, c: int, p: int, v: int):
     if kind == "F":
         if r > 0:
             return ("F", r - 1, mb, c)
@@ -197,6 +197,56 @@ def _dependency(kind: str, r: int, mb: int, c: int, p: int, v: int) -> tuple[str
     if r < p - 1:
         return ("B", r + 1, mb, c)
     return ("B", 0, mb, c + 1) if c < v - 1 else ("F", r, mb, c)
+
+
+class _ZeroBubbleState:
+    """Per-stage progress of the ZB-H1 list scheduler."""
+
+    def __init__(self, p: int, m: int, t_p2p: float):
+        from collections import deque
+
+        self.p, self.m, self.t_p2p = p, m, t_p2p
+        self.f_end: list[list[float | None]] = [[None] * m for _ in range(p)]
+        self.b_end: list[list[float | None]] = [[None] * m for _ in range(p)]
+        self.next_f = [0] * p
+        self.next_b = [0] * p
+        self.pending_w: list[deque[int]] = [deque() for _ in range(p)]
+        self.free = [0.0] * p
+
+    def choice(self, r: int) -> tuple[float, str, int] | None:
+        """B if it can start first (or tie), else F, else W: W only fills time no B or F can use."""
+        p, fr = self.p, self.free[r]
+        i, j = self.next_b[r], self.next_f[r]
+        b = f = None
+        if i < self.m and self.f_end[r][i] is not None:
+            dep = self.f_end[r][i] if r == p - 1 else self.b_end[r + 1][i]
+            if dep is not None:
+                b = max(fr, dep + (self.t_p2p if r < p - 1 else 0.0))
+        if j < self.m and j - i < p - r:
+            dep = 0.0 if r == 0 else self.f_end[r - 1][j]
+            if dep is not None:
+                f = max(fr, dep + (self.t_p2p if r > 0 else 0.0))
+        starts = [x for x in (b, f) if x is not None] + ([fr] if self.pending_w[r] else [])
+        if not starts:
+            return None
+        first = min(starts) + 1e-12
+        if b is not None and b <= first:
+            return b, "B", i
+        if f is not None and f <= first:
+            return f, "F", j
+        return fr, "W", self.pending_w[r][0]
+
+    def run(self, r: int, kind: str, i: int, end: float) -> None:
+        self.free[r] = end
+        if kind == "F":
+            self.f_end[r][i] = end
+            self.next_f[r] += 1
+        elif kind == "B":
+            self.b_end[r][i] = end
+            self.next_b[r] += 1
+            self.pending_w[r].append(i)
+        else:
+            self.pending_w[r].popleft()
 
 
 def _simulate_zero_bubble(p: int, m: int, tf: list[float], tb: list[float], tw: list[float], t_p2p: float,
@@ -207,70 +257,28 @@ def _simulate_zero_bubble(p: int, m: int, tf: list[float], tb: list[float], tw: 
     Each step runs the op that can start earliest over all stages (ties: the lowest stage). A stage's choice
     depends only on its own state and its neighbours' F/B ends, so after an op only that stage and its two
     neighbours are re-evaluated."""
-    from collections import deque
-
-    tbi = [tb[r] - tw[r] for r in range(p)]  # input-gradient part
-    f_end: list[list[float | None]] = [[None] * m for _ in range(p)]
-    b_end: list[list[float | None]] = [[None] * m for _ in range(p)]
-    next_f = [0] * p
-    next_b = [0] * p
-    pending_w: list[deque[int]] = [deque() for _ in range(p)]
-    free = [0.0] * p
-    ops: list[Op] = []
+    duration = {"F": tf, "B": [tb[r] - tw[r] for r in range(p)], "W": tw}  # B: the input-gradient part
+    state = _ZeroBubbleState(p, m, t_p2p)
     inf = float("inf")
-
-    def choice(r: int) -> tuple[float, str, int] | None:
-        """B if it can start first (or tie), else F, else W: W only fills time no B or F can use."""
-        fr = free[r]
-        b = f = None
-        i, j = next_b[r], next_f[r]
-        if i < m and f_end[r][i] is not None:
-            dep = f_end[r][i] if r == p - 1 else b_end[r + 1][i]
-            if dep is not None:
-                b = max(fr, dep + (t_p2p if r < p - 1 else 0.0))
-        if j < m and j - i < p - r:
-            dep = 0.0 if r == 0 else f_end[r - 1][j]
-            if dep is not None:
-                f = max(fr, dep + (t_p2p if r > 0 else 0.0))
-        w = fr if pending_w[r] else None
-        starts = [x for x in (b, f, w) if x is not None]
-        if not starts:
-            return None
-        first = min(starts) + 1e-12
-        if b is not None and b <= first:
-            return b, "B", i
-        if f is not None and f <= first:
-            return f, "F", j
-        return fr, "W", pending_w[r][0]
-
-    chosen_of = [choice(r) for r in range(p)]
-    start_of = [c[0] if c is not None else inf for c in chosen_of]
+    chosen = [state.choice(r) for r in range(p)]
+    start_of = [c[0] if c is not None else inf for c in chosen]
+    ops: list[Op] = []
     for _ in range(3 * p * m):
         first = min(start_of)
         if first == inf:
             raise RuntimeError("zero_bubble schedule deadlocked")
         r = start_of.index(first)
-        start, kind, i = chosen_of[r]  # type: ignore[misc]
-        end = start + (tf[r] if kind == "F" else tbi[r] if kind == "B" else tw[r])
-        free[r] = end
+        start, kind, i = chosen[r]  # type: ignore[misc]
+        end = start + duration[kind][r]
         ops.append(Op(r, kind, i, 0, start, end))
-        if kind == "F":
-            f_end[r][i] = end
-            next_f[r] += 1
-        elif kind == "B":
-            b_end[r][i] = end
-            next_b[r] += 1
-            pending_w[r].append(i)
-        else:
-            pending_w[r].popleft()
-        for k in (r - 1, r, r + 1):
-            if 0 <= k < p:
-                c = chosen_of[k] = choice(k)
-                start_of[k] = c[0] if c is not None else inf
+        state.run(r, kind, i, end)
+        for k in range(max(0, r - 1), min(p, r + 2)):
+            c = chosen[k] = state.choice(k)
+            start_of[k] = c[0] if c is not None else inf
     return _timeline("zero_bubble", p, m_reported, 1, ops)
 
 
-def _timeline(schedule: str, p: int, m: int, v: int, ops: list[Op]) -> Timeline:
+def _timeline(schedule, p, m, v, ops: list[Op]) -> Timeline:
     ops.sort(key=lambda o: (o.stage, o.start))
     makespan = max(o.end for o in ops)
     busy = [0.0] * p
