@@ -147,7 +147,7 @@ def simulate(
     p, v = pp, virtual_stages if schedule == "interleaved_1f1b" else 1
     m = num_micro_batches
 
-    def per_stage(x):
+    def per_stage(x: float | list[float]) -> list[float]:
         return list(x) if isinstance(x, list | tuple) else [float(x)] * p
 
     tf, tb = per_stage(t_forward), per_stage(t_backward)
@@ -189,7 +189,7 @@ def simulate(
     return _timeline(schedule, p, num_micro_batches, v, ops)
 
 
-def _dependency(kind: str, r: int, mb: int, c: int, p: int, v: int):
+def _dependency(kind: str, r: int, mb: int, c: int, p: int, v: int) -> tuple[str, int, int, int] | None:
     if kind == "F":
         if r > 0:
             return ("F", r - 1, mb, c)
@@ -278,7 +278,7 @@ def _simulate_zero_bubble(p: int, m: int, tf: list[float], tb: list[float], tw: 
     return _timeline("zero_bubble", p, m_reported, 1, ops)
 
 
-def _timeline(schedule, p, m, v, ops: list[Op]) -> Timeline:
+def _timeline(schedule: str, p: int, m: int, v: int, ops: list[Op]) -> Timeline:
     ops.sort(key=lambda o: (o.stage, o.start))
     makespan = max(o.end for o in ops)
     busy = [0.0] * p

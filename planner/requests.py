@@ -45,7 +45,9 @@ def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None
     lay = layout_from_arg(layout, problem)
     fw = refuse_unrunnable(framework, lay, problem.model)
     est = estimate_layout(problem, lay, allow_tp_across_nodes=allow_tp_across_nodes)
-    return EstimateDocument.from_estimate(problem, lay, est, framework=fw)
+    from planner.frameworks import Framework
+
+    return EstimateDocument.from_estimate(problem, lay, est, framework=Framework(fw))
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
                        progress=progress, restriction=restriction)
     notes = []
     if plan.objective == "min-gpus":
+        assert plan.target_tokens_per_second is not None  # plan.check() requires it for min-gpus
         problem, note = plan_min_gpus(problem, opts, plan.target_tokens_per_second)
         notes.append(note)
     compared = [layout_from_arg(text, problem, "--compare") for text in plan.compare]

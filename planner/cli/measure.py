@@ -71,6 +71,7 @@ def bench(
     if top > 1:
         from planner.bench.shortlist import run_shortlist
 
+        assert plan_doc is not None  # --top > 1 needs a plan (checked above)
         doc = run_shortlist(plan_doc, top, md, seq, cl, knobs_kw, opts, save_calibration)
     else:
         doc = bench_one(md, fit_layout(lay, opts), seq, cl, knobs_kw, opts)
