@@ -15,6 +15,7 @@ from cluster_specs import SpecError
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec
+from planner.integrations.exports import with_fields
 from planner.integrations.readers import (  # noqa: F401  (megatron_parser: the option names, for tests and exports)
     ConfigView,
     megatron_parser,
@@ -157,13 +158,13 @@ def _memory_hint(problem, layout: LayoutSpec) -> str:
     tries = []
     if layout.recompute != "full":
         if layout.recompute == "none":
-            tries.append(layout.model_copy(update={"recompute": "selective", "recompute_layers_per_stage": None}))
-        tries.append(layout.model_copy(update={"recompute": "full", "recompute_layers_per_stage": None}))
+            tries.append(with_fields(layout, {"recompute": "selective", "recompute_layers_per_stage": None}))
+        tries.append(with_fields(layout, {"recompute": "full", "recompute_layers_per_stage": None}))
     if layout.zero_stage < (1 if layout.pp > 1 else 3) and layout.dp > 1:
-        tries.append(layout.model_copy(update={"zero_stage": layout.zero_stage + 1}))
+        tries.append(with_fields(layout, {"zero_stage": layout.zero_stage + 1}))
     if layout.micro_batch_size > 1:
         f = layout.micro_batch_size // 2 if layout.micro_batch_size % 2 == 0 else 1
-        tries.append(layout.model_copy(update={"micro_batch_size": f,
+        tries.append(with_fields(layout, {"micro_batch_size": f,
                                                "num_micro_batches": layout.num_micro_batches * layout.micro_batch_size // f}))
     found: dict[str, str] = {}
     for t in tries:

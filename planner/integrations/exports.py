@@ -57,6 +57,11 @@ class Export:
     predicted: dict | None = None
 
 
+def with_fields(lay: LayoutSpec, fields: dict) -> LayoutSpec:
+    """A copy with some fields changed, validated (enum fields stay enums)."""
+    return LayoutSpec.model_validate({**lay.model_dump(), **fields})
+
+
 def plan_parts(plan: dict, source: str = "plan JSON") -> PlanParts:
     from planner.inputs import plan_file
 
@@ -103,7 +108,7 @@ def _fix_schedule(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutS
         return lay
     to = "gpipe" if lay.schedule == "naive" and "gpipe" in caps.schedules else "1f1b"
     changes.append(f"schedule {lay.schedule} -> {to} ({caps.sources['schedules']})")
-    return lay.model_copy(update={"schedule": to, "virtual_stages": 1})
+    return with_fields(lay, {"schedule": to, "virtual_stages": 1})
 
 
 def _fix_split(fw: Framework, lay: LayoutSpec, model: ModelSpec, changes: list[str]) -> LayoutSpec:
@@ -124,7 +129,7 @@ def _fix_split(fw: Framework, lay: LayoutSpec, model: ModelSpec, changes: list[s
     rps = lay.recompute_layers_per_stage
     if rps:
         rps = [min(r, n) for r, n in zip(rps, got, strict=True)]
-    return lay.model_copy(update={"layers_per_stage": got, "recompute_layers_per_stage": rps})
+    return with_fields(lay, {"layers_per_stage": got, "recompute_layers_per_stage": rps})
 
 
 def _fix_recompute(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutSpec:
@@ -135,14 +140,14 @@ def _fix_recompute(fw: Framework, lay: LayoutSpec, changes: list[str]) -> Layout
         counts = [min(n, c) for c in (lay.layers_per_stage or [n] * lay.pp)]
         changes.append(f"recompute_layers_per_stage {'/'.join(map(str, rps))} (base {lay.recompute}) -> {n} layers "
                        f"on every stage, base none ({caps.sources['recompute']})")
-        lay = lay.model_copy(update={"recompute": "none", "recompute_layers_per_stage": counts})
+        lay = with_fields(lay, {"recompute": "none", "recompute_layers_per_stage": counts})
     elif rps and caps.per_stage_recompute == "none":
         changes.append(f"recompute_layers_per_stage {'/'.join(map(str, rps))} -> dropped, base recompute "
                        f"{lay.recompute} ({caps.sources['recompute']})")
-        lay = lay.model_copy(update={"recompute_layers_per_stage": None})
+        lay = with_fields(lay, {"recompute_layers_per_stage": None})
     if lay.recompute not in caps.recompute:
         changes.append(f"recompute {lay.recompute} -> none ({caps.sources['recompute']})")
-        lay = lay.model_copy(update={"recompute": "none"})
+        lay = with_fields(lay, {"recompute": "none"})
     return lay
 
 
@@ -151,14 +156,14 @@ def _fix_sharding(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutS
     if fw is Framework.TORCHTITAN and lay.pp == 1 and lay.zero_stage == 1:
         changes.append("zero_stage 1 -> 2 (torchtitan has no optimizer-only sharding; FSDP2 without resharding "
                        "after forward)")
-        lay = lay.model_copy(update={"zero_stage": 2})
+        lay = with_fields(lay, {"zero_stage": 2})
     if lay.offload == "optimizer" and "optimizer" not in caps.offload:
         if lay.pp > 1:
             raise SpecError(f"offload: optimizer -> {fw.value} offloads parameters and optimizer together (FSDP2 CPU "
                             "offload), which needs pp = 1; plan with --framework " + fw.value)
         changes.append("offload optimizer -> optimizer+params with zero_stage 3 (FSDP2's CPUOffloadPolicy moves "
                        "parameters, gradients and optimizer state)")
-        lay = lay.model_copy(update={"offload": "optimizer+params", "zero_stage": 3})
+        lay = with_fields(lay, {"offload": "optimizer+params", "zero_stage": 3})
     if lay.offload not in caps.offload:
         raise SpecError(f"offload: {lay.offload} -> {fw.value} offloads {', '.join(caps.offload)} only "
                         f"({caps.sources['offload']}); plan with --framework {fw.value}")
@@ -167,7 +172,7 @@ def _fix_sharding(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutS
                         "runs with the distributed optimizer (ZeRO-1); plan with --framework megatron")
     if lay.sequence_parallel and (not caps.sequence_parallel or lay.schedule in caps.no_sp_schedules):
         changes.append(f"sequence_parallel -> off ({caps.sources['sp']})")
-        lay = lay.model_copy(update={"sequence_parallel": False})
+        lay = with_fields(lay, {"sequence_parallel": False})
     return lay
 
 
@@ -207,7 +212,7 @@ def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dic
     pred = Predicted.from_estimate(problem.estimate(lay), parts.headroom_bytes).model_dump()
     if not pred["fits"] and lay.recompute != "full" and "full" in capabilities(fw).recompute:
         changes.append("recompute -> full (the nearest layout does not fit without it)")
-        lay = lay.model_copy(update={"recompute": "full", "recompute_layers_per_stage": None})
+        lay = with_fields(lay, {"recompute": "full", "recompute_layers_per_stage": None})
         pred = Predicted.from_estimate(problem.estimate(lay), parts.headroom_bytes).model_dump()
     if not pred["fits"]:
         raise SpecError(f"{fw.value}: cannot express {parts.layout.short()} ({'; '.join(changes)}); the nearest layout "

@@ -431,22 +431,32 @@ _HARMLESS = re.compile(r"^--(lr|min-lr|lr-\S+|weight-decay|adam-\S+|clip-grad|in
                        r"hysteresis|loss-scale\S*|initial-loss-scale|min-loss-scale|attention-dropout|hidden-dropout|"
                        r"no-masked-softmax-fusion|no-bias-gelu-fusion|no-bias-dropout-fusion|micro-batch-times\S*|"
                        r"timing-log\S*|profile\S*|use-checkpoint-\S+|finetune|no-load-\S+|kill-switch\S*|"
-                       r"rampup-\S+|num-workers|reset-\S+|eod-mask-loss|use-flash-attn\S*|lr-decay-\S+|"
+                       r"rampup-\S+|num-workers|nproc_per_node|nnodes|node_rank|master_addr|master_port|rdzv\S*|reset-\S+|eod-mask-loss|use-flash-attn\S*|lr-decay-\S+|"
                        r"lr-warmup-\S+|override-opt_param-scheduler|dataloader-type|mock-data|bias-gelu-fusion|"
                        r"masked-softmax-fusion|no-async-tensor-model-parallel-allreduce|pipeline-model-parallel-"
                        r"split-rank|use-mcore-models|transformer-impl|attention-softmax-in-fp32|seq-length)$")
 _ASSIGN = re.compile(r"^(?:export\s+|declare\s+-a\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def _shell_lines(text: str) -> list[str]:
+    """Logical lines: continuations joined, a quoted value spanning lines kept whole, comments dropped."""
     joined = re.sub(r"\\\r?\n", " ", text)
-    out = []
+    out: list[str] = []
+    buf = ""
     for line in joined.splitlines():
         stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+        if not buf and (not stripped or stripped.startswith("#")):
             continue
-        out.append(re.sub(r"\s+#.*$", "", stripped))
+        buf = f"{buf} {stripped}" if buf else stripped
+        try:
+            shlex.split(buf, comments=True)
+        except ValueError:
+            continue  # an open quote: the value goes on
+        out.append(buf if '"' in buf or "'" in buf else re.sub(r"\s+#.*$", "", buf))
+        buf = ""
+    if buf:
+        out.append(buf)
     return out
 
 
@@ -535,16 +545,45 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
     _megatron_pipeline(args, view, ds)
     view.global_batch_size, view.seq_length = gbs, args.seq_length
     view.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    view.model = {k: v for k, v in (("num_layers", args.num_layers), ("hidden_size", args.hidden_size),
+    if ds and args.bf16 and pp > 1 and view.fields["zero_stage"] == 0:
+        # DeepSpeed's pipeline engine runs bf16 at ZeRO-0 with BF16_Optimizer: its own ZeRO-1 (frameworks.md §3.5)
+        view.fields["zero_stage"] = 1
+        view.notes.append("bf16 with --zero-stage 0 under DeepSpeed's pipeline engine: BF16_Optimizer shards the "
+                          "optimizer state (ZeRO-1 equivalent); checked as zero_stage 1")
+    view.model.update({k: v for k, v in (("num_layers", args.num_layers), ("hidden_size", args.hidden_size),
                                      ("num_attention_heads", args.num_attention_heads),
                                      ("num_kv_heads", args.num_query_groups if args.group_query_attention else None),
-                                     ("ffn_hidden_size", args.ffn_hidden_size)) if v}
+                                     ("ffn_hidden_size", args.ffn_hidden_size)) if v})
+    if ds:
+        _megatron_ds_config(args, view, source)
     _megatron_env(env, view)
     _ignored(unknown, view)
     if unresolved:
         view.notes.append(f"unexpanded shell variables (not in options the planner reads): "
                           f"{', '.join('$' + u for u in sorted(set(unresolved)))}")
     return view
+
+
+def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str) -> None:
+    """Megatron-DeepSpeed: ZeRO offload lives in the --deepspeed_config JSON; read it when it sits beside the file."""
+    name = args.deepspeed_config or getattr(args, "deepspeed-config", None)
+    path = Path(source).parent / name if name and "$" not in name else None
+    if path is None or not path.is_file():
+        view.notes.append(f"--deepspeed_config {name or '(none)'}: not found beside the file; ZeRO offload and the "
+                          "batch triad in it are not checked (check the JSON too, with --tp/--pp)")
+        return
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(f"--deepspeed_config {name}: {exc}", source=source) from None
+    zero = doc.get("zero_optimization") or {}
+    if args.zero_stage is None and isinstance(zero.get("stage"), int):
+        view.fields["zero_stage"] = zero["stage"]
+    if _device(zero.get("offload_param")) not in ("none", None):
+        view.fields["offload"] = "optimizer+params"
+    elif _device(zero.get("offload_optimizer")) not in ("none", None):
+        view.fields["offload"] = "optimizer"
+    view.notes.append(f"read ZeRO settings from {name}")
 
 
 def _megatron_zero(args: argparse.Namespace, view: ConfigView) -> int:

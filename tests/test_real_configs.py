@@ -1,0 +1,131 @@
+"""Real configs, in the shape of the frameworks' shipped examples (tests/data/configs), with the verdict a user
+expects: a config that trained on the hardware it was written for passes; one that cannot fit fails with the
+number and a fix; one the framework itself refuses fails with the framework's reason. Also the README's CI
+recipes (pre-commit hook, GitHub Actions step) run as written."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "tests" / "data" / "configs"
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=180,
+                          cwd=cwd)
+
+
+# (config, cluster, nodes, model, extra options, exit code, what the report must say)
+CASES = [
+    # torchtitan's own Llama-3 runs (benchmarks/llama3_h100_202412_torchtitan.md: 8, 64 and 128 H100s)
+    ("torchtitan/llama3_8b.toml", "dgx-h100", 1, "llama3-8b", [], 0, ["torchtitan <= 0.2 TOML"]),
+    ("torchtitan/llama3_8b_recipe.py", "dgx-h100", 1, "llama3-8b", [], 0, ["torchtitan 0.3 Python recipe"]),
+    ("torchtitan/llama3_70b.toml", "dgx-h100", 8, "llama3-70b", [], 0, []),
+    ("torchtitan/llama3_405b.toml", "dgx-h100", 16, "llama3-405b", [], 0, []),
+    # the 70B without activation checkpointing cannot fit: the number and the remedy
+    ("torchtitan/llama3_70b_no_ac.toml", "dgx-h100", 8, "llama3-70b", [], 1,
+     [r"memory: \d+\.\d GiB peak", "recompute=full fits at"]),
+    # Megatron-LM's GPT-3 175B example script (bash arrays, torchrun line) on 1,024 A100s
+    ("megatron/gpt3_175b.sh", "dgx-a100-80gb", 128, "gpt3-175b", [], 0, ["precision fp16 from the config"]),
+    # arguments inside quoted shell variables, block recompute
+    ("megatron/llama2_7b_quoted_vars.sh", "dgx-a100-80gb", 1, "llama2-7b", [], 0, []),
+    # ... checked against the wrong model: said, and failed
+    ("megatron/llama2_7b_quoted_vars.sh", "dgx-a100-80gb", 1, "llama2-13b", [], 1,
+     ["the config describes a different model", "num_layers 32"]),
+    # BLOOM-176B (Megatron-DeepSpeed, 384 A100s), its arguments and its ds_config
+    ("megatron-deepspeed/bloom176b.sh", "dgx-a100-80gb", 48, "bloom-176b", [], 0, ["BF16_Optimizer"]),
+    ("megatron-deepspeed/bloom176b_ds_config.json", "dgx-a100-80gb", 48, "bloom-176b",
+     ["--tp", "4", "--pp", "12", "-s", "2048", "--fix", "recompute=full"], 0, []),
+    # DeepSpeedExamples' ZeRO-3 offload config, 7B, 8 sequences of 2048 per GPU without checkpointing: too big
+    ("deepspeed/zero3_offload.json", "dgx-a100-80gb", 1, "llama2-7b", ["-s", "2048"], 1,
+     ["GiB peak", "recompute=full fits"]),
+    ("deepspeed/zero3_offload.json", "dgx-a100-80gb", 1, "llama2-7b", ["-s", "2048", "--fix", "recompute=full"], 0, []),
+    # a triad DeepSpeed's own assertion rejects (100 != 3 x 4 x 8)
+    ("deepspeed/zero1_bad_triad.json", "dgx-a100-80gb", 1, "llama2-7b", ["-s", "2048"], 1,
+     ["train_batch_size 100 != micro 3 x GA 4 x data-parallel size 8"]),
+    # the Hugging Face Trainer's "auto" config, filled from -b and the cluster
+    ("hf/ds_config_zero2_auto.json", "dgx-a100-80gb", 1, "llama2-7b",
+     ["-s", "2048", "-b", "64", "--fix", "recompute=full"], 0, ["filled as the Hugging Face Trainer does"]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[3]}-{c[5]}" for c in CASES])
+def test_real_config_verdicts(case):
+    name, cluster, nodes, model, extra, code, says = case
+    proc = run("check", str(CONFIGS / name), "-c", cluster, "-n", str(nodes), "-m", model, *extra, "--json")
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    text = json.dumps(report)
+    for pattern in says:
+        assert re.search(pattern, text), (pattern, report)
+    assert report["predicted"] is None or report["predicted"]["mfu"] <= 1.0
+    hints = [v["hint"] for v in report["violations"]]
+    for h in hints:  # no remedy said twice
+        parts = h.split("; ")
+        assert len(parts) == len(set(parts)), h
+
+
+def test_several_files_one_document_and_the_worst_exit_code(tmp_path):
+    bad = tmp_path / "broken.toml"
+    bad.write_text("[parallelism\n")
+    good = CONFIGS / "torchtitan/llama3_70b.toml"
+    fails = CONFIGS / "torchtitan/llama3_70b_no_ac.toml"
+    proc = run("check", str(good), str(fails), "-c", "dgx-h100", "-n", "8", "-m", "llama3-70b", "--json")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["kind"] == "check-batch" and doc["exit_code"] == 1
+    assert [r["passed"] for r in doc["reports"]] == [True, False]
+    proc = run("check", str(good), str(bad), "-c", "dgx-h100", "-n", "8", "-m", "llama3-70b", "--json")
+    doc = json.loads(proc.stdout)  # could-not-check wins (exit 3), still one JSON document
+    assert proc.returncode == 3 and doc["reports"][1]["error"] and "malformed TOML" in doc["reports"][1]["error"]
+    proc = run("check", str(bad), "-c", "dgx-h100", "-n", "8", "-m", "llama3-70b", "--json")
+    assert proc.returncode == 3 and json.loads(proc.stdout)["error"]
+
+
+def test_unexpanded_variable_is_a_clear_error(tmp_path):
+    path = tmp_path / "args.sh"
+    path.write_text("torchrun pretrain_gpt.py --tensor-model-parallel-size $TP --micro-batch-size 1\n")
+    proc = run("check", str(path), "-c", "dgx-a100-80gb", "-n", "1", "-m", "llama2-7b", "-s", "2048")
+    assert proc.returncode == 3 and "unexpanded shell variable" in proc.stderr and "usage" not in proc.stderr
+
+
+def _readme_block(after: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(after)
+    block = text[text.index("```yaml", start) + 7:]
+    return block[:block.index("```")]
+
+
+def test_readme_pre_commit_hook_runs_as_written(tmp_path):
+    import yaml
+
+    hook = yaml.safe_load(_readme_block("As a pre-commit hook"))["repos"][0]["hooks"][0]
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    for src in ("torchtitan/llama3_70b.toml", "hf/ds_config_zero2_auto.json"):
+        (configs / Path(src).name).write_text((CONFIGS / src).read_text())
+    files = sorted(str(p.relative_to(tmp_path)) for p in configs.iterdir() if re.match(hook["files"], str(
+        p.relative_to(tmp_path))))
+    assert len(files) == 2
+    entry = hook["entry"].split()
+    assert entry[0] == "planner"
+    proc = run(*entry[1:], *files, cwd=tmp_path)  # pre-commit passes every matching file at once
+    assert proc.returncode in (0, 1), proc.stderr  # checked (pass or violation), never "could not check"
+    assert "COULD NOT CHECK" not in proc.stdout
+
+
+def test_readme_github_actions_step_runs_as_written(tmp_path):
+    import yaml
+
+    step = yaml.safe_load(_readme_block("As a GitHub Actions step"))[0]
+    line = [ln for ln in step["run"].splitlines() if ln.strip().startswith("planner check")][0].split()
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    target = line[2]
+    (tmp_path / target).write_text((CONFIGS / "torchtitan/llama3_70b.toml").read_text())
+    proc = run(*line[1:], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
