@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-core
 DEVSTAMP := $(VENV)/.installed-dev
+VALSTAMP := $(VENV)/.installed-validators
 
 .PHONY: plan test lint validate bench clean setup gpu-check schema
 
@@ -18,13 +19,19 @@ $(DEVSTAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench,dev,plots]'
 	touch $@
 
+# The frameworks' own validators that install on CPU (tests/test_framework_validators.py): DeepSpeed without its
+# kernels (DS_BUILD_OPS=0, pure Python; built against the installed torch, hence --no-build-isolation).
+$(VALSTAMP): $(DEVSTAMP)
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation 'deepspeed==0.19.8'
+	touch $@
+
 setup: $(DEVSTAMP)
 
 plan: $(STAMP)
 	$(BIN)/planner plan --cluster dgx-a100-80gb --nodes 280 --model mt-nlg-530b \
 		--global-batch-size 1920 --seq-len 2048
 
-test: $(DEVSTAMP)
+test: $(VALSTAMP)
 	$(BIN)/python -m pytest
 
 # ruff (incl. C901, max complexity 12) and mypy at the settings in pyproject.toml ([tool.mypy]: --strict flags on

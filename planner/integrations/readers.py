@@ -572,11 +572,10 @@ def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str)
         view.notes.append(f"--deepspeed_config {name or '(none)'}: not found beside the file; ZeRO offload and the "
                           "batch triad in it are not checked (check the JSON too, with --tp/--pp)")
         return
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(f"--deepspeed_config {name}: {exc}", source=source) from None
-    zero = doc.get("zero_optimization") or {}
+    from cluster_specs.reading import parse_json, read_text
+
+    doc = parse_json(read_text(path), str(path))
+    zero = (doc.get("zero_optimization") or {}) if isinstance(doc, dict) else {}
     if args.zero_stage is None and isinstance(zero.get("stage"), int):
         view.fields["zero_stage"] = zero["stage"]
     if _device(zero.get("offload_param")) not in ("none", None):
