@@ -40,7 +40,7 @@ SUFFIX = {"megatron": ".sh", "nemo": ".txt", "megatron-deepspeed": ".sh", "deeps
 def _plan(name: str) -> dict:
     doc = json.loads(json.dumps(UNEVEN))
     doc["layout"].update(PLANS[name])
-    from planner.cli import build_problem
+    from planner.estimate import build_problem
     from planner.inputs.specs import LayoutSpec
 
     problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096)
@@ -62,7 +62,7 @@ def _normal(lay: dict, num_layers: int) -> dict:
 @pytest.mark.parametrize("target", TARGETS)
 def test_export_then_check_gives_the_same_layout_and_prediction(target, plan_name, tmp_path):
     from cluster_specs import SpecError
-    from planner.cli import build_problem
+    from planner.estimate import build_problem
 
     doc = _plan(plan_name)
     to, fmt = ("torchtitan", "toml") if target == "torchtitan-toml" else (target, "python")
