@@ -22,7 +22,7 @@ class DataParallelTraffic:
 
 
 def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: float, param_bytes: float, dp: int,
-                      layers: int, num_micro_batches: int, link: Link) -> float:
+                      layers: int, num_micro_batches: int, link: Link, modules_per_layer: int = 1) -> float:
     """One stage's data-parallel traffic per step (ZeRO paper §7 for the volumes):
 
     ZeRO-0: one all-reduce of the gradients; ZeRO-1: reduce-scatter of the gradients + all-gather of the updated
@@ -39,7 +39,7 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     if zero_stage == 2:
         return (m * reduce_scatter_seconds(message_bytes=grad_msg, group_size=dp, link=link)
                 + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))
-    units = max(1, layers)
+    units = max(1, layers) * modules_per_layer
     return m * units * (2 * all_gather_seconds(message_bytes=param_msg / units, group_size=dp, link=link)
                         + reduce_scatter_seconds(message_bytes=grad_msg / units, group_size=dp, link=link))
 

@@ -197,13 +197,22 @@ class Layout:
 class Knobs:
     """Modelling assumptions a user may override; every default is documented in docs/cost-model.md."""
 
-    dp_overlap_fraction: float = 0.5  # share of DP/ZeRO traffic hidden behind backward compute
+    # Overlap knobs are the share of that traffic hidden behind compute; the hidden part is also capped by the
+    # compute it can hide behind. Defaults are the generic profile (planner/frameworks/profiles.py).
+    dp_overlap_fraction: float = 0.5  # DDP all-reduce / ZeRO-1,2 traffic hidden behind backward
     pp_overlap_fraction: float = 0.5  # share of steady-state PP send/recv hidden behind compute
     tp_overlap_fraction: float = 0.0  # TP all-reduces sit on the critical path (no tp-comm-overlap)
-    per_process_overhead_bytes: float = 2.5 * 2**30  # CUDA context + NCCL buffers + allocator slack [U]
+    zero3_overlap_fraction: float = 0.5  # ZeRO-3/FSDP per-layer gathers and reduce-scatters hidden (prefetch)
+    per_process_overhead_bytes: float = 1.3e9  # CUDA context + NCCL + workspaces, outside the caching allocator
+    allocator_reserve_fraction: float = 0.12  # caching allocator: reserved above the live dynamic bytes
+    # the framework's memory recipe for 16-bit training: (param, grad, optimizer) bytes per parameter as step.py
+    # places them (param unsharded below ZeRO-3, grad below ZeRO-2, optimizer below ZeRO-1); None: the precision's
+    state_bytes_per_param: tuple[float, float, float] | None = None
+    profile: str = "generic"  # the framework profile these knobs come from (planner/frameworks/profiles.py)
+    memory_high_fraction: float = 0.0  # plan: a layout must fit with its peak raised by this (the error band's high end)
     matmul_half_efficiency_gflop: float = 2.0  # per-GEMM size at which efficiency is half its maximum
     end_to_end_efficiency: float = 0.825  # launch gaps, data loading, imperfect kernels (fit: docs/validation.md)
-    elementwise_traffic_factor: float = 8.0  # HBM bytes moved by non-GEMM kernels per saved activation byte [fit]
+    elementwise_traffic_factor: float = 12.0  # HBM bytes moved by non-GEMM kernels per saved activation byte [fit]
     zero3_gather: Zero3Gather = Zero3Gather.LAYER  # layer: FSDP, a whole block (+1 prefetched); module: DeepSpeed
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)

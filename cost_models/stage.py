@@ -54,6 +54,7 @@ TP_ALL_REDUCES_PER_RECOMPUTED_LAYER = 2
 # DeepSpeed's default reduce_bucket_size (5e8 elements): one bucket of gradients is staged on the GPU before it is
 # copied to the host under optimizer offload (deepspeed/runtime/zero/config.py).
 OFFLOAD_REDUCE_BUCKET_ELEMENTS = 5e8
+ZERO3_MAX_LIVE_PARAMETERS = 1e9  # DeepSpeed stage3_max_live_parameters default (frameworks.md §3.5)
 
 
 def stage_split(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -212,13 +213,25 @@ class StageMemory:
     optimizer_bytes: float
     activations_bytes: float
     transient_bytes: float
-    overhead_bytes: float
+    overhead_bytes: float  # outside the caching allocator: CUDA context, NCCL, workspaces
     in_flight_micro_batches: float
+    reserve_bytes: float = 0.0  # the caching allocator's reserve above the live dynamic bytes (fragmentation)
+
+    @property
+    def allocated_bytes(self) -> float:
+        """Live tensors at the peak (what torch.cuda.max_memory_allocated reports)."""
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.transient_bytes)
+
+    @property
+    def reserved_bytes(self) -> float:
+        """The caching allocator's pool at the peak (torch.cuda.max_memory_reserved)."""
+        return self.allocated_bytes + self.reserve_bytes
 
     @property
     def total_bytes(self) -> float:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.transient_bytes + self.overhead_bytes)
+        """Device memory in use at the peak (reserved + memory outside the allocator): what decides an OOM."""
+        return self.reserved_bytes + self.overhead_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,8 +317,11 @@ class StageModel:
             transient += lc.act_none_bytes  # the layer being recomputed is materialised whole during backward
         if lay.zero_stage >= 3 or lay.offload == Offload.OPTIMIZER_PARAMS:
             # the gathered unit (and the prefetched next one) plus its unsharded gradient before reduce-scatter
-            unit = lc.layer_params if self.knobs.zero3_gather == Zero3Gather.LAYER else lc.largest_module_params
-            transient += unit * (2 * tr.param_bytes + tr.grad_bytes)
+            module = self.knobs.zero3_gather == Zero3Gather.MODULE
+            unit = lc.largest_module_params if module else lc.layer_params
+            # the next unit is prefetched unless two would exceed DeepSpeed's stage3_max_live_parameters
+            live = 1 if module and 2 * unit * lay.tp > ZERO3_MAX_LIVE_PARAMETERS else 2
+            transient += unit * (live * tr.param_bytes + tr.grad_bytes)
         if lay.offload != Offload.NONE:
             shard = lay.dp * lay.cp if lay.zero_stage >= 1 else 1
             transient += min(params / shard, OFFLOAD_REDUCE_BUCKET_ELEMENTS) * tr.grad_bytes  # one reduce bucket
@@ -327,8 +343,10 @@ class StageModel:
             o_total = P * o
         if self.schedule == Schedule.PIPEDREAM_ASYNC:
             weights += max(0.0, flight - 1) * P * self.training.param_bytes  # stashed weight versions
-        return StageMemory(i, self.split[i], P, weights, P * g, o_total, self.activations_per_micro_batch(i) * flight,
-                           self.transient_bytes(i, P), self.knobs.per_process_overhead_bytes, flight)
+        acts, transient = self.activations_per_micro_batch(i) * flight, self.transient_bytes(i, P)
+        return StageMemory(i, self.split[i], P, weights, P * g, o_total, acts, transient,
+                           self.knobs.per_process_overhead_bytes, flight,
+                           self.knobs.allocator_reserve_fraction * (acts + transient))
 
     def linear(self, i: int) -> StageLinear:
         """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the
@@ -337,11 +355,12 @@ class StageModel:
         per_state = sum(state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp * lay.cp))
         flight = self.in_flight(i)
         exposed_ar = lc.t_tp_all_reduce * lc.tp_expose
-        fixed = self.knobs.per_process_overhead_bytes + self.knobs.bucket_bytes + lc.act_none_bytes
+        grow = 1 + self.knobs.allocator_reserve_fraction  # dynamic bytes carry the allocator's reserve (memory())
+        fixed = self.knobs.per_process_overhead_bytes + (self.knobs.bucket_bytes + lc.act_none_bytes) * grow
         if i == 0:
-            fixed += lc.embedding_params * per_state + lc.embedding_act_bytes * flight
+            fixed += lc.embedding_params * per_state + lc.embedding_act_bytes * flight * grow
         if i == self.pp - 1:
-            fixed += (lc.output_params + lc.final_norm_params) * per_state + lc.output_act_bytes * flight
+            fixed += (lc.output_params + lc.final_norm_params) * per_state + lc.output_act_bytes * flight * grow
         return StageLinear(
             layer_seconds=(1 + BACKWARD_OVER_FORWARD) * lc.t_layer_forward + lc.t_recompute_policy
             + TP_ALL_REDUCES_PER_LAYER * exposed_ar,
@@ -349,8 +368,8 @@ class StageModel:
             + TP_ALL_REDUCES_PER_RECOMPUTED_LAYER * exposed_ar,
             extra_seconds=(1 + BACKWARD_OVER_FORWARD) * self.extra_forward_seconds(i),
             layer_state_bytes=lc.layer_params * per_state,
-            layer_act_policy_bytes=lc.act_policy_bytes * flight,
-            layer_act_full_bytes=lc.act_full_bytes * flight,
+            layer_act_policy_bytes=lc.act_policy_bytes * flight * grow,
+            layer_act_full_bytes=lc.act_full_bytes * flight * grow,
             fixed_bytes=fixed,
         )
 

@@ -37,6 +37,7 @@ CPU_ADAM_PARAMS_PER_SECOND_PER_NODE = 2e9  # DeepSpeedCPUAdam order of magnitude
 # Offloaded gradients are fp32 on the host: DeepSpeed's CPU Adam updates fp32 master weights from fp32 gradients
 # (ZeRO-Offload, Ren et al. 2021 §4.1; DeepSpeed stage_1_and_2.py keeps single_partition_of_fp32_groups).
 HOST_GRAD_BYTES = 4
+ZERO3_MODULES_PER_LAYER = 4  # Linear modules DeepSpeed ZeRO-3 fetches one by one: QKV, proj, FC1, FC2 (GPT/Llama)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,15 @@ class StepEstimate:
     matmul_efficiency: float
     padded_vocab_size: int
 
+    @property
+    def peak_allocated_bytes(self) -> float:
+        """Live tensors on the peak stage (max_memory_allocated); peak_memory_bytes adds the reserve and context."""
+        return self.stages[self.peak_stage].allocated_bytes
+
+    @property
+    def peak_reserved_bytes(self) -> float:
+        return self.stages[self.peak_stage].reserved_bytes
+
 
 def pp_p2p_seconds(hw: Hardware, training: Training, layout: Layout, model: Transformer, knobs: Knobs,
                    schedule: Schedule, virtual_stages: int) -> float:
@@ -107,10 +117,13 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
         if d > 1:
             comm = zero_comm_seconds(zero_stage=lay.zero_stage, params=params[i], dp=d, layers=sm.split[i],
                                      grad_reduce_bytes=training.grad_reduce_bytes, param_bytes=training.param_bytes,
-                                     num_micro_batches=m, link=link)
+                                     num_micro_batches=m, link=link,
+                                     modules_per_layer=ZERO3_MODULES_PER_LAYER if knobs.zero3_gather == "module" else 1)
             window = overlap_window_seconds(zero_stage=lay.zero_stage, forward_seconds=times[i].forward_seconds,
                                             backward_seconds=times[i].backward_seconds, num_micro_batches=m)
-        hidden = max(0.0, comm - knobs.dp_overlap_fraction * window)
+        # the overlap knob is the share of this traffic hidden; it cannot hide behind more compute than there is
+        share = knobs.zero3_overlap_fraction if lay.zero_stage >= 3 else knobs.dp_overlap_fraction
+        hidden = comm - min(share * comm, window)  # (the exposed part)
         if p > 1 and model.tied_embeddings and i in (0, p - 1):  # embedding-gradient sync, first <-> last stage
             hidden += embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
                                              * model.hidden_size / lay.tp * training.grad_reduce_bytes)
@@ -134,7 +147,7 @@ def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, 
         m = layout.num_micro_batches
         stream = m * 2 * local * training.param_bytes / h2d
         window = m * (max(t.forward_seconds for t in times) + max(t.backward_seconds for t in times))
-        offload += max(0.0, stream - knobs.dp_overlap_fraction * window)
+        offload += stream - min(knobs.zero3_overlap_fraction * stream, window)
     return optimizer, offload
 
 

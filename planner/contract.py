@@ -41,6 +41,14 @@ def _versions() -> dict[str, str]:
 # ---- one estimate ----------------------------------------------------------------------------------------
 
 
+class Assumption(_Strict):
+    """One framework-profile assumption behind a prediction."""
+
+    statement: str = Field(description="what the profile assumes, e.g. 'DP gradient reduce ... 90% hidden'")
+    source: str = Field(description="where the value comes from (framework code, docs, papers)")
+    step_time_seconds_if_not: float = Field(description="the step time if the assumption does not hold")
+
+
 class Predicted(_Strict):
     """The headline numbers of one layout."""
 
@@ -58,39 +66,73 @@ class Predicted(_Strict):
     memory_headroom_bytes: float = Field(description="Kept free on top of the peak (--headroom-gib).")
     host_memory_bytes_per_node: float = Field(description="Host memory per node the layout uses (offload).")
     fits: bool = Field(description="peak + headroom <= GPU memory, and host memory within the node's.")
+    # error band, memory split and assumptions (planner/bands.py, planner/frameworks/profiles.py); optional so that
+    # plans written before them still load
+    step_time_seconds_range: list[float] | None = Field(
+        None, description="[low, high]: where the measured step time is expected (central 80% of the leave-one-"
+                          "source-out errors of this regime: framework family, GPU generation, scale)")
+    peak_memory_bytes_per_gpu_high: float | None = Field(
+        None, description="device memory at the band's high end (measured peaks above the prediction, 90th pct)")
+    peak_allocated_bytes_per_gpu: float | None = Field(
+        None, description="live tensors at the peak (torch.cuda.max_memory_allocated)")
+    peak_reserved_bytes_per_gpu: float | None = Field(
+        None, description="the caching allocator's pool at the peak (max_memory_reserved); peak_memory_bytes_per_gpu "
+                          "adds the CUDA context and NCCL (outside the allocator)")
+    fit: Literal["fits", "tight", "does not fit"] | None = Field(
+        None, description="fits: the band's high end fits; does not fit: even the allocated peak + context does not; "
+                          "tight: in between")
+    error_band_regime: str | None = Field(None, description="the regime whose residuals made the band")
+    error_band_rows: int | None = Field(None, description="published runs in that regime")
+    assumptions: list[Assumption] | None = Field(
+        None, description="the framework profile's assumptions that move this step time most (estimate, check, the "
+                          "plan's pick), largest first")
 
     @classmethod
-    def from_estimate(cls, est: StepEstimate, headroom_bytes: float) -> Predicted:
-        from planner.estimate import fits_in_memory
+    def from_estimate(cls, est: StepEstimate, headroom_bytes: float, problem: Any = None,
+                      layout: LayoutSpec | None = None) -> Predicted:
+        """With the problem: also the error band and the three-way fit; with the layout too, the assumptions."""
+        from planner.estimate import assumptions_json, fits_in_memory
 
+        trust: dict[str, Any] = {}
+        if problem is not None:
+            from planner.bands import trust_json
+
+            trust = trust_json(problem, est)
+            if layout is not None:
+                trust["assumptions"] = assumptions_json(problem, layout, est)
         return cls(step_time_seconds=est.step_seconds, tokens_per_second=est.tokens_per_second,
                    tokens_per_second_per_gpu=est.tokens_per_second_per_gpu, mfu=est.mfu, hfu=est.hfu,
                    model_flops_per_step=est.model_flops_per_step, hardware_flops_per_step=est.hardware_flops_per_step,
                    peak_memory_bytes_per_gpu=est.peak_memory_bytes, peak_memory_stage=est.peak_stage,
                    gpu_memory_bytes=est.gpu_memory_bytes, memory_headroom_bytes=headroom_bytes,
                    host_memory_bytes_per_node=est.host_memory_bytes_per_node,
-                   fits=fits_in_memory(est, headroom_bytes))
+                   fits=fits_in_memory(est, headroom_bytes), **trust)
 
 
 class _MemoryParts(_Strict):
     # field -> label for the terminal; the parts sum to total_bytes
     PARTS: ClassVar[dict[str, str]] = {"weights_bytes": "weights", "gradients_bytes": "gradients",
                                        "optimizer_bytes": "optimizer", "activations_bytes": "activations",
-                                       "transient_bytes": "transient", "overhead_bytes": "overhead"}
+                                       "transient_bytes": "transient", "reserve_bytes": "allocator reserve",
+                                       "overhead_bytes": "context (outside the allocator)"}
 
     weights_bytes: float = Field(description="Parameters held by one GPU (after ZeRO-3 sharding).")
     gradients_bytes: float = Field(description="Gradients held by one GPU (after ZeRO-2/3 sharding).")
     optimizer_bytes: float = Field(description="Optimizer state (fp32 master copy and moments) after ZeRO sharding.")
     activations_bytes: float = Field(description="Saved activations of every in-flight micro-batch.")
-    transient_bytes: float = Field(description="Short-lived buffers at the peak (recompute, ZeRO-3 gathers).")
-    overhead_bytes: float = Field(description="CUDA context, allocator reserve, communication buckets.")
+    transient_bytes: float = Field(description="Short-lived buffers at the peak (recompute, ZeRO-3 gathers, "
+                                                "communication buckets).")
+    reserve_bytes: float = Field(0.0, description="The caching allocator's reserve above the live bytes (framework "
+                                                  "profile); weights to transient + this = reserved.")
+    overhead_bytes: float = Field(description="CUDA context, NCCL and workspaces, outside the caching allocator.")
     total_bytes: float = Field(description="Sum of the parts above.")
 
     @staticmethod
     def _parts(st: StageMemory) -> dict[str, float]:
         return {"weights_bytes": st.weights_bytes, "gradients_bytes": st.gradients_bytes,
                 "optimizer_bytes": st.optimizer_bytes, "activations_bytes": st.activations_bytes,
-                "transient_bytes": st.transient_bytes, "overhead_bytes": st.overhead_bytes,
+                "transient_bytes": st.transient_bytes, "reserve_bytes": st.reserve_bytes,
+                "overhead_bytes": st.overhead_bytes,
                 "total_bytes": st.total_bytes}
 
 
@@ -174,8 +216,9 @@ class CandidateReport(_Strict):
 
     @classmethod
     def from_estimate(cls, layout: LayoutSpec, est: StepEstimate, *, headroom_bytes: float, origin: str,
-                      reason: str | None) -> CandidateReport:
-        return cls(layout=layout, predicted=Predicted.from_estimate(est, headroom_bytes),
+                      reason: str | None, problem: Any = None, assumptions: bool = False) -> CandidateReport:
+        predicted = Predicted.from_estimate(est, headroom_bytes, problem, layout if assumptions else None)
+        return cls(layout=layout, predicted=predicted,
                    memory_breakdown=MemoryBreakdown.from_estimate(est), time_breakdown=TimeReport.from_estimate(est),
                    origin=origin, reason=reason)
 
@@ -208,7 +251,7 @@ class EstimateDocument(_Strict):
     def from_estimate(cls, problem: Any, layout: LayoutSpec, est: StepEstimate,
                       framework: Framework = Framework.GENERIC) -> EstimateDocument:
         return cls(**_versions(), framework=framework, inputs=Inputs.from_problem(problem), layout=layout,
-                   predicted=Predicted.from_estimate(est, problem.knobs.memory_headroom_bytes),
+                   predicted=Predicted.from_estimate(est, problem.knobs.memory_headroom_bytes, problem, layout),
                    memory_breakdown=MemoryBreakdown.from_estimate(est), time_breakdown=TimeReport.from_estimate(est))
 
 
@@ -367,7 +410,8 @@ class PlanDocument(CandidateReport):
 
         def report(c: Any) -> CandidateReport:
             return CandidateReport.from_estimate(c.layout, c.estimate, headroom_bytes=headroom, origin=c.origin,
-                                                 reason=result.reasons.get(id(c)))
+                                                 reason=result.reasons.get(id(c)), problem=problem,
+                                                 assumptions=c is result.pick)
 
         def against_pick(c: Any) -> CandidateReport:
             from planner.explain.versus import versus
@@ -412,10 +456,10 @@ class CheckReport(_Strict):
 
     @classmethod
     def from_check(cls, *, config: str, view: Any, layout: LayoutSpec | None, violations: list[dict[str, str]],
-                   est: StepEstimate | None, headroom_bytes: float) -> CheckReport:
+                   est: StepEstimate | None, headroom_bytes: float, problem: Any = None) -> CheckReport:
         return cls(**_versions(), config=config, format=view.format, layout=layout, passed=not violations,
                    violations=[Violation.model_validate(v) for v in violations],
-                   predicted=Predicted.from_estimate(est, headroom_bytes) if est is not None else None,
+                   predicted=Predicted.from_estimate(est, headroom_bytes, problem, layout) if est is not None else None,
                    notes=list(view.notes))
 
 

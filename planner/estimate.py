@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cluster_specs import ClusterSpec, SpecError
 from cost_models.inputs import Knobs
-from cost_models.step import StepEstimate
+from cost_models.step import StepEstimate, estimate_step
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.problem import DEFAULT_HEADROOM_GIB, GIB, Problem
 from planner.rules import validate_layout
@@ -19,7 +19,7 @@ __all__ = ["DEFAULT_HEADROOM_GIB", "GIB", "Problem", "build_problem", "complete_
 
 def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size: int, seq_len: int,
                   precision: str | None = None, headroom_gib: float = DEFAULT_HEADROOM_GIB,
-                  calibration: Path | None = None) -> Problem:
+                  calibration: Path | None = None, framework: str | None = None) -> Problem:
     """The problem a command describes: cluster (scaled, calibrated), model, training setup, knobs. Without a
     precision, the GPU's default (bf16, or fp16 on a GPU without bf16 such as V100; a note says so)."""
     import sys
@@ -44,7 +44,15 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
         tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision)
     except ValidationError as exc:
         raise from_pydantic(exc, source="training setup") from None
-    return Problem(md, tr, cl, Knobs(memory_headroom_bytes=headroom * GIB, **knobs_kw))
+    from dataclasses import replace
+
+    from planner.bands import gpu_generation
+    from planner.frameworks.profiles import profile_knobs
+
+    # the framework's execution profile (the same one `validate` uses), then what a calibration measured
+    profiled = profile_knobs(framework, Knobs(memory_headroom_bytes=headroom * GIB),
+                             gpu_generation=gpu_generation(cl.gpu_spec().name or str(cl.gpu)), precision=precision)
+    return Problem(md, tr, cl, replace(profiled, **knobs_kw))
 
 
 def complete_layout(fields: dict, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> LayoutSpec:
@@ -116,3 +124,17 @@ def estimate_layout(problem: Problem, layout: LayoutSpec, *, allow_tp_across_nod
 def fits_in_memory(est: StepEstimate, headroom_bytes: float) -> bool:
     """The one fit rule: the modelled peak plus the headroom within the GPU, and host memory within the node's."""
     return est.fits and est.peak_memory_bytes + headroom_bytes <= est.gpu_memory_bytes
+
+
+def assumptions_json(problem: Problem, layout: LayoutSpec, est: StepEstimate) -> list[dict]:
+    """The framework profile's assumptions that move this prediction most, each with the step time without it."""
+    from planner.frameworks.profiles import ranked_assumptions
+
+    cm_layout = layout.to_cost_model()
+
+    def step_with(knobs) -> float:
+        return estimate_step(problem.cm_model, problem.cm_training, problem.hardware, cm_layout, knobs).step_seconds
+
+    found = ranked_assumptions(step_with, problem.knobs, problem.knobs.profile, est.step_seconds)
+    return [{"statement": a.statement, "source": a.source, "step_time_seconds_if_not": a.step_seconds_if_wrong}
+            for a in found]

@@ -3,7 +3,7 @@ with their cost-model views derived once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from cluster_specs import ClusterSpec
@@ -41,7 +41,13 @@ class Problem:
 
     @cached_property
     def cm_training(self) -> Training:
-        return self.training.to_cost_model()
+        """The training's cost-model view with the framework profile's memory recipe (16-bit training whose
+        gradient dtype the user did not set; fp32 training keeps no master copy)."""
+        cm = self.training.to_cost_model()
+        recipe = self.knobs.state_bytes_per_param
+        if recipe is None or self.training.precision == "fp32" or self.training.grad_dtype is not None:
+            return cm
+        return replace(cm, param_bytes=recipe[0], grad_bytes=recipe[1], optimizer_bytes=recipe[2])
 
     @cached_property
     def total_params(self) -> int:

@@ -31,9 +31,11 @@ class ProblemRequest:
     headroom_gib: float = DEFAULT_HEADROOM_GIB
     calibration: Path | None = None
 
-    def problem(self, *, global_batch_size: int | None = None, seq_len: int | None = None) -> Problem:
+    def problem(self, *, global_batch_size: int | None = None, seq_len: int | None = None,
+                framework: str | None = None) -> Problem:
+        """With a framework: its execution profile (planner/frameworks/profiles.py), as `validate` uses it."""
         return build_problem(self.cluster, self.nodes, self.model, global_batch_size or self.global_batch_size,
-                             seq_len or self.seq_len, self.precision, self.headroom_gib, self.calibration)
+                             seq_len or self.seq_len, self.precision, self.headroom_gib, self.calibration, framework)
 
 
 def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None = None,
@@ -41,7 +43,7 @@ def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None
     from planner.estimate import estimate_layout, layout_from_arg
     from planner.frameworks.capabilities import refuse_unrunnable
 
-    problem = req.problem()
+    problem = req.problem(framework=framework)
     lay = layout_from_arg(layout, problem)
     fw = refuse_unrunnable(framework, lay, problem.model)
     est = estimate_layout(problem, lay, allow_tp_across_nodes=allow_tp_across_nodes)
@@ -100,7 +102,7 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
                         objective=plan.objective, sensitivity=plan.sensitivity, command=plan.command,
                         figures=plan.figures)
     extras.check()
-    problem = req.problem()
+    problem = req.problem(framework=plan.framework)
     restriction = build_restriction(plan.framework, problem.model.vocab_size, plan.fix, plan.schedules)
     opts = PlanOptions(top_k=plan.top, objective="throughput" if plan.objective == "min-gpus" else plan.objective,
                        allow_tp_across_nodes=plan.allow_tp_across_nodes, allow_async=plan.allow_async,

@@ -153,7 +153,7 @@ def _state_options(pp: int, dp: int, offload: bool) -> list[tuple[int, Offload]]
     fallback search and only with the ZeRO stage that shards what it offloads."""
     zeros = [0, 1] if pp > 1 else [0, 1, 2, 3]
     if dp == 1:
-        zeros = [1, 3] if offload else [0]
+        zeros = ([1, 3] if pp == 1 else [1]) if offload else [0]  # ZeRO-3 never with pp > 1
     if not offload:
         return [(z, Offload.NONE) for z in zeros]
     return [(z, off) for z in zeros for off in (Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS)

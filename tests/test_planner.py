@@ -143,8 +143,14 @@ def test_3d_beats_pure_zero3_at_thousands_of_gpus():
 
 
 def test_mt_nlg_reproduces_the_seed_layout():
-    # seed #7: 8 x 35 x 8 = 2240 A100 (Korthikanti §6.3, Narayanan Table 2)
-    res = plan(problem("dgx-a100-80gb", "mt-nlg-530b", 1920, 2048, nodes=280))
+    # seed #7: 8 x 35 x 8 = 2240 A100 (Korthikanti §6.3, Narayanan Table 2), planned for the framework that ran it
+    # (Megatron-DeepSpeed: gradient all-reduce after the pipeline flush, no DP overlap; planner/frameworks/profiles.py)
+    from dataclasses import replace
+
+    from planner.frameworks.profiles import profile_knobs
+
+    pr = problem("dgx-a100-80gb", "mt-nlg-530b", 1920, 2048, nodes=280)
+    res = plan(replace(pr, knobs=profile_knobs("megatron-deepspeed", pr.knobs)))
     lay = res.pick.layout
     assert (lay.tp, lay.pp, lay.dp) == (8, 35, 8)
 

@@ -1,41 +1,88 @@
-"""The cost models against published runs (../shared/validation/published_runs.json; never edited)."""
+"""The cost models against published runs (../shared/validation/published_runs.json; never edited), held out by
+source, and against vTrain's measured runs (planner/data/vtrain_ground_truth_multi.csv), never fitted on.
+
+The tests search a coarse grid (a subset of FITTED_GRID) to stay fast; `make validate` searches the full one and
+writes docs/validation.md with the figures quoted in the assertions' comments."""
+
+import json
+import statistics
+from dataclasses import replace
 
 import pytest
 
-from planner.validation import build_case, load_rows, run_validation, summary
+from planner.validation import (
+    band_coverage,
+    build_case,
+    build_cases,
+    load_rows,
+    run_loso,
+    run_validation,
+    source_balanced_objective,
+    summary,
+)
 from tests.conftest import VALIDATION
 
 pytestmark = pytest.mark.skipif(not VALIDATION.exists(), reason="../shared/validation not present")
 
+GRID = {"end_to_end_efficiency": (0.80, 0.825, 0.85), "elementwise_traffic_factor": (8.0, 12.0)}
+FACTORS = {("fsdp", "hopper"): (0.775, 1.0)}
+
 
 @pytest.fixture(scope="module")
 def report():
-    return run_validation(load_rows(VALIDATION))
+    return run_validation(load_rows(VALIDATION), grid=GRID, factor_grid=FACTORS)
 
 
-def test_targets_of_issue_3(report):
+def test_loso_targets_of_issue_10(report):
     s = summary(report)
     assert s["rows_evaluated"] >= 250
-    # issue #3 asks for <= 10%; the model reaches 10.1% over all rows (3.6% on the tuning rows). The misses are
-    # named in docs/validation.md: llm-foundry's FSDP rows on H100 (about -20%), 2020-era Megatron software and
-    # DeepSpeed ZeRO-3 at 768+ GPUs. This bound keeps the achieved accuracy from regressing.
-    assert s["median_abs_error"] <= 0.105
+    # issue #10: LOSO median <= 10% and 90th percentile <= 25% (full grid: docs/validation.md)
+    assert s["loso_median_abs_error"] <= 0.10
+    assert s["loso_p90_abs_error"] <= 0.25
     assert s["false_out_of_memory"] == 0  # every published run fit in memory
-    assert s["tuning_median_abs_error"] <= 0.05
+    # held-out figures cannot beat the in-sample ones by construction of the folds
+    assert s["loso_median_abs_error"] >= s["fitted_on_all_median_abs_error"] - 1e-9
+
+
+def test_a_fold_never_sees_its_source():
+    # doubling every measured time of one source must not move the knobs chosen when that source is held out
+    cases, _ = build_cases(load_rows(VALIDATION))
+    grid = {"end_to_end_efficiency": (0.80, 0.85), "elementwise_traffic_factor": (8.0, 12.0)}
+    held = "pytorch/torchtitan docs/performance.md (commit 3faaa1a0, 202"
+    assert any(c.source == held for c in cases)
+    loso, _ = run_loso(cases, grid, {})
+    skewed = [replace(c, measured_step_seconds=2 * c.measured_step_seconds) if c.source == held else c for c in cases]
+    loso2, _ = run_loso(skewed, grid, {})
+    assert loso.points[loso.fold_choice[held]] == loso2.points[loso2.fold_choice[held]]
+
+
+def test_source_balanced_objective():
+    # two sources: one with 3 rows at 10%, one with 1 row at 30% -> mean of medians 20%, not the row median 10%
+    assert source_balanced_objective([0.1, -0.1, 0.1, 0.3], ["a", "a", "a", "b"]) == pytest.approx(0.2)
+    assert source_balanced_objective([0.1, -0.1, 0.1, 0.3], ["a", "a", "a", "b"], exclude="b") == pytest.approx(0.1)
+
+
+def test_band_coverage_near_80_percent(report):
+    inside, total = band_coverage(report)
+    assert total >= 250
+    assert 0.65 <= inside / total <= 0.95, inside / total
 
 
 def test_measured_memory_rows(report):
-    # BLOOM-176B layout search (bigscience chronicles): measured peak memory per GPU
+    # BLOOM-176B layout search (bigscience chronicles): 'max GPU memory used as logged' (device memory)
     s = summary(report)
     assert s["memory_rows"] >= 10
     assert s["memory_median_abs_error"] <= 0.10
 
 
 def test_korthikanti_table5_rows(report):
-    # Korthikanti et al. 2022 Table 5, measured iteration times (the rows Calculon was tuned on)
+    # Korthikanti et al. 2022 Table 5, measured iteration times, held out by source
     rows = [r for r in report.results if r.case.row_id.startswith("korthikanti22")]
     assert len(rows) >= 6
-    assert all(abs(r.error) < 0.15 for r in rows), [(r.case.row_id, r.error) for r in rows]
+    # within 20% held out (the full-recompute rows are predicted 10-17% slow: the recomputed forward pays the
+    # memory-bound kernels at the fitted elementwise factor; docs/validation.md lists them)
+    assert all(abs(r.loso_error) < 0.20 for r in rows), [(r.case.row_id, r.loso_error) for r in rows]
+    assert sum(abs(r.loso_error) < 0.06 for r in rows) >= 3  # the selective-recompute rows sit within 6%
 
 
 def test_skips_have_reasons():
@@ -48,3 +95,33 @@ def test_skips_have_reasons():
     assert any(str(c.training.precision) == "fp8" for c in cases)
     assert any(c.layout_fields.get("cp", 1) > 1 for c in cases)
     assert not any("FP8" in x for x in skipped)
+
+
+def test_vtrain_second_set(report):
+    from planner.validation_vtrain import run_vtrain, vtrain_cases
+
+    cases = vtrain_cases()
+    assert len(cases) == 109  # data/ground_truth_multi.csv of VIA-Research/vTrain at f8dda847
+    first = cases[0]  # "3.6,64,512,8,3072,32,30,2048,1,64,1,3566.5"
+    assert (first.model.hidden_size, first.layout_fields["dp"], first.measured_step_seconds) == (3072, 64, 3.5665)
+    vt = run_vtrain(report.knobs)
+    assert len(vt.regret) == 4
+    assert vt.false_oom == 0
+    # regret of the pick: the layout ranked fastest is within 5% of the best measured one for every model
+    assert max(vt.regret.values()) <= 0.05
+    assert statistics.fmean(abs(r.error) for r in vt.results if r.error is not None) == pytest.approx(
+        vt.mean_abs_error)
+
+
+def test_shipped_defaults_are_the_all_source_fit():
+    # the knobs every command uses are the ones `make validate` fitted on every source (planner/data/error_bands.json)
+    from importlib import resources
+
+    from cost_models.inputs import Knobs
+    from planner.frameworks.profiles import FSDP_HOPPER_KERNEL_EFFICIENCY
+
+    table = json.loads(resources.files("planner.data").joinpath("error_bands.json").read_text())
+    fitted = table["fitted_knobs"]
+    assert Knobs().end_to_end_efficiency == fitted["end_to_end_efficiency"]
+    assert Knobs().elementwise_traffic_factor == fitted["elementwise_traffic_factor"]
+    assert FSDP_HOPPER_KERNEL_EFFICIENCY == fitted["kernel_efficiency[fsdp/hopper]"]

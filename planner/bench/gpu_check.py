@@ -124,7 +124,7 @@ def predict_only(case: tuple, cal: Path, smoke: bool) -> dict | None:
         lay = bench_layout(lay, md)
         est = bench_problem(md, lay, seq, cl, _dtype(smoke), Knobs(**calibration_knobs(cl))).estimate(lay)
         st = est.stages[0]
-        return {"step_seconds": est.step_seconds, "allocated_bytes": st.total_bytes - st.overhead_bytes,
+        return {"step_seconds": est.step_seconds, "allocated_bytes": st.allocated_bytes,
                 "fits": est.fits, "gpu_memory_bytes": est.gpu_memory_bytes}
     except Exception as exc:  # the table says the prediction is missing; the check goes on
         return {"error": f"{type(exc).__name__}: {exc}"}

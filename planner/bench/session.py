@@ -131,7 +131,7 @@ def memory_rows(est, reports: list[dict]) -> list[dict]:
             continue
         stage = est.stages[min(r["pp_rank"], len(est.stages) - 1)]
         tag = f"stage {r['pp_rank']}"
-        allocated = stage.total_bytes - stage.overhead_bytes
+        allocated = stage.allocated_bytes  # live tensors (no allocator reserve, no context)
         parts = (("parameters", stage.weights_bytes, r["parameter_bytes"]),
                  ("gradients", stage.gradients_bytes, r["gradient_bytes"]),
                  ("optimizer state", stage.optimizer_bytes, r["optimizer_state_bytes"]),

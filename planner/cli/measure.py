@@ -125,17 +125,22 @@ def validate(
     as_json: JsonOpt = False,
 ):
     """Predict every published run the models can represent and compare with what was measured."""
-    from planner.validation import load_rows, render_markdown, run_validation, summary
+    from planner.validation import load_rows, render_markdown, run_validation, summary, write_band_table
+    from planner.validation_vtrain import run_vtrain
 
     report = run_validation(load_rows(runs))
+    vt = run_vtrain(report.knobs)
     if output is not None:
         from planner.search import published_layout_ranks
 
         section = published_layout_ranks(report) if with_planner else ""
-        write_file(output, render_markdown(report, runs_path=str(runs), planner_section=section))
+        write_file(output, render_markdown(report, runs_path=str(runs), planner_section=section, vtrain=vt))
+        write_band_table(report)
     s = summary(report)
+    s["vtrain"] = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias,
+                   "regret": vt.regret, "false_out_of_memory": vt.false_oom}
     if as_json:
         return emit_json(s)
-    stderr().print(f"{s['rows_evaluated']} rows: median |error| {s['median_abs_error']:.1%}, 90th pct "
-                   f"{s['p90_abs_error']:.1%}, held-out median {s['held_out_median_abs_error']:.1%}, false OOM "
-                   f"{s['false_out_of_memory']}", highlight=False)
+    stderr().print(f"{s['rows_evaluated']} rows: LOSO median |error| {s['loso_median_abs_error']:.1%}, 90th pct "
+                   f"{s['loso_p90_abs_error']:.1%}, false OOM {s['false_out_of_memory']}; vTrain mean |error| "
+                   f"{vt.mean_abs_error:.1%}, bias {vt.bias:+.1%}", highlight=False)

@@ -41,6 +41,25 @@ def gpu_name(cluster) -> str:
     return cluster.gpu_spec().name or str(cluster.gpu)
 
 
+def _band_text(p) -> str:
+    """' (29.8–35.1 s)': where the measured step time is expected (planner/bands.py), in the step time's unit."""
+    rng = p.step_time_seconds_range
+    if not rng or not p.error_band_rows:
+        return ""
+    lo, hi = seconds(rng[0]), seconds(rng[1])
+    unit = lo.split()[-1]
+    if hi.split()[-1] == unit:
+        return f" ({lo.removesuffix(' ' + unit)}–{hi})"
+    return f" ({lo}–{hi})"
+
+
+def _fit_text(p) -> str:
+    if p.fit is None:
+        return "yes" if p.fits else "[red]NO[/red]"
+    return {"fits": "yes", "tight": "[yellow]tight[/yellow] (fits at the estimate, not at the band's high end)",
+            "does not fit": "[red]NO[/red]"}[p.fit]
+
+
 def render_estimate(console: Console, *, title: str, layout, predicted, memory, time) -> None:
     """One layout from the contract's models: Predicted, MemoryBreakdown, TimeReport."""
     p = predicted
@@ -48,13 +67,19 @@ def render_estimate(console: Console, *, title: str, layout, predicted, memory, 
     print_layout(console, layout)
     rows = [
         ("micro-batches", f"{layout.num_micro_batches} per pipeline"),
-        ("step time", seconds(p.step_time_seconds)),
+        ("step time", seconds(p.step_time_seconds) + _band_text(p)),
         ("tokens/s", f"{p.tokens_per_second:,.0f} ({p.tokens_per_second_per_gpu:,.1f} per GPU)"),
         ("MFU / HFU", f"{p.mfu:.1%} / {p.hfu:.1%}"),
         ("peak memory/GPU", f"{gib(p.peak_memory_bytes_per_gpu)} of {gib(p.gpu_memory_bytes)} "
                             f"(stage {p.peak_memory_stage})"),
-        ("fits", "yes" if p.fits else "[red]NO[/red]"),
+        ("fits", _fit_text(p)),
     ]
+    if p.peak_allocated_bytes_per_gpu is not None:
+        rows.append(("memory detail", f"allocated {gib(p.peak_allocated_bytes_per_gpu)}, reserved "
+                                      f"{gib(p.peak_reserved_bytes_per_gpu)}, high end "
+                                      f"{gib(p.peak_memory_bytes_per_gpu_high)}"))
+    for a in p.assumptions or []:
+        rows.append(("assumes", f"{a.statement}: {seconds(a.step_time_seconds_if_not)} if not"))
     if p.host_memory_bytes_per_node:
         rows.append(("host memory/node", gib(p.host_memory_bytes_per_node)))
     console.print(kv_table(None, rows))

@@ -208,15 +208,17 @@ def check_file(path: Path, args) -> dict:
         missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
         raise SpecError(f"{', '.join(missing)}: the config does not say; pass them", source=str(path))
     precision = _precision(view, args.precision)
+    # the execution profile of the framework the config is for (overlap, memory recipe, allocator)
     problem = build_problem(args.cluster, args.nodes, args.model, batch, seq, precision, args.headroom_gib,
-                            args.calibration)
+                            args.calibration, args.framework or view.framework.value)
     out = check(view, problem, overrides=overrides, allow_tp_across_nodes=args.allow_tp_across_nodes,
                 framework=args.framework)
     fw = (args.framework or view.framework.value)
     return {"config": str(path), "format": view.format, "framework": fw,
             "layout": out.layout.model_dump(mode="json") if out.layout else None,
             "passed": not out.violations, "violations": out.violations,
-            "predicted": Predicted.from_estimate(out.estimate, out.problem.knobs.memory_headroom_bytes).model_dump() if out.estimate else None,
+            "predicted": Predicted.from_estimate(out.estimate, out.problem.knobs.memory_headroom_bytes, out.problem,
+                                                 out.layout).model_dump() if out.estimate else None,
             "notes": out.notes + ([f"precision {precision} from the config (not --precision {args.precision})"]
                                   if view.precision and args.precision and view.precision != args.precision
                                   else []),

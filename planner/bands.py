@@ -1,0 +1,170 @@
+"""Error bands: how far a prediction may be off, from the leave-one-source-out residuals of its regime.
+
+`make validate` predicts every published run with the fitted knobs chosen without that run's source and writes
+the spread of those out-of-sample errors per regime (framework family, GPU generation, scale) to
+planner/data/error_bands.json. `prediction_band` turns a point prediction into an interval from that table:
+with e = (predicted - measured) / measured, the measured value lies in [predicted / (1 + e_hi),
+predicted / (1 + e_lo)] for the central BAND_COVERAGE of past errors. A regime with fewer than MIN_ROWS rows
+or MIN_SOURCES sources falls back to a coarser one (family and generation, family, all rows), and the band says
+which it used.
+
+Other modules call `prediction_band` (bench short list, ties, sensitivity) and `fit_verdict` (three-way fit).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+BAND_COVERAGE = 0.8  # central share of LOSO errors inside the band (10th to 90th percentile)
+MIN_ROWS = 8
+MIN_SOURCES = 2
+BANDS_FILE = "error_bands.json"
+
+FAMILY_OF_FRAMEWORK = {"megatron": "mcore", "nemo": "mcore", "torchtitan": "fsdp", "deepspeed": "deepspeed",
+                       "megatron-deepspeed": "megatron-deepspeed"}
+"""Framework name -> the family of published rows its residuals come from (generic: every row)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    step_seconds: float
+    step_seconds_low: float
+    step_seconds_high: float
+    peak_memory_bytes: float
+    peak_memory_bytes_high: float
+    regime: str  # the regime whose residuals were used
+    rows: int  # how many LOSO rows that regime has
+
+
+def gpu_generation(gpu_name: str) -> str:
+    low = gpu_name.lower()
+    for key, gen in (("v100", "volta"), ("a100", "ampere"), ("a10", "ampere"), ("rtx", "ada"), ("l40", "ada"),
+                     ("h100", "hopper"), ("h200", "hopper"), ("b200", "blackwell")):
+        if key in low:
+            return gen
+    return "other"
+
+
+def scale_bucket(num_gpus: int) -> str:
+    return "<=64 GPUs" if num_gpus <= 64 else ("65-512 GPUs" if num_gpus <= 512 else ">512 GPUs")
+
+
+def regime_keys(family: str | None, generation: str, num_gpus: int) -> list[str]:
+    """From the most specific regime to all rows."""
+    if family is None:
+        return [f"*|{generation}|{scale_bucket(num_gpus)}", f"*|{generation}", "*"]
+    return [f"{family}|{generation}|{scale_bucket(num_gpus)}", f"{family}|{generation}", family, "*"]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    k = (len(v) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def build_table(residuals: list[tuple[str, str, str, int, float]], memory_residuals: list[float]) -> dict:
+    """residuals: (source, family, generation, num_gpus, LOSO signed error) per row; memory_residuals: signed
+    errors of predicted device memory against printed peaks. Returns the JSON table `prediction_band` reads.
+    A regime needs MIN_ROWS rows from at least MIN_SOURCES sources: one source's spread says how that source
+    scatters, not how far a new setup may be off."""
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for src, fam, gen, n, e in residuals:
+        for key in set(regime_keys(fam, gen, n)) | set(regime_keys(None, gen, n)):
+            groups.setdefault(key, []).append((src, e))
+    lo_q, hi_q = (1 - BAND_COVERAGE) / 2, 1 - (1 - BAND_COVERAGE) / 2
+    time = {}
+    for k, rows in sorted(groups.items()):
+        errs = [e for _, e in rows]
+        if len(rows) >= MIN_ROWS and len({src for src, _ in rows}) >= MIN_SOURCES:
+            time[k] = {"rows": len(rows), "error_low": _quantile(errs, lo_q), "error_high": _quantile(errs, hi_q)}
+    under = [max(0.0, -e / (1 + e)) for e in memory_residuals]  # measured / predicted - 1 where under-predicted
+    memory = {"rows": len(under), "high_fraction": _quantile(under, hi_q) if under else 0.0}
+    return {"coverage": BAND_COVERAGE, "min_rows": MIN_ROWS, "time": time, "memory": memory}
+
+
+@lru_cache(maxsize=1)
+def load_table() -> dict:
+    try:
+        text = resources.files("planner.data").joinpath(BANDS_FILE).read_text(encoding="utf-8")
+    except (OSError, FileNotFoundError):
+        return {"time": {}, "memory": {"rows": 0, "high_fraction": 0.0}}
+    return json.loads(text)
+
+
+def band_from_table(table: dict, keys: list[str], step_seconds: float, peak_memory_bytes: float) -> Band:
+    entry, used = None, "none (no validation table)"
+    for key in keys:
+        if key in table["time"]:
+            entry, used = table["time"][key], key
+            break
+    lo_e, hi_e = (entry["error_low"], entry["error_high"]) if entry else (0.0, 0.0)
+    mem_high = peak_memory_bytes * (1 + table["memory"]["high_fraction"])
+    return Band(step_seconds, step_seconds / (1 + hi_e), step_seconds / (1 + lo_e), peak_memory_bytes, mem_high,
+                used, entry["rows"] if entry else 0)
+
+
+def prediction_band(*, framework: str | None, gpu_name: str, num_gpus: int, step_seconds: float,
+                    peak_memory_bytes: float) -> Band:
+    """The interval around a prediction, from the LOSO residuals of the matching regime (see module doc)."""
+    family = FAMILY_OF_FRAMEWORK.get(str(framework)) if framework else None
+    keys = regime_keys(family, gpu_generation(gpu_name), num_gpus)
+    return band_from_table(load_table(), keys, step_seconds, peak_memory_bytes)
+
+
+FITS, TIGHT, DOES_NOT_FIT = "fits", "tight", "does not fit"
+
+
+def fit_verdict(*, peak_allocated_bytes: float, overhead_bytes: float, peak_memory_bytes_high: float,
+                capacity_bytes: float, host_fits: bool = True) -> str:
+    """fits: the band's high end of the reserved peak (+ context) is within capacity. does not fit: even the live
+    (allocated) tensors + context exceed it. tight: in between. A tight run may work: the caching allocator
+    frees its cached blocks and retries before it raises an OOM (torch.cuda.memory_stats num_alloc_retries), at
+    the price of slower steps, or it may fail at the band's high end."""
+    if not host_fits or peak_allocated_bytes + overhead_bytes > capacity_bytes:
+        return DOES_NOT_FIT
+    return FITS if peak_memory_bytes_high <= capacity_bytes else TIGHT
+
+
+def fit_verdict_of_result(result) -> str:
+    """The verdict of a validation CaseResult (no headroom: the run's own GPU, no band: the point estimate)."""
+    if result.predicted_allocated_gib is None:
+        return DOES_NOT_FIT
+    gib = 2**30
+    cap = result.case.cluster.gpu_spec().memory_gib * gib
+    return fit_verdict(peak_allocated_bytes=result.predicted_allocated_gib * gib,
+                       overhead_bytes=result.case.knobs.per_process_overhead_bytes,
+                       peak_memory_bytes_high=result.predicted_memory_gib * gib, capacity_bytes=cap,
+                       host_fits=result.host_fits)
+
+
+def band_for(problem, est) -> Band:
+    """The band of an estimate of `problem` (a planner.estimate.Problem): its profile, GPU and scale."""
+    return prediction_band(framework=problem.knobs.profile, gpu_name=problem.hardware.gpu_name,
+                           num_gpus=problem.cluster.num_gpus, step_seconds=est.step_seconds,
+                           peak_memory_bytes=est.peak_memory_bytes)
+
+
+def verdict_for(problem, est, band: Band) -> str:
+    capacity = est.gpu_memory_bytes - problem.knobs.memory_headroom_bytes
+    overhead = est.stages[est.peak_stage].overhead_bytes
+    return fit_verdict(peak_allocated_bytes=est.peak_allocated_bytes, overhead_bytes=overhead,
+                       peak_memory_bytes_high=band.peak_memory_bytes_high, capacity_bytes=capacity,
+                       host_fits=est.host_memory_bytes_per_node <= est.host_memory_capacity_bytes)
+
+
+def trust_json(problem, est) -> dict:
+    """The band, the allocated/reserved split and the three-way verdict, as `predicted` fields."""
+    band = band_for(problem, est)
+    return {
+        "step_time_seconds_range": [band.step_seconds_low, band.step_seconds_high],
+        "peak_memory_bytes_per_gpu_high": band.peak_memory_bytes_high,
+        "peak_allocated_bytes_per_gpu": est.peak_allocated_bytes,
+        "peak_reserved_bytes_per_gpu": est.peak_reserved_bytes,
+        "fit": verdict_for(problem, est, band),
+        "error_band_regime": band.regime,
+        "error_band_rows": band.rows,
+    }

@@ -1,0 +1,312 @@
+"""How each framework runs a layout: execution profiles as data, each value with its source.
+
+A profile says where the bytes of a parameter live (memory recipe), what 'selective' checkpointing keeps,
+how much of each kind of traffic the framework hides by default (and the flag that changes it), the caching
+allocator's reserve and the fixed per-process memory. The cost models never branch on a framework: a profile
+becomes `Knobs` (`profile_knobs`) and the same profile serves `estimate`, `plan`, `check` and `validate`.
+
+Overlap values are *shares of that traffic hidden* behind compute (the rest is on the critical path; the hidden
+part is further capped by the compute window it can hide behind, see cost_models/step.py). Sources are the
+project's reference notes (`../shared/reference/frameworks.md`, section numbers §) read at the commits listed
+there, and the papers named. [U] marks a value no source states exactly (an engineering estimate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from cost_models.inputs import Knobs
+from planner.frameworks import Framework
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class Sourced:
+    """One profile value and where it comes from."""
+
+    value: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecipe:
+    """Bytes per parameter by where they live (bf16 training with Adam), before sharding.
+
+    persistent_*: resident for the whole step; `sharded_from_zero` says from which ZeRO stage each is divided by
+    the DP degree. gathered_param_bytes: the unsharded working copy of one gathered unit (ZeRO-3 / FSDP).
+    """
+
+    name: str
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float  # fp32 master copy (when kept apart from the params) + Adam moments
+    gathered_param_bytes: float
+    zero3_gather: str  # "layer": a whole block (+1 prefetched); "module": one Linear at a time
+    source: str
+    bucket_bytes: float = 0.0  # communication buckets allocated on top (DeepSpeed ZeRO-1/2 IPG and all-gather)
+
+    @property
+    def bytes_per_param(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Overlap:
+    """Share of each kind of traffic hidden behind compute by default, and the flag that controls it."""
+
+    dp: Sourced  # DDP all-reduce / ZeRO-1,2 reduce-scatter + all-gather
+    zero3: Sourced  # ZeRO-3 / FSDP per-layer gathers and reduce-scatters
+    tp: Sourced
+    pp: Sourced
+
+
+@dataclass(frozen=True, slots=True)
+class Allocator:
+    """The caching allocator's reserve above the live (allocated) peak, and memory outside the allocator.
+
+    reserve_fraction applies to the dynamic part (activations, gathered units, buckets): model states are
+    allocated once, in large persistent buffers, and do not fragment.
+    """
+
+    reserve_fraction: Sourced
+    fixed_bytes: Sourced  # CUDA context + NCCL communicators + cuBLAS workspaces (outside torch's reserved pool)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    framework: Framework
+    title: str
+    memory: MemoryRecipe
+    selective_checkpointing: str  # what 'selective' recomputes in this framework
+    overlap: Overlap
+    allocator: Allocator
+    memory_reported_as: str  # what the framework's own log prints (for comparing with its published runs)
+    kernel_efficiency: dict[str, Sourced] = field(default_factory=dict)  # GPU generation -> factor on e2e efficiency
+    memory_fp16: MemoryRecipe | None = None  # the recipe under fp16, where the framework runs another optimizer
+
+    def recipe(self, precision: str = "bf16") -> MemoryRecipe:
+        return self.memory_fp16 if precision == "fp16" and self.memory_fp16 is not None else self.memory
+
+    def knobs(self, base: Knobs | None = None, *, gpu_generation: str | None = None, precision: str = "bf16") -> Knobs:
+        """The cost-model knobs of this profile; fitted knobs (efficiencies) are kept from `base`, scaled by the
+        profile's kernel efficiency on that GPU generation where evidence shows it differs."""
+        base = base or Knobs()
+        o, a = self.overlap, self.allocator
+        factor = self.kernel_efficiency[gpu_generation].value if gpu_generation in self.kernel_efficiency else 1.0
+        recipe = self.recipe(precision)
+        return replace(
+            base,
+            end_to_end_efficiency=base.end_to_end_efficiency * factor,
+            dp_overlap_fraction=o.dp.value,
+            zero3_overlap_fraction=o.zero3.value,
+            tp_overlap_fraction=o.tp.value,
+            pp_overlap_fraction=o.pp.value,
+            zero3_gather=recipe.zero3_gather,
+            bucket_bytes=recipe.bucket_bytes,
+            per_process_overhead_bytes=a.fixed_bytes.value,
+            allocator_reserve_fraction=a.reserve_fraction.value,
+            state_bytes_per_param=(recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes),
+            profile=self.framework.value,
+        )
+
+    def assumptions(self) -> list[tuple[str, str, str]]:
+        """(knob, statement, source) for every profile value that moves a prediction."""
+        o, a, m = self.overlap, self.allocator, self.memory
+        return [
+            ("dp_overlap_fraction", f"DP gradient reduce / ZeRO-1,2 traffic {o.dp.value:.0%} hidden", o.dp.source),
+            ("zero3_overlap_fraction", f"ZeRO-3/FSDP gathers and reduce-scatters {o.zero3.value:.0%} hidden",
+             o.zero3.source),
+            ("tp_overlap_fraction", f"TP all-reduces {o.tp.value:.0%} hidden", o.tp.source),
+            ("pp_overlap_fraction", f"steady-state pipeline send/recv {o.pp.value:.0%} hidden", o.pp.source),
+            ("allocator_reserve_fraction", f"caching allocator reserves {a.reserve_fraction.value:.0%} above the "
+             "live activations and buffers", a.reserve_fraction.source),
+            ("per_process_overhead_bytes", f"{a.fixed_bytes.value / GIB:.1f} GiB per GPU outside the allocator "
+             "(CUDA context, NCCL, workspaces)", a.fixed_bytes.source),
+            ("memory_recipe", f"{m.name}: {m.bytes_per_param:g} B/param", m.source),
+        ]
+
+
+_MEGATRON_RECIPE = MemoryRecipe(
+    "Megatron bf16 + fp32 main grads + distributed optimizer", 2, 4, 12, 2, "layer",
+    "bf16 params 2 + fp32 main grads 4 + fp32 master and Adam 12 = 18 B/param; the distributed optimizer shards "
+    "the 12 (frameworks.md §2.5; arguments.py L1209-1217)")
+_MEGATRON_FP16_RECIPE = MemoryRecipe(
+    "Megatron fp16: fp16 params and grads + fp32 master and Adam", 2, 2, 12, 2, "layer",
+    "fp16 params 2 + fp16 grads 2 + fp32 master and Adam 12 = 16 B/param: fp32 gradient accumulation is turned on "
+    "automatically only for bf16 (arguments.py L1209-1217, frameworks.md §2.5); ZeRO paper's 16 B (K = 12)")
+_FSDP2_RECIPE = MemoryRecipe(
+    "FSDP2 MixedPrecisionPolicy(bf16, fp32)", 2, 4, 10, 2, "layer",
+    "sharded fp32 params 4 + fp32 grads 4 + Adam 8 = 16 B/param, no separate master copy and no sharded bf16 copy; "
+    "bf16 unsharded params only per FSDP unit being computed (+1 prefetched) (frameworks.md §1.6; torch "
+    "_fsdp_api.py docstring). Placed as param 2 (the gathered bf16 unit) + grad 4 + optimizer 10 (fp32 param 4 "
+    "+ Adam 8 - 2)")
+_DEEPSPEED_RECIPE = MemoryRecipe(
+    "DeepSpeed ZeRO bf16/fp16", 2, 2, 16, 2, "module",
+    "16-bit params 2 + 16-bit grads 2 + fp32 grads 4 + fp32 master 4 + Adam 8 = 20 B/param; the 16 fp32 bytes are "
+    "partitioned from ZeRO-1 (ZeRO-2 estimator 2P + 18P/N, stage_1_and_2.py L3093-3095, frameworks.md §3.5); "
+    "ZeRO-3 gathers one module at a time (stage3_prefetch_bucket_size); reduce and all-gather buckets of 5e8 "
+    "16-bit elements each (reduce_bucket_size, allgather_bucket_size defaults, runtime/zero/config.py)", 2e9)
+_BF16_OPTIMIZER_RECIPE = MemoryRecipe(
+    "DeepSpeed BF16_Optimizer (Megatron-DeepSpeed, ZeRO-0/1)", 2, 4, 12, 2, "module",
+    "bf16 params 2 (full) + full-size fp32 gradient buffer 4 + fp32 master 4/d + Adam 8/d = 6 + 12/d, as "
+    "Megatron's distributed optimizer (bf16_optimizer.py L141-210, frameworks.md §3.5; BigScience tr11: 'bf16 must "
+    "use z0! it implements its own zero stage 1 equivalent')")
+
+FSDP_HOPPER_KERNEL_EFFICIENCY = 0.775
+_FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
+                "README and torchtitan's performance page print lower MFU on H100 for the same models); the factor is "
+                "fitted leave-one-source-out with the global efficiency (docs/validation.md)")
+
+_CONTEXT = ("CUDA context + NCCL communicators + cuBLAS workspaces, measured outside torch's pool: ~1.3 GB on "
+            "V100 (BigScience tr8-104B: 'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json)")
+_NO_EXPANDABLE = ("reserved/allocated without expandable segments: single-GPU H200 runs of real recipes (issue 10: "
+                  "reserved 3-12% above the planner's peak, allocated 15-20% below) and torchtune #1185 (reserved "
+                  "16.39 GiB vs 10.83 GiB with expandable segments) [U: no Megatron measurement]")
+_EXPANDABLE = ("torchtitan's run_train.sh sets PYTORCH_ALLOC_CONF=expandable_segments:True (frameworks.md §1.6); "
+               "PyTorch PR #113481: expandable segments remove most fragmentation [U: no torchtitan ratio published]")
+
+PROFILES: dict[Framework, Profile] = {
+    Framework.MEGATRON: Profile(
+        Framework.MEGATRON, "Megatron-LM / Megatron-Core", _MEGATRON_RECIPE,
+        "core attention only (--recompute-granularity selective, --recompute-modules core_attn) (frameworks.md §2.4)",
+        Overlap(
+            Sourced(0.9, "--overlap-grad-reduce --overlap-param-gather, bucketed, hidden behind backward except the "
+                         "last bucket (frameworks.md §2.6; Megatron-Core performance recipes set both)"),
+            Sourced(0.9, "Megatron-FSDP optim_grads_params prefetches like FSDP (frameworks.md §2.5) [U]"),
+            Sourced(0.5, "--tp-comm-overlap with --sequence-parallel (TE userbuffers) hides part of the TP traffic "
+                         "(frameworks.md §2.6) [U: share]"),
+            Sourced(0.9, "--overlap-p2p-communication, on by default with VPP (frameworks.md §2.3)"),
+        ),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        "allocated and reserved, MB = 2^20 B (report_memory, frameworks.md §2.5)", memory_fp16=_MEGATRON_FP16_RECIPE),
+    Framework.NEMO: Profile(
+        Framework.NEMO, "NeMo 2 / Megatron-Bridge (Megatron-Core)", _MEGATRON_RECIPE,
+        "core attention only (Megatron-Core fields, frameworks.md §4.4)",
+        Overlap(
+            Sourced(0.9, "Bridge's _pretrain_common: overlap_grad_reduce=True, overlap_param_gather=True, 128 Mi-param "
+                         "buckets (frameworks.md §4.4)"),
+            Sourced(0.9, "Megatron-FSDP optim_grads_params prefetch [U]"),
+            Sourced(0.5, "tp_comm_overlap=True in the performance recipes (MegatronCommOverlapCallback, "
+                         "frameworks.md §4.4) [U: share]"),
+            Sourced(0.9, "VPP > 1 sets overlap_p2p_comm=True (comm_overlap.py L454-463, frameworks.md §4.4)"),
+        ),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        "allocated and reserved, MB (Megatron-Core report_memory)", memory_fp16=_MEGATRON_FP16_RECIPE),
+    Framework.TORCHTITAN: Profile(
+        Framework.TORCHTITAN, "torchtitan (FSDP2, torch.distributed.pipelining)", _FSDP2_RECIPE,
+        "per-op SAC: saves matmul/attention/reduce-scatter outputs, recomputes every 2nd matmul and all elementwise "
+        "ops; NOT Megatron's selective (frameworks.md §1.5)",
+        Overlap(
+            Sourced(0.8, "DDP (dp_replicate) bucketed all-reduce overlaps backward (bucket_cap_mb=100, "
+                         "frameworks.md §1.2) [U: share]"),
+            Sourced(0.8, "FSDP2 implicit prefetch: all-gathers and reduce-scatters overlap compute, "
+                         "backward_prefetch=BACKWARD_PRE (frameworks.md §1.7) [U: share]"),
+            Sourced(0.0, "async TP only with compile.enable_async_tensor_parallel (off by default, frameworks.md §1.7)"),
+            Sourced(0.5, "torch.distributed.pipelining sends asynchronously, no explicit overlap flag [U]"),
+        ),
+        Allocator(Sourced(0.04, _EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        "max_reserved GiB (DeviceMemoryMonitor, frameworks.md §1.6)",
+        {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)}),
+    Framework.DEEPSPEED: Profile(
+        Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
+        "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",
+        Overlap(
+            Sourced(0.0, "overlap_comm defaults to True only for ZeRO-3; ZeRO-1/2 reduce after backward "
+                         "(runtime/zero/config.py validator L383-386, frameworks.md §3.5)"),
+            Sourced(0.8, "ZeRO-3 overlap_comm=True and parameter prefetch (stage3_prefetch_bucket_size, "
+                         "frameworks.md §3.6) [U: share]"),
+            Sourced(0.0, "no TP overlap (frameworks.md §3.6)"),
+            Sourced(0.0, "the pipeline engine schedules its own blocking send/recv (pipe/engine.py, §3.6) [U]"),
+        ),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]"),
+    Framework.MEGATRON_DEEPSPEED: Profile(
+        Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _BF16_OPTIMIZER_RECIPE,
+        "core attention only (--recompute-granularity selective) or full layers (--checkpoint-activations) "
+        "(frameworks.md §3.4)",
+        Overlap(
+            Sourced(0.0, "the pipeline engine all-reduces gradients after the pipeline flush, not during backward "
+                         "(pipe/engine.py L78-79, frameworks.md §3.6); Korthikanti §6.3: no gradient overlap"),
+            Sourced(0.8, "ZeRO-3 overlap_comm=True (DeepSpeed default for stage 3) [U: share]"),
+            Sourced(0.0, "async TP all-reduce turned off under --deepspeed (megatron/arguments.py L390-400)"),
+            Sourced(0.0, "blocking pipeline send/recv (DeepSpeed pipe engine) [U]"),
+        ),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
+        memory_fp16=_DEEPSPEED_RECIPE),
+    Framework.GENERIC: Profile(
+        Framework.GENERIC, "generic (no framework named)", _MEGATRON_RECIPE,
+        "core attention only (Megatron's definition, Korthikanti et al. 2022 §5)",
+        Overlap(
+            Sourced(0.5, "half: the frameworks' defaults range from none (Megatron-LM CLI and DeepSpeed ZeRO-1/2 "
+                         "defaults, frameworks.md §2.6, §3.5) to 0.9 (Megatron-Core/NeMo with --overlap-grad-reduce) "
+                         "[U: name --framework for its own value]"),
+            Sourced(0.5, "half, as the DP traffic above: FSDP / ZeRO-3 prefetch hides most (0.8 in the torchtitan "
+                         "and DeepSpeed profiles) but nothing is known of the stack [U]"),
+            Sourced(0.0, "TP all-reduces on the critical path (no tp-comm-overlap)"),
+            Sourced(0.5, "steady-state send/recv half hidden [U]"),
+        ),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        "predicted reserved", memory_fp16=_MEGATRON_FP16_RECIPE),
+}
+
+
+def profile_for(framework: Framework | str | None) -> Profile:
+    """The profile of a framework name (None: generic). Raises ValueError on an unknown name."""
+    if framework is None:
+        return PROFILES[Framework.GENERIC]
+    try:
+        return PROFILES[Framework(framework)]
+    except ValueError:
+        from cluster_specs import SpecError
+
+        allowed = ", ".join(f.value for f in Framework)
+        raise SpecError(f"framework: {framework!r} -> must be one of {allowed}") from None
+
+
+def profile_knobs(framework: Framework | str | None, base: Knobs | None = None, *,
+                  gpu_generation: str | None = None, precision: str = "bf16") -> Knobs:
+    return profile_for(framework).knobs(base, gpu_generation=gpu_generation, precision=precision)
+
+
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """A profile value, what it claims, its source, and how much the prediction moves without it."""
+
+    knob: str
+    statement: str
+    source: str
+    step_seconds_if_wrong: float  # the step time if this assumption does not hold (its opposite value)
+    effect: float  # |step_seconds_if_wrong / step_seconds - 1|
+
+
+# what each knob is set to when the assumption does not hold: overlap -> none hidden; reserve -> doubled
+_OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_overlap_fraction": 0.0,
+             "pp_overlap_fraction": 0.0}
+
+
+def ranked_assumptions(estimate_with, knobs: Knobs, framework: Framework | str | None, step_seconds: float,
+                       limit: int = 3) -> list[Assumption]:
+    """The profile's time assumptions that move this prediction most, largest first (those that move it < 0.5%
+    are left out). `estimate_with(knobs)` re-estimates the same layout with other knobs and returns step seconds.
+    An overlap assumption is tested by hiding nothing of that traffic."""
+    out = []
+    for knob, statement, source in profile_for(framework).assumptions():
+        if knob not in _OPPOSITE:
+            continue
+        value = getattr(knobs, knob)
+        opposite = _OPPOSITE[knob]
+        if value == opposite:
+            continue
+        other = estimate_with(replace(knobs, **{knob: opposite}))
+        effect = abs(other / step_seconds - 1)
+        if effect >= 0.005:
+            out.append(Assumption(knob, f"{statement} ({_flag_of(source)})", source, other, effect))
+    return sorted(out, key=lambda a: -a.effect)[:limit]
+
+
+def _flag_of(source: str) -> str:
+    """The short reason of a source: the text before its first parenthesis or semicolon."""
+    cut = min((i for i in (source.find(" ("), source.find(";")) if i > 0), default=len(source))
+    return source[:cut][:90]

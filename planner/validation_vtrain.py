@@ -1,0 +1,88 @@
+"""A second, fully held-out validation set: vTrain's 109 measured multi-node Megatron-LM runs on A100.
+
+planner/data/vtrain_ground_truth_multi.csv (source and setup: planner/data/VTRAIN_SOURCE.md). No knob is fitted
+on these rows: they are predicted with the knobs fitted on ../shared/validation (all sources), so every figure
+here is out of sample. Reported: mean |error|, bias (mean signed error), and per model the regret of the
+planner's pick among the measured layouts (measured time of the layout the model ranks fastest over the best
+measured time).
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from dataclasses import dataclass
+from importlib import resources
+
+from cluster_specs import ClusterSpec
+from planner.inputs.specs import ModelSpec, TrainingSpec
+from planner.validation import Case, CaseResult, _cluster_json, case_knobs, evaluate, family_knobs
+
+VTRAIN_SOURCE = "vTrain (Bang et al., MICRO 2024) data/ground_truth_multi.csv"
+VTRAIN_ASSUMPTIONS = [
+    "GPT-3 architecture as vTrain's ShardedGptModel: GeLU MLP (4h), LayerNorm, learned positions, tied "
+    "embeddings, biases, dropout, vocabulary 50257 (src/config.py), unfused attention (Megatron-LM, no flash).",
+    "Activation checkpointing: full, every layer (use_checkpoint: true in every config/validation/multi file).",
+    "No DP overlap: use_gradient_bucket false (the gradient all-reduce runs after backward): the megatron "
+    "profile without its overlap flags.",
+    "A100 SXM4 80 GB [U: the memory size is not printed], 8 per node, NVLink inside a node, 4 x 200 Gb/s "
+    "(inter_node_bandwidth 800 Gb/s per node) between nodes; fp16 mixed precision [U: same tensor-core peak "
+    "as bf16 on A100].",
+]
+
+
+def _cluster(num_gpus: int) -> ClusterSpec:
+    spec = _cluster_json("dgx-a100-80gb")
+    spec["inter_node"] = {"kind": "infiniband", "nics_per_node": 4, "nic_gbit_per_s": 200.0, "efficiency": 0.9,
+                          "latency_us": 10.0}
+    spec["num_nodes"] = max(1, num_gpus // spec["gpus_per_node"])
+    return ClusterSpec.model_validate(spec)
+
+
+def _case(i: int, row: dict[str, str]) -> Case:
+    h, a, L = int(row["hidden size"]), int(row["attention heads"]), int(row["# layers"])
+    s, gbs, mbs = int(row["sequence length"]), int(row["global batch"]), int(row["micro batch"])
+    tp, dp, pp = int(row["tensor parallelism"]), int(row["data parallelism"]), int(row["pipeline parallelism"])
+    name = f"GPT {row['Parameters (billion)']}B"
+    model = ModelSpec.model_validate({
+        "name": name, "num_layers": L, "hidden_size": h, "num_attention_heads": a, "num_kv_heads": a,
+        "vocab_size": 50257, "ffn_hidden_size": 4 * h, "attention": "standard", "max_position_embeddings": s,
+        "mlp": "gelu", "norm": "layernorm", "tied_embeddings": True, "bias": True, "position_embedding": "learned",
+        "dropout": True})
+    training = TrainingSpec(global_batch_size=gbs, seq_length=s, precision="fp16")
+    fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": 0, "micro_batch_size": mbs,
+              "num_micro_batches": gbs // (mbs * dp), "recompute": "full", "sequence_parallel": False}
+    return Case(f"vtrain-{i:03d}-{name.split()[1]}-t{tp}d{dp}p{pp}-mbs{mbs}", VTRAIN_SOURCE, model, training,
+                _cluster(int(row["# GPUs"])), fields, family_knobs("megatron-classic", "fp16"),
+                float(row["iteration time (ms)"]) / 1e3, "iteration time", None, family="megatron-classic")
+
+
+def vtrain_cases() -> list[Case]:
+    text = resources.files("planner.data").joinpath("vtrain_ground_truth_multi.csv").read_text(encoding="utf-8")
+    return [_case(i, row) for i, row in enumerate(csv.DictReader(text.splitlines()))]
+
+
+@dataclass
+class VTrainReport:
+    results: list[CaseResult]
+    mean_abs_error: float
+    bias: float  # mean signed error; negative: predicted too fast
+    regret: dict[str, float]  # model -> measured(pick) / best measured - 1
+    false_oom: int
+
+
+def run_vtrain(fitted: dict[str, float]) -> VTrainReport:
+    results = [evaluate(c, case_knobs(c, fitted)) for c in vtrain_cases()]
+    errs = [r.error for r in results if r.error is not None]
+    by_model: dict[str, list[CaseResult]] = {}
+    for r in results:
+        by_model.setdefault(r.case.model.name, []).append(r)
+    regret = {}
+    for name, rows in by_model.items():
+        ok = [r for r in rows if r.predicted_step_seconds is not None]
+        pick = min(ok, key=lambda r: r.predicted_step_seconds)
+        regret[name] = pick.case.measured_step_seconds / min(r.case.measured_step_seconds for r in ok) - 1
+    from planner.bands import fit_verdict_of_result
+
+    oom = sum(1 for r in results if fit_verdict_of_result(r) == "does not fit")
+    return VTrainReport(results, statistics.fmean(abs(e) for e in errs), statistics.fmean(errs), regret, oom)
