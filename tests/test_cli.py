@@ -60,7 +60,7 @@ def test_estimate_json_values():
     assert p["tokens_per_second"] == pytest.approx(64 * 2048 / p["step_time_seconds"], rel=1e-12)
     assert p["peak_memory_bytes_per_gpu"] == pytest.approx(mem["total_bytes"], rel=1e-12)
     assert mem["total_bytes"] == pytest.approx(sum(mem[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_bytes",
-                                                                    "activations_bytes", "transient_bytes",
+                                                                    "activations_bytes", "transient_bytes", "reserve_bytes",
                                                                     "overhead_bytes")), rel=1e-12)
     assert t["total_seconds"] == pytest.approx(p["step_time_seconds"], rel=1e-9)
     assert p["fits"] is (p["peak_memory_bytes_per_gpu"] + 2 * 2**30 <= p["gpu_memory_bytes"])

@@ -116,7 +116,7 @@ def test_candidate_report_of_an_estimate_equals_the_estimate_document(estimate_d
     problem, doc = estimate_doc
     est = problem.estimate(doc.layout)
     cand = CandidateReport.from_estimate(doc.layout, est, headroom_bytes=problem.knobs.memory_headroom_bytes,
-                                         origin="search", reason=None)
+                                         origin="search", reason=None, problem=problem, assumptions=True)
     assert cand.predicted == doc.predicted and cand.memory_breakdown == doc.memory_breakdown
     assert cand.time_breakdown == doc.time_breakdown
 
