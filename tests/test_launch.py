@@ -13,7 +13,10 @@ from planner import errors
 from planner.integrations.check import megatron_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN_ARGS = ["-c", "dgx-a100-80gb", "-n", "16", "-m", "llama2-13b", "-b", "512", "-s", "4096"]
+# pp, tp and recompute pinned: a DeepSpeed JSON carries no PP, no sequence parallelism and no recompute (it is
+# model-defined), so its check
+# must see the same layout as the plan
+PLAN_ARGS = ["-c", "dgx-a100-80gb", "-n", "16", "-m", "llama2-13b", "-b", "512", "-s", "4096", "--fix", "pp=1,tp=1,recompute=none"]
 
 
 def run(*args):

@@ -208,9 +208,9 @@ def check_file(path: Path, args) -> dict:
         missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
         raise SpecError(f"{', '.join(missing)}: the config does not say; pass them", source=str(path))
     precision = _precision(view, args.precision)
-    # the execution profile of the framework the config is for (overlap, memory recipe, allocator)
+    # the execution profile of --framework (as plan and estimate use it; none: generic)
     problem = build_problem(args.cluster, args.nodes, args.model, batch, seq, precision, args.headroom_gib,
-                            args.calibration, args.framework or view.framework.value)
+                            args.calibration, args.framework)
     out = check(view, problem, overrides=overrides, allow_tp_across_nodes=args.allow_tp_across_nodes,
                 framework=args.framework)
     fw = (args.framework or view.framework.value)
