@@ -197,7 +197,7 @@ def test_plan_cli_writes_json_atomically(tmp_path):
 
     assert doc["schema_version"] == SCHEMA_VERSION and doc["kind"] == "plan"
     lay = doc["layout"]
-    assert lay["dp"] * lay["tp"] * lay["pp"] == 32  # 4 DGX H100 nodes
+    assert lay["dp"] * lay["tp"] * lay["pp"] * lay.get("cp", 1) == 32  # 4 DGX H100 nodes (CP ranks count)
     assert lay["dp"] * lay["micro_batch_size"] * lay["num_micro_batches"] == 64  # the global batch
     assert doc["predicted"]["tokens_per_second"] == pytest.approx(64 * 8192 / doc["predicted"]["step_time_seconds"])
     assert doc["predicted"]["fits"] is True
