@@ -462,31 +462,11 @@ def _shape(lay: LayoutSpec):
 
 
 def infeasible(problem: Problem, least_peak_bytes: float, opts: PlanOptions) -> InfeasibleError:
-    """Nothing fits: say the least memory per GPU any layout needs, and what would help, with numbers."""
-    cap = problem.hardware.gpu_memory_bytes / GIB
-    need = least_peak_bytes / GIB + problem.knobs.memory_headroom_bytes / GIB
-    lines = [f"no layout fits: the least any layout needs is {need:.1f} GiB per GPU (incl. "
-             f"{problem.knobs.memory_headroom_bytes / GIB:.1f} GiB headroom); a {problem.hardware.gpu_name} has "
-             f"{cap:.1f} GiB"]
-    helps = []
-    cl = problem.cluster
-    if cl.num_nodes > 1 or cl.inter_node.nic_link() is not None:
-        for factor in (2, 4, 8, 16, 32, 64):
-            bigger = Problem(problem.model, problem.training, cl.with_nodes(cl.num_nodes * factor), problem.knobs)
-            if _any_fits(bigger, opts):
-                helps.append(f"more GPUs: {cl.num_nodes * factor} nodes ({bigger.cluster.num_gpus} GPUs) fit")
-                break
-    s = problem.training.seq_length
-    while s > 128:
-        s //= 2
-        shorter = Problem(problem.model, problem.training.model_copy(update={"seq_length": s}), cl, problem.knobs)
-        if _any_fits(shorter, opts):
-            helps.append(f"a shorter sequence: {s} tokens fits")
-            break
-    helps.append(f"a GPU with at least {need:.0f} GiB of memory")
-    helps.append("offload (optimizer, or optimizer+params with ZeRO-3) was searched and did not fit either")
-    helps.append("a smaller global batch only helps when it allows a smaller micro-batch; mbs 1 was searched")
-    return InfeasibleError(lines[0], problems=lines + [f"would help: {h}" for h in helps])
+    """Nothing fits: the binding constraint (divisibility, host memory, GPU memory) with the number that would
+    make it feasible (planner/explain/infeasible.py; the search's least peak mixes states-only lower bounds)."""
+    from planner.explain.infeasible import explain_infeasible
+
+    return explain_infeasible(problem, opts)
 
 
 def plan_min_gpus(problem: Problem, opts: PlanOptions, target_tokens_per_second: float) -> tuple[Problem, str]:
