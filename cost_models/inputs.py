@@ -162,9 +162,9 @@ class Training:
     global_batch_size: int  # sequences
     seq_length: int
     activation_bytes: int  # 2 for bf16/fp16, 4 for fp32
-    param_bytes: int  # working (compute) copy of a parameter
-    grad_bytes: int  # gradient buffer element (4 with fp32 main grads, Megatron's default for bf16)
-    optimizer_bytes: int  # per parameter: fp32 master copy (if any) + optimizer moments
+    param_bytes: float  # working (compute) copy of a parameter
+    grad_bytes: float  # gradient buffer element (4 with fp32 main grads, Megatron's default for bf16)
+    optimizer_bytes: float  # per parameter: fp32 master copy (if any) + optimizer moments
     grad_reduce_bytes: int  # element size of the DP gradient reduction
     fp8_recipe: str | None = None  # FP8 GEMMs (cost_models/fp8.py FP8_RECIPES); None: all GEMMs in bf16/fp16
     fp8_param_gather: bool = False  # FP8 primary weights / FP8 parameter all-gather (Megatron --fp8-param-gather)

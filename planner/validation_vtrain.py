@@ -10,6 +10,7 @@ measured time).
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from dataclasses import dataclass
 from importlib import resources
@@ -80,7 +81,7 @@ def run_vtrain(fitted: dict[str, float]) -> VTrainReport:
     regret = {}
     for name, rows in by_model.items():
         ok = [r for r in rows if r.predicted_step_seconds is not None]
-        pick = min(ok, key=lambda r: r.predicted_step_seconds)
+        pick = min(ok, key=lambda r: r.predicted_step_seconds if r.predicted_step_seconds is not None else math.inf)
         regret[name] = pick.case.measured_step_seconds / min(r.case.measured_step_seconds for r in ok) - 1
     from planner.bands import fit_verdict_of_result
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from planner.cli import build_problem
 from planner.errors import InfeasibleError
+from planner.estimate import build_problem
 from planner.explain.infeasible import divisible
 from planner.search import PlanOptions, plan
 

@@ -14,8 +14,9 @@ there, and the papers named. [U] marks a value no source states exactly (an engi
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from cost_models.inputs import Knobs
+from cost_models.inputs import Knobs, Zero3Gather
 from planner.frameworks import Framework
 
 GIB = 2**30
@@ -102,7 +103,7 @@ class Profile:
             zero3_overlap_fraction=o.zero3.value,
             tp_overlap_fraction=o.tp.value,
             pp_overlap_fraction=o.pp.value,
-            zero3_gather=recipe.zero3_gather,
+            zero3_gather=Zero3Gather(recipe.zero3_gather),
             bucket_bytes=recipe.bucket_bytes,
             per_process_overhead_bytes=a.fixed_bytes.value,
             allocator_reserve_fraction=a.reserve_fraction.value,
@@ -299,7 +300,8 @@ def ranked_assumptions(estimate_with, knobs: Knobs, framework: Framework | str |
         opposite = _OPPOSITE[knob]
         if value == opposite:
             continue
-        other = estimate_with(replace(knobs, **{knob: opposite}))
+        changed: dict[str, Any] = {knob: opposite}
+        other = estimate_with(replace(knobs, **changed))
         effect = abs(other / step_seconds - 1)
         if effect >= 0.005:
             out.append(Assumption(knob, f"{statement} ({_flag_of(source)})", source, other, effect))
