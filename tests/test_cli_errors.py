@@ -151,3 +151,17 @@ def test_numeric_options_are_checked(capsys, args, needle):
     rc, out, err = cli(capsys, *args, "--json") if args[0] != "schedule" else cli(capsys, *args)
     assert rc == errors.EXIT_INPUT, err
     assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ['"eight"', "true", "2.5"])
+def test_check_of_a_torchtitan_toml_with_a_non_integer_degree_is_bad_input(capsys, tmp_path, value):
+    # issue #13: a string where torchtitan expects a number crashed check with a TypeError (exit 9)
+    path = tmp_path / "job.toml"
+    path.write_text(f"[parallelism]\ntensor_parallel_degree = {value}\n[training]\nlocal_batch_size = 8\n")
+    code, out, err = cli(capsys, "check", str(path), "-c", "dgx-a100-80gb", "-n", "1", "-m", "llama3-8b",
+                         "-s", "4096", "--json")
+    assert code == errors.EXIT_INPUT
+    doc = json.loads(out)  # check's own report, with the reason it could not check
+    assert doc["kind"] == "check" and doc["passed"] is False
+    assert "parallelism.tensor_parallel_degree" in doc["error"]
+    assert "please report" not in err

@@ -254,7 +254,26 @@ TT_SCHEDULES = {"gpipe": ("gpipe", 1), "1f1b": ("1f1b", 1), "interleaved1f1b": (
                 "zbvzerobubble": ("zero_bubble", 2), "dualpipev": ("zero_bubble", 2)}
 
 
+# torchtitan's integer fields: a present value of another type is a config torchtitan itself would reject
+TT_INT_FIELDS = {"parallelism": ("tensor_parallel_degree", "pipeline_parallel_degree", "data_parallel_replicate_degree",
+                                 "data_parallel_shard_degree", "context_parallel_degree",
+                                 "pipeline_parallel_microbatch_size"),
+                 "training": ("local_batch_size", "batch_size", "global_batch_size", "seq_len")}
+
+
+def _require_ints(doc: dict) -> None:
+    for section, names in TT_INT_FIELDS.items():
+        part = doc.get(section, {})
+        if not isinstance(part, dict):
+            raise SpecError(f"[{section}]: {type(part).__name__} -> must be a table of settings")
+        for name in names:
+            v = part.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise SpecError(f"{section}.{name}: {v!r} -> must be an integer")
+
+
 def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView:
+    _require_ints(doc)
     par, train = doc.get("parallelism", {}), doc.get("training", {})
     era = "torchtitan <= 0.2 TOML" if legacy else "torchtitan 0.3 Python recipe"
     view = ConfigView("torchtitan" if legacy else "torchtitan-python", Framework.TORCHTITAN, {})
