@@ -165,3 +165,28 @@ def test_check_of_a_torchtitan_toml_with_a_non_integer_degree_is_bad_input(capsy
     assert doc["kind"] == "check" and doc["passed"] is False
     assert "parallelism.tensor_parallel_degree" in doc["error"]
     assert "please report" not in err
+
+
+@pytest.mark.parametrize("text, field", [("[parallelism]\ntensor_parallel_degree = 0\n", "tensor_parallel_degree"),
+                                         ("[parallelism]\npipeline_parallel_microbatch_size = 0\n",
+                                          "pipeline_parallel_microbatch_size"),
+                                         ("[training]\nlocal_batch_size = -1\n", "local_batch_size")])
+def test_check_of_a_torchtitan_toml_with_a_zero_degree_is_bad_input(capsys, tmp_path, text, field):
+    # issue #13: tensor_parallel_degree = 0 crashed check with a ZeroDivisionError
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    code, out, err = cli(capsys, "check", str(path), "-c", "dgx-a100-80gb", "-n", "1", "-m", "llama3-8b",
+                         "-s", "4096", "--json")
+    assert code == errors.EXIT_INPUT
+    assert field in json.loads(out)["error"] and "please report" not in err
+
+
+@pytest.mark.parametrize("section", ["zero_optimization", "bf16", "pipeline"])
+def test_check_of_a_deepspeed_json_with_a_scalar_section_is_bad_input(capsys, tmp_path, section):
+    # found by fuzzing: {"zero_optimization": 3} crashed the DeepSpeed reader with an AttributeError
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, section: 3}))
+    code, out, err = cli(capsys, "check", str(path), "-c", "dgx-a100-80gb", "-n", "1", "-m", "llama3-8b",
+                         "-s", "4096", "--json")
+    assert code == errors.EXIT_INPUT
+    assert section in json.loads(out)["error"] and "please report" not in err

@@ -83,7 +83,13 @@ def _dp(gpus: int, *degrees: int) -> int:
 # ---- DeepSpeed (and the Hugging Face Trainer's "auto") ------------------------------------------------------
 
 
+DS_SECTIONS = ("zero_optimization", "pipeline", "tensor_parallel", "bf16", "fp16")  # objects in DeepSpeed's schema
+
+
 def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) -> ConfigView:
+    for key in DS_SECTIONS:
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise SpecError(f"{key}: {doc[key]!r} -> must be a JSON object (DeepSpeed's config schema)")
     zero = doc.get("zero_optimization") or {}
     pipe = doc.get("pipeline") or {}
     tp_cfg = (doc.get("tensor_parallel") or {}).get("autotp_size", 0)
@@ -261,6 +267,9 @@ TT_INT_FIELDS = {"parallelism": ("tensor_parallel_degree", "pipeline_parallel_de
                  "training": ("local_batch_size", "batch_size", "global_batch_size", "seq_len")}
 
 
+TT_MINUS_ONE = ("data_parallel_shard_degree", "global_batch_size")  # -1: derived by torchtitan (frameworks.md §1.2-1.3)
+
+
 def _require_ints(doc: dict) -> None:
     for section, names in TT_INT_FIELDS.items():
         part = doc.get(section, {})
@@ -270,6 +279,9 @@ def _require_ints(doc: dict) -> None:
             v = part.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise SpecError(f"{section}.{name}: {v!r} -> must be an integer")
+            if v is not None and v < 1 and not (v == -1 and name in TT_MINUS_ONE):
+                allowed = "-1 (derived) or >= 1" if name in TT_MINUS_ONE else ">= 1"
+                raise SpecError(f"{section}.{name}: {v!r} -> must be {allowed}")
 
 
 def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView:
