@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-core
 DEVSTAMP := $(VENV)/.installed-dev
 VALSTAMP := $(VENV)/.installed-validators
 
-.PHONY: plan test lint validate bench clean setup gpu-check schema
+.PHONY: plan test lint validate bench clean setup gpu-check schema fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ plan: $(STAMP)
 
 test: $(VALSTAMP)
 	$(BIN)/python -m pytest
+
+# The whole fuzz suite (tests/test_fuzz.py: 10,100 hypothesis cases over every reader and command); `make test`
+# runs a deterministic 5% sample of it.
+fuzz: $(VALSTAMP)
+	FUZZ_SCALE=1 $(BIN)/python -m pytest tests/test_fuzz.py -p no:cacheprovider
 
 # ruff (incl. C901, max complexity 12) and mypy at the settings in pyproject.toml ([tool.mypy]: --strict flags on
 # cost_models/, default checks elsewhere): both must report 0 errors.

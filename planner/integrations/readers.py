@@ -66,8 +66,13 @@ def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_
 
 
 def _plan(doc: dict) -> ConfigView:
+    inputs = doc.get("inputs") or {}
+    training = inputs.get("training") or {} if isinstance(inputs, dict) else None
+    for name, part in (("layout", doc["layout"]), ("inputs", inputs), ("inputs.training", training)):
+        if not isinstance(part, dict):
+            raise SpecError(f"{name}: {part!r} -> must be a JSON object (a plan written by `planner plan --json`)")
+    assert isinstance(training, dict)
     lay = dict(doc["layout"])
-    training = doc.get("inputs", {}).get("training", {})
     fw = Framework(doc.get("framework", "generic"))
     return ConfigView("plan", fw, lay, training.get("global_batch_size"), training.get("seq_length"),
                       training.get("precision"))
