@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import time
 from datetime import UTC, datetime
 
 import torch
 import torch.distributed as dist
+
+from planner.bench.timing import timed
 
 CPU_SIZES = (32, 64, 128, 256, 512, 1024)
 GPU_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -50,17 +51,6 @@ def model_gemms(*, tokens: int, hidden: int, ffn: int, tp: int = 1, kv_dim: int 
     if vocab:
         out.append((tokens, hidden, max(1, vocab // tp)))
     return out
-
-
-def timed(fn, repeats: int) -> tuple[float, float]:
-    """(median seconds, spread = max/min - 1) of fn over `repeats` calls after one untimed call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), max(times) / max(min(times), 1e-12) - 1
 
 
 def fit_gemm_line(points: list[tuple[float, float]]) -> tuple[float, float]:

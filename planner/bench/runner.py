@@ -40,6 +40,7 @@ from torch import nn
 from cost_models.inputs import Transformer
 from planner.bench.model import Block, _norm
 from planner.bench.optim import local_grad, make_optimizer, optimizer_state_bytes
+from planner.bench.timing import timed
 
 
 @dataclass
@@ -300,14 +301,7 @@ class SavedActivationMeter:
 
 def median_seconds(fn, repeats: int = 5, *, warmup: bool = False) -> float:
     """Median wall time of fn over `repeats` calls (after one untimed call when warmup)."""
-    if warmup:
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timed(fn, repeats, warmup=warmup)[0]
 
 
 # ---- the worker --------------------------------------------------------------------------------------------
