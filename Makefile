@@ -20,9 +20,12 @@ $(DEVSTAMP): $(STAMP)
 	touch $@
 
 # The frameworks' own validators that install on CPU (tests/test_framework_validators.py): DeepSpeed without its
-# kernels (DS_BUILD_OPS=0, pure Python; built against the installed torch, hence --no-build-isolation).
+# kernels (DS_BUILD_OPS=0, pure Python; built against the installed torch, hence --no-build-isolation), and
+# megatron-core's configs (its only runtime needs are torch, numpy and packaging: --no-deps keeps Transformer Engine
+# and the rest of its extras out).
 $(VALSTAMP): $(DEVSTAMP)
 	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation 'deepspeed==0.19.8'
+	$(BIN)/python -m pip install -q --no-deps 'megatron-core==0.16.1'
 	touch $@
 
 setup: $(DEVSTAMP)

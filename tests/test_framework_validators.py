@@ -4,8 +4,11 @@
   exporter writes goes through `deepspeed.runtime.config.DeepSpeedConfig` with the plan's data-parallel size,
   which runs the batch-triad derivation and assertion, the ZeRO/offload/precision config models; a triad that
   `planner check` fails must fail there too.
-- megatron-core: the package index reachable here stops at 0.16.1 (0.19.2 is not there), so its TransformerConfig is
-  not run; the exporter follows the rules of frameworks.md §2.3-2.7 instead (tests/test_roundtrip.py).
+- megatron-core 0.16.1 (the newest on the package index reachable here; `make test` installs it with --no-deps: it
+  needs only torch, numpy and packaging): every Megatron export builds its TransformerConfig (or MLATransformerConfig)
+  and DistributedDataParallelConfig, whose __post_init__ checks hold the uneven-pipeline, recompute, TP and MoE
+  rules. Megatron-LM's own `validate_args` (megatron/training, not in the wheel) is not run; the exporter follows
+  its rules as frameworks.md §2.3-2.7 records them (tests/test_roundtrip.py).
 - torchtitan 0.3: not installed (it pulls the Hugging Face datasets stack); tests/test_roundtrip.py reads the
   recipe back with the torchtitan split rule (frameworks.md §1.4).
 """
@@ -91,3 +94,137 @@ def test_deepspeed_accepts_every_exported_config_and_rejects_a_bad_triad():
         assert (res["offload_param"] == "cpu") == (lay.offload == "optimizer+params")
     assert not results[-1]["ok"] and "train_batch_size is not equal" in results[-1]["error"]
     assert len(expect) >= 6
+
+
+# ---- megatron-core 0.16.1: TransformerConfig / DistributedDataParallelConfig -----------------------------------------
+
+MCORE_SCRIPT = r"""
+import dataclasses, json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+import torch.nn.functional as F
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+RENAME = {  # Megatron-LM's argument -> the core config field (training/arguments.py core_transformer_config_from_args)
+    "tensor_model_parallel_size": "tensor_model_parallel_size", "num_experts": "num_moe_experts",
+    "num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size",
+    "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+    "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+    "fp8_format": "fp8", "qk_head_dim": "qk_head_dim", "qk_pos_emb_head_dim": "qk_pos_emb_head_dim",
+}
+out = []
+for case in json.loads(sys.stdin.read()):
+    args = case["args"]
+    mla = args.pop("multi_latent_attention", False)
+    cls = MLATransformerConfig if mla else TransformerConfig
+    fields = {f.name for f in dataclasses.fields(cls)}
+    ddp_fields = {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
+    kw, ddp = {}, {}
+    for name, value in args.items():
+        key = RENAME.get(name, name)
+        if key in fields:
+            kw[key] = value
+        if name in ddp_fields:
+            ddp[name] = value
+    if not args.get("group_query_attention"):
+        kw.pop("num_query_groups", None)
+    if args.get("swiglu"):
+        kw.update(gated_linear_unit=True, activation_func=F.silu)
+    if "moe_layer_freq" in kw:
+        kw["moe_layer_freq"] = eval(kw["moe_layer_freq"])  # Megatron-LM parses this Python list expression too
+    dtype = torch.bfloat16 if args.get("bf16") else torch.float16 if args.get("fp16") else torch.float32
+    kw.update(params_dtype=dtype, pipeline_dtype=dtype)
+    if args.get("use_megatron_fsdp"):
+        ddp.update(use_megatron_fsdp=True)
+    try:
+        c = cls(**kw)
+        d = DistributedDataParallelConfig(**ddp)
+        out.append({"ok": True, "tp": c.tensor_model_parallel_size, "pp": c.pipeline_model_parallel_size,
+                    "vpp": c.virtual_pipeline_model_parallel_size, "first": c.num_layers_in_first_pipeline_stage,
+                    "last": c.num_layers_in_last_pipeline_stage, "recompute": c.recompute_granularity,
+                    "sp": c.sequence_parallel, "overlap_grad_reduce": d.overlap_grad_reduce,
+                    "overlap_param_gather": d.overlap_param_gather, "tp_comm_overlap": c.tp_comm_overlap,
+                    "cp": c.context_parallel_size, "ep": c.expert_model_parallel_size, "fp8": c.fp8,
+                    "experts": c.num_moe_experts})
+    except Exception as exc:
+        out.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+print(json.dumps(out))
+"""
+
+
+def _megatron_arg_dict(text: str) -> dict:
+    """The exported command-line arguments as Megatron-LM's argparse names them (dashes -> underscores)."""
+    import shlex
+
+    args: dict = {}
+    tokens = shlex.split("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    for i, tok in enumerate(tokens):
+        if not tok.startswith("--"):
+            continue
+        value: object = True
+        if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            raw = tokens[i + 1]
+            value = int(raw) if raw.lstrip("-").isdigit() else float(raw) if raw.replace(".", "", 1).isdigit() else raw
+        args[tok[2:].replace("-", "_")] = value
+    return args
+
+
+def test_megatron_core_accepts_every_exported_megatron_config():
+    """Every Megatron export (the round-trip plans: uneven split, per-stage recompute, interleaving, distributed
+    optimizer, Megatron-FSDP, offload; and the modern ones: CP, MoE/EP, MLA, FP8) builds megatron-core 0.16.1's own
+    TransformerConfig and DistributedDataParallelConfig (their __post_init__ checks: the uneven-pipeline, recompute,
+    TP-divisibility and MoE rules), and the config says what the plan says. A broken layout is refused there too."""
+    pytest.importorskip("megatron.core", reason="megatron-core not installed: `make test` installs 0.16.1 (--no-deps)")
+    from cluster_specs import SpecError
+    from planner.integrations.exports import export
+
+    cases, expect = [], []
+    for name in PLANS:
+        try:
+            exp = export(_plan(name), "megatron")
+        except SpecError:
+            continue  # refused with a reason (tests/test_roundtrip.py)
+        cases.append({"args": _megatron_arg_dict(exp.text)})
+        expect.append((name, exp.layout))
+    modern = _modern_megatron_exports()
+    cases += [{"args": _megatron_arg_dict(text)} for _, text, _ in modern]
+    bad = dict(cases[0]["args"], decoder_first_pipeline_num_layers=4, decoder_last_pipeline_num_layers=3,
+               pipeline_model_parallel_size=4)  # 40 layers: 33 left for 2 middle stages -> refused
+    cases.append({"args": bad})
+    proc = subprocess.run([sys.executable, "-c", MCORE_SCRIPT], input=json.dumps(cases), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (name, _, want), res in zip(modern, results[len(expect):-1], strict=True):
+        assert res["ok"], (name, res)
+        assert {k: res[k] for k in want} == want, name
+    for (name, lay), res in zip(expect, results[:len(expect)], strict=True):
+        assert res["ok"], (name, res)
+        assert (res["tp"], res["pp"]) == (lay.tp, lay.pp), name
+        assert (res["vpp"] or 1) == (lay.virtual_stages if lay.schedule == "interleaved_1f1b" else 1), name
+        assert res["sp"] == (lay.sequence_parallel and lay.tp > 1), name
+        # the overlap the Megatron profile predicts with is switched on (Megatron-LM's defaults are off)
+        assert res["overlap_grad_reduce"] == (lay.dp > 1), name
+        assert res["overlap_param_gather"] == (lay.dp > 1 and lay.zero_stage >= 1), name
+        assert res["tp_comm_overlap"] == (lay.tp > 1 and lay.sequence_parallel), name
+    assert not results[-1]["ok"] and "pipeline" in results[-1]["error"].lower(), results[-1]
+    assert [n for n, _ in expect] == [n for n in PLANS if n != "zero3-offload"]  # Megatron offloads no parameters
+
+
+def _modern_megatron_exports() -> list[tuple[str, str, dict]]:
+    """(name, exported arguments, what megatron-core must read back): long-context FP8 with CP, and DeepSeek-V3's
+    MoE + MLA with EP (the layouts of tests/test_modern_exports.py)."""
+    from test_modern_exports import _plan as modern_plan
+
+    from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.integrations.exports import export
+
+    cp = export(modern_plan("llama3.1-405b", LayoutSpec(dp=8, tp=8, pp=16, cp=16, sequence_parallel=True, zero_stage=1,
+                                                         num_micro_batches=2),
+                            TrainingSpec(global_batch_size=16, seq_length=131072, precision="fp8",
+                                         fp8_recipe="delayed")), "megatron").text
+    moe = export(modern_plan("deepseek-v3", LayoutSpec(dp=64, pp=16, ep=64, zero_stage=1),
+                             TrainingSpec(global_batch_size=64, seq_length=4096)), "megatron").text
+    return [("llama3.1-405b cp16 fp8", cp, {"cp": 16, "tp": 8, "pp": 16, "fp8": "hybrid"}),
+            ("deepseek-v3 ep64 mla", moe, {"ep": 64, "pp": 16, "experts": 256})]

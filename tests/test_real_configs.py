@@ -37,10 +37,12 @@ CASES = [
     # ... checked against the wrong model: said, and failed
     ("megatron/llama2_7b_quoted_vars.sh", "dgx-a100-80gb", 1, "llama2-13b", [], 1,
      ["the config describes a different model", "num_layers 32"]),
-    # BLOOM-176B (Megatron-DeepSpeed, 384 A100s), its arguments and its ds_config
+    # BLOOM-176B (Megatron-DeepSpeed, 384 A100s), its arguments and its ds_config (a DeepSpeed JSON is checked as
+    # plain DeepSpeed unless --framework says which framework runs it: this one is Megatron-DeepSpeed's)
     ("megatron-deepspeed/bloom176b.sh", "dgx-a100-80gb", 48, "bloom-176b", [], 0, ["BF16_Optimizer"]),
     ("megatron-deepspeed/bloom176b_ds_config.json", "dgx-a100-80gb", 48, "bloom-176b",
-     ["--tp", "4", "--pp", "12", "-s", "2048", "--fix", "recompute=full"], 0, []),
+     ["--tp", "4", "--pp", "12", "-s", "2048", "--fix", "recompute=full", "--framework", "megatron-deepspeed"], 0,
+     []),
     # DeepSpeedExamples' ZeRO-3 offload config, 7B, 8 sequences of 2048 per GPU without checkpointing: too big
     ("deepspeed/zero3_offload.json", "dgx-a100-80gb", 1, "llama2-7b", ["-s", "2048"], 1,
      ["GiB peak", "recompute=full fits"]),

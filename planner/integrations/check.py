@@ -100,6 +100,7 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     from pydantic import ValidationError
 
     caps = capabilities(framework or view.framework)
+    problem = _config_knobs(view, problem)
     violations = [{"rule": r, "message": m, "hint": h} for r, m, h in view.errors]
     violations += _model_mismatch(view, problem.model)
     fields = resolve(view, problem.model.num_layers, overrides or {})
@@ -127,6 +128,21 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
         est, run_problem = _estimate(problem, layout, violations)
         _memory(run_problem, layout, est, violations)
     return Outcome(layout, violations, est, view.notes, problem)
+
+
+def _config_knobs(view: ConfigView, problem):
+    """The problem with what the config itself says about overlap, where it hides less than the profile assumes
+    (a note names each)."""
+    from dataclasses import replace
+
+    from planner.estimate import Problem
+
+    lower = {k: v for k, (v, _) in view.knobs.items() if v < getattr(problem.knobs, k)}
+    if not lower:
+        return problem
+    view.notes.extend(f"{why} (predicted so)" for k, (v, why) in view.knobs.items()
+                      if k in lower and not k.startswith("zero3"))
+    return Problem(problem.model, problem.training, problem.cluster, replace(problem.knobs, **lower))
 
 
 def _estimate(problem, layout: LayoutSpec, violations: list[dict]):
@@ -208,12 +224,13 @@ def check_file(path: Path, args) -> dict:
         missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
         raise SpecError(f"{', '.join(missing)}: the config does not say; pass them", source=str(path))
     precision = _precision(view, args.precision)
-    # the execution profile of --framework (as plan and estimate use it; none: generic)
+    # the execution profile of the framework that runs the config (--framework, else the one the config is written
+    # for), as plan and estimate use it: its memory recipe, overlap and allocator reserve
+    fw = args.framework or view.framework.value
     problem = build_problem(args.cluster, args.nodes, args.model, batch, seq, precision, args.headroom_gib,
-                            args.calibration, args.framework)
+                            args.calibration, fw)
     out = check(view, problem, overrides=overrides, allow_tp_across_nodes=args.allow_tp_across_nodes,
                 framework=args.framework)
-    fw = (args.framework or view.framework.value)
     return {"config": str(path), "format": view.format, "framework": fw,
             "layout": out.layout.model_dump(mode="json") if out.layout else None,
             "passed": not out.violations, "violations": out.violations,

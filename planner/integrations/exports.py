@@ -38,14 +38,23 @@ class PlanParts:
     predicted: dict
 
     def problem(self):
+        """The plan's problem again: its framework's execution profile (as `plan --framework` used it), then what
+        the cluster's calibration measured, so a nearest layout is predicted as the plan was."""
+        from dataclasses import replace
+
         from cost_models.inputs import Knobs
+        from planner.bands import gpu_generation
         from planner.calibration import calibration_knobs
         from planner.estimate import Problem
+        from planner.frameworks.profiles import profile_knobs
 
         if self.cluster is None:
             raise SpecError("plan JSON: inputs.cluster missing -> needed to predict the nearest expressible layout")
-        knobs = Knobs(memory_headroom_bytes=self.headroom_bytes, **calibration_knobs(self.cluster))
-        return Problem(self.model, self.training, self.cluster, knobs)
+        gpu = self.cluster.gpu_spec()
+        profiled = profile_knobs(self.framework, Knobs(memory_headroom_bytes=self.headroom_bytes),
+                                 gpu_generation=gpu_generation(gpu.name or str(self.cluster.gpu)),
+                                 precision=self.training.precision)
+        return Problem(self.model, self.training, self.cluster, replace(profiled, **calibration_knobs(self.cluster)))
 
 
 @dataclass
@@ -289,6 +298,21 @@ def _megatron_sharding(lay: LayoutSpec) -> list[tuple[str, object]]:
     return args
 
 
+def _megatron_overlap(lay: LayoutSpec) -> list[tuple[str, object]]:
+    """The overlap the Megatron profile predicts with, which Megatron-LM leaves off by default (frameworks.md §2.6):
+    the gradient reduce behind backward, the distributed optimizer's / Megatron-FSDP's parameter gather behind
+    forward (needs --overlap-grad-reduce), the TP collectives with TE userbuffers (needs --sequence-parallel).
+    The pipeline's send/receive overlap is on by default with virtual stages (and forced off without them)."""
+    args: list[tuple[str, object]] = []
+    if lay.dp * lay.cp > 1:
+        args.append(("--overlap-grad-reduce", None))
+        if lay.zero_stage >= 1:
+            args.append(("--overlap-param-gather", None))
+    if lay.tp > 1 and lay.sequence_parallel:
+        args.append(("--tp-comm-overlap", None))
+    return args
+
+
 def _megatron_pipeline(lay: LayoutSpec, model: ModelSpec) -> list[tuple[str, object]]:
     args: list[tuple[str, object]] = []
     if lay.schedule == "interleaved_1f1b" and lay.virtual_stages > 1:
@@ -329,7 +353,7 @@ def to_megatron(parts: PlanParts, lay: LayoutSpec, *, deepspeed: bool = False) -
         if lay.offload != "none":
             args.append(("--cpu-optimizer", None))
     else:
-        args += _megatron_sharding(lay) + _megatron_pipeline(lay, model)
+        args += _megatron_sharding(lay) + _megatron_overlap(lay) + _megatron_pipeline(lay, model)
     args += _megatron_recompute(lay, deepspeed=deepspeed)
     args += [a for a in megatron_args(lay, model, training) if a[0] != "--bf16" or ("--bf16", None) not in args]
     env = _env_lines(lay, parts.cluster) if not deepspeed else []

@@ -37,6 +37,8 @@ class ConfigView:
     layers_per_chunk: int | None = None
     recompute_every: int | None = None  # torchtitan v0.2.2 layer SAC: every N-th block is recomputed
     triad: dict = field(default_factory=dict)  # DeepSpeed: the batch keys as written (None = missing, "auto")
+    # communication the config leaves exposed that its framework's profile assumes hidden: knob -> (value, why)
+    knobs: dict[str, tuple[float, str]] = field(default_factory=dict)
 
 
 def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
@@ -447,7 +449,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--group-query-attention", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
                  "--recompute-activations", "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel",
                  "--enable-zbh1-pipeline", "--cpu-optimizer", "--no-gradient-accumulation-fusion",
-                 "--deepspeed-activation-checkpointing", "--partition-activations"]:
+                 "--deepspeed-activation-checkpointing", "--partition-activations", "--overlap-grad-reduce",
+                 "--overlap-param-gather", "--tp-comm-overlap"]:
         p.add_argument(name, action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
@@ -592,12 +595,26 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
                                      ("ffn_hidden_size", args.ffn_hidden_size)) if v})
     if ds:
         _megatron_ds_config(args, view, source)
+    else:
+        _megatron_overlap(args, view)
     _megatron_env(env, view)
     _ignored(unknown, view)
     if unresolved:
         view.notes.append(f"unexpanded shell variables (not in options the planner reads): "
                           f"{', '.join('$' + u for u in sorted(set(unresolved)))}")
     return view
+
+
+def _megatron_overlap(args: argparse.Namespace, view: ConfigView) -> None:
+    """Megatron-LM overlaps nothing by default (frameworks.md §2.6): without --overlap-grad-reduce the gradient
+    reduce (and the distributed optimizer's parameter gather) runs after backward, without --tp-comm-overlap the TP
+    collectives sit on the critical path. The Megatron profile assumes the performance recipes' flags."""
+    f = view.fields
+    if f["dp"] > 1 and not args.overlap_grad_reduce:
+        view.knobs["dp_overlap_fraction"] = (0.0, "no --overlap-grad-reduce: the gradient reduce runs after backward")
+        view.knobs["zero3_overlap_fraction"] = view.knobs["dp_overlap_fraction"]
+    if f["tp"] > 1 and not args.tp_comm_overlap:
+        view.knobs["tp_overlap_fraction"] = (0.0, "no --tp-comm-overlap: the TP collectives are not hidden")
 
 
 def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str) -> None:
