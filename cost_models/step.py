@@ -125,8 +125,9 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
         share = knobs.zero3_overlap_fraction if lay.zero_stage >= 3 else knobs.dp_overlap_fraction
         hidden = comm - min(share * comm, window)  # (the exposed part)
         if p > 1 and model.tied_embeddings and i in (0, p - 1):  # embedding-gradient sync, first <-> last stage
-            hidden += embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
-                                             * model.hidden_size / lay.tp * training.grad_reduce_bytes)
+            sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
+                                          * model.hidden_size / lay.tp * training.grad_reduce_bytes)
+            comm, hidden = comm + sync, hidden + sync  # not overlapped: it runs after the last backward
         total, exposed = max(total, comm), max(exposed, hidden)
     return total, exposed
 
