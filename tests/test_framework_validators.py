@@ -9,8 +9,11 @@
   and DistributedDataParallelConfig, whose __post_init__ checks hold the uneven-pipeline, recompute, TP and MoE
   rules. Megatron-LM's own `validate_args` (megatron/training, not in the wheel) is not run; the exporter follows
   its rules as frameworks.md §2.3-2.7 records them (tests/test_roundtrip.py).
-- torchtitan 0.3: not installed (it pulls the Hugging Face datasets stack); tests/test_roundtrip.py reads the
-  recipe back with the torchtitan split rule (frameworks.md §1.4).
+- torchtitan 0.3.0 (`make test` installs it with --no-deps; importing the package pulls the Hugging Face datasets
+  stack and triton, so nothing imports it): every recipe the exporter writes has its imports resolved against
+  torchtitan's source, its TrainingConfig/ParallelismConfig built with torchtitan's own dataclasses (config/
+  configs.py, loaded from the file), and its pipeline split run through torchtitan's own `_get_pipeline_metadata`
+  and `_generate_llm_fqn_per_model_part` (executed from distributed/pipeline_parallel.py's source).
 """
 
 import json
@@ -228,3 +231,130 @@ def _modern_megatron_exports() -> list[tuple[str, str, dict]]:
                              TrainingSpec(global_batch_size=64, seq_length=4096)), "megatron").text
     return [("llama3.1-405b cp16 fp8", cp, {"cp": 16, "tp": 8, "pp": 16, "fp8": "hybrid"}),
             ("deepseek-v3 ep64 mla", moe, {"ep": 64, "pp": 16, "experts": 256})]
+
+
+# ---- torchtitan 0.3.0: its config dataclasses and its own pipeline split ----------------------------------------------
+
+
+def _torchtitan_root() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchtitan")  # a top-level find_spec runs nothing of the package
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torchtitan not installed: `make test` installs 0.3.0 (--no-deps)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _top_level_names(path: Path) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return names
+
+
+def _torchtitan_functions(root: Path) -> dict:
+    """torchtitan's own `_get_pipeline_metadata` and `_generate_llm_fqn_per_model_part` (distributed/
+    pipeline_parallel.py), executed from its source without importing the package (whose imports pull the Hugging
+    Face datasets stack): their annotations are bound to placeholders, the pipelining schedules are torch's."""
+    import ast
+    import math
+    import types
+
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+    src = (root / "distributed" / "pipeline_parallel.py").read_text()
+    wanted = {"_get_pipeline_metadata", "_generate_llm_fqn_per_model_part"}
+    nodes = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    assert {n.name for n in nodes} == wanted, "torchtitan moved its pipeline split functions"
+    space: dict = {"math": math, "get_schedule_class": get_schedule_class, "PipelineScheduleSingle":
+                   PipelineScheduleSingle, "ParallelDims": object, "ParallelismConfig": object,
+                   "BaseModel": types.SimpleNamespace(Config=object)}
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), "pipeline_parallel.py", "exec"), space)
+    return space
+
+
+def _configs_module(root: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("torchtitan_configs", root / "config" / "configs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # dataclasses + torch only
+    return module
+
+
+def _recipe_calls(text: str) -> tuple[dict, list[tuple[str, list[str]]], object]:
+    """(keyword literals per config call, the torchtitan imports, the activation_checkpoint expression)."""
+    import ast
+
+    tree = ast.parse(text)
+    calls: dict = {}
+    imports = [(n.module, [a.name for a in n.names]) for n in tree.body if isinstance(n, ast.ImportFrom)]
+    ac = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("TrainingConfig", "ParallelismConfig"):
+                calls[name] = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            for k in node.keywords:
+                if k.arg == "activation_checkpoint":
+                    ac = k.value
+    return calls, imports, ac
+
+
+def test_torchtitan_accepts_every_exported_recipe():
+    """Every torchtitan 0.3 export: its imports name what torchtitan 0.3.0 defines; TrainingConfig and
+    ParallelismConfig (torchtitan's own dataclasses, with their __post_init__ checks) accept its fields; the AC
+    policy is one of torchtitan's; and torchtitan's own pipeline code, given the exported split, builds the stages
+    the plan has (layers per stage, in stage order) — or the module names it lists exist in 0.3's Decoder."""
+    import ast
+    import types
+
+    from cluster_specs import SpecError
+    from planner.integrations.exports import export, torchtitan_stage_layers
+
+    root = _torchtitan_root()
+    configs, fns = _configs_module(root), _torchtitan_functions(root)
+    decoder_src = (root / "models" / "common" / "decoder.py").read_text()
+    checked = []
+    for name in PLANS:
+        try:
+            exp = export(_plan(name), "torchtitan")
+        except SpecError:
+            continue  # refused with a reason (tests/test_roundtrip.py)
+        lay, text = exp.layout, exp.text
+        calls, imports, ac = _recipe_calls(text)
+        for module, names in imports:
+            base = root.parent / module.replace(".", "/")
+            path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+            assert path.exists(), (name, module)
+            assert set(names) <= _top_level_names(path), (name, module, names)
+        configs.TrainingConfig(**calls["TrainingConfig"])
+        par = configs.ParallelismConfig(**calls["ParallelismConfig"])
+        if lay.recompute == "none":
+            assert isinstance(ac, ast.Constant) and ac.value is None, name
+        else:
+            assert isinstance(ac, ast.Call) and ac.func.attr == "Config", name
+            assert ac.func.value.id == {"full": "FullAC", "selective": "SelectiveAC"}[lay.recompute], name
+        if lay.pp > 1:
+            L = 40  # llama2-13b
+            if par.module_fqns_per_model_part is not None:
+                parts = par.module_fqns_per_model_part
+                attrs = {n.split(".")[0] for p in parts for n in p}
+                assert all(f"self.{a} =" in decoder_src for a in attrs), (name, attrs)
+            else:
+                stages, layers, first, last = fns["_get_pipeline_metadata"](
+                    types.SimpleNamespace(pp=lay.pp), par, types.SimpleNamespace(layers=[None] * L))
+                parts = fns["_generate_llm_fqn_per_model_part"](stages, layers, first, last)
+            counts = [sum(1 for n in p if n.startswith("layers.")) for p in parts]
+            assert counts == torchtitan_stage_layers(lay, L), (name, counts)
+            assert calls["TrainingConfig"]["local_batch_size"] % par.pipeline_parallel_microbatch_size == 0
+        checked.append(name)
+    assert len(checked) >= 4, checked

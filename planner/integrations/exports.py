@@ -446,7 +446,7 @@ def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -
 # ---- torchtitan -----------------------------------------------------------------------------------------------
 
 
-def _torchtitan_parallelism(lay: LayoutSpec, model: ModelSpec) -> dict:
+def _torchtitan_parallelism(lay: LayoutSpec, model: ModelSpec, head: str) -> dict:
     shard, replicate = (lay.dp, 1) if lay.zero_stage >= 1 else (1, lay.dp)
     par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                  "tensor_parallel_degree": lay.tp, "pipeline_parallel_degree": lay.pp}
@@ -459,7 +459,7 @@ def _torchtitan_parallelism(lay: LayoutSpec, model: ModelSpec) -> dict:
     if lay.pp > 1:
         par["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULES[lay.schedule]
         par["pipeline_parallel_microbatch_size"] = lay.micro_batch_size
-        par.update(_torchtitan_split(lay, model))
+        par.update(_torchtitan_split(lay, model, head))
     return par
 
 
@@ -481,7 +481,9 @@ def torchtitan_stage_layers(lay: LayoutSpec, num_layers: int) -> list[int]:
     return per_rank
 
 
-def _torchtitan_split(lay: LayoutSpec, model: ModelSpec) -> dict:
+def _torchtitan_split(lay: LayoutSpec, model: ModelSpec, head: str) -> dict:
+    """Layers per stage as torchtitan takes them; an uneven split as module names per stage (the output projection
+    is `lm_head` in 0.3's Decoder, `output` in <= 0.2's Transformer)."""
     stages = torchtitan_stage_layers(lay, model.num_layers)
     if min(stages) < 1:
         raise SpecError(f"layers_per_stage: {stages} -> every torchtitan stage needs >= 1 layer")
@@ -496,7 +498,7 @@ def _torchtitan_split(lay: LayoutSpec, model: ModelSpec) -> dict:
         if i == 0:
             names.insert(0, "tok_embeddings")
         if i == len(stages) - 1:
-            names += ["norm", "output"]
+            names += ["norm", head]
         parts.append(names)
     return {"module_fqns_per_model_part": parts}
 
@@ -524,7 +526,7 @@ def _torchtitan_flavor(model: ModelSpec) -> tuple[str, str, list[str]]:
 
 def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     """torchtitan 0.3: a Python module with one function returning Trainer.Config (frameworks.md §1.1)."""
-    par, train = _torchtitan_parallelism(lay, parts.model), _torchtitan_training(lay, parts.training)
+    par, train = _torchtitan_parallelism(lay, parts.model, "lm_head"), _torchtitan_training(lay, parts.training)
     modern, float8 = torchtitan_settings(lay, parts.model, parts.training)
     par.update(modern)
     if lay.pp > 1:
@@ -532,8 +534,10 @@ def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     name, flavor, notes = _torchtitan_flavor(parts.model)
     if float8:
         notes.append(f"float8: add converters=[Float8LinearConverter.Config(recipe_name={float8['recipe_name']!r}, "
-                     "filter_fqns=['output', 'router.gate'])] to the model config (frameworks.md §1.9)")
-    mode = {"none": "none", "full": "full", "selective": "selective"}[lay.recompute]
+                     "filter_fqns=['lm_head', 'router.gate'])] to the model config (frameworks.md §1.9)")
+    # 0.3's AC is a policy object (frameworks.md §1.5; torchtitan/distributed/activation_checkpoint.py): None turns
+    # it off; the Trainer's default is SelectiveAC (per-op)
+    policy = {"none": None, "full": "FullAC", "selective": "SelectiveAC"}[lay.recompute]
     if lay.recompute == "selective":
         notes.append("recompute selective -> torchtitan's per-op SAC (recomputes more than Megatron's core-attention "
                      "recomputation: less memory, more time than predicted)")
@@ -542,15 +546,16 @@ def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
         return "".join(f"\n{indent}{k}={v!r}," for k, v in d.items())
 
     text = (
-        "from torchtitan.config import ActivationCheckpointConfig, ParallelismConfig, TrainingConfig\n"
-        f"from torchtitan.models.{name} import model_registry\n"
+        "from torchtitan.config import ParallelismConfig, TrainingConfig\n"
+        + (f"from torchtitan.distributed.activation_checkpoint import {policy}\n" if policy else "")
+        + f"from torchtitan.models.{name} import model_registry\n"
         "from torchtitan.trainer import Trainer\n\n\n"
         "def planner_job() -> Trainer.Config:\n"
         "    return Trainer.Config(\n"
         f"        model_spec=model_registry({flavor!r}),\n"
         f"        training=TrainingConfig({kwargs(train, ' ' * 12)}\n        ),\n"
         f"        parallelism=ParallelismConfig({kwargs(par, ' ' * 12)}\n        ),\n"
-        f"        activation_checkpoint=ActivationCheckpointConfig(mode={mode!r}),\n"
+        f"        activation_checkpoint={f'{policy}.Config()' if policy else None},\n"
         "    )\n"
     )
     notes.append(f"run: NGPU={lay.num_gpus} torchrun ... -m torchtitan.train --module <this module> --config planner_job")
@@ -559,7 +564,7 @@ def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
 
 def to_torchtitan_toml(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     """torchtitan <= 0.2.2: the TOML job file (frameworks.md §1.1)."""
-    par, train = _torchtitan_parallelism(lay, parts.model), _torchtitan_training(lay, parts.training)
+    par, train = _torchtitan_parallelism(lay, parts.model, "output"), _torchtitan_training(lay, parts.training)
     modern, float8 = torchtitan_settings(lay, parts.model, parts.training)
     par.update(modern)
     name, flavor, notes = _torchtitan_flavor(parts.model)

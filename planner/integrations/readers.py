@@ -208,7 +208,8 @@ def _ds_triad(doc: dict, dp: int, hf: bool, global_batch_size: int | None, view:
 
 def _python_recipe(text: str, source: str) -> dict:
     """A torchtitan 0.3 recipe module as the TOML-shaped dict the reader takes: the keyword arguments of
-    TrainingConfig / ParallelismConfig / ActivationCheckpointConfig calls (or FullAC/SelectiveAC .Config()),
+    TrainingConfig / ParallelismConfig calls, the AC policy (FullAC/SelectiveAC/MemoryBudgetAC .Config(), or None;
+    an `ActivationCheckpointConfig(mode=...)` call of the pre-release main is read too),
     and model_registry("FLAVOR"). Literals only; the module is never executed."""
     try:
         tree = ast.parse(text)
