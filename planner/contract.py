@@ -373,11 +373,22 @@ class TiedLayout(_Strict):
 class SensitivityReport(_Strict):
     """`plan --sensitivity` (planner/decisions/sensitivity.py)."""
 
-    tie_tolerance: float = Field(description="relative step-time difference below which layouts tie")
+    tie_tolerance: float = Field(description="relative step-time difference below which two layouts tie: the "
+                                             "ranking error band (80% of the ratio errors of pairs of layouts of "
+                                             "one model on one cluster, planner/decisions/ranking.py)")
     tie_source: str
+    recommend_within: float = Field(description="a simpler layout is recommended only within this relative "
+                                                "step time of the pick (a layout that much slower was "
+                                                "in fact faster in 40% of vTrain's pairs)")
     scenarios: list[ScenarioOutcome]
-    tied: list[TiedLayout] = Field(description="the pick and the distinct layouts within the tie tolerance")
-    recommended: str = Field(description="the simplest tied layout")
+    tied: list[TiedLayout] = Field(description="the pick and the distinct layouts within the tie tolerance, in "
+                                               "the plan's ranking order")
+    recommended: str = Field(description="the simplest layout of the short list within recommend_within of the "
+                                         "pick (the pick itself when none is simpler)")
+    recommended_step_time_vs_pick: float = Field(description="the recommended layout's predicted step time "
+                                                             "against the pick's, minus 1")
+    short_list: list[str] = Field(description="the first (at most 5) tied layouts: what `planner bench plan.json "
+                                              "--top K` measures")
     short_list_size: int = Field(description="K for `planner bench plan.json --top K`")
 
 

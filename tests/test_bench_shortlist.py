@@ -72,3 +72,12 @@ def test_each_layout_takes_dp_from_nproc_and_a_runner_up_that_cannot_run_is_skip
     assert len(kept) == 2 and len(skipped) == 1 and "--nproc" in skipped[0]
     with pytest.raises(Exception, match="--nproc"):  # the pick itself must run
         fit_shortlist(entries[2:] and [dict(entries[2], role="pick")], BenchOptions(nproc=4))
+
+
+def test_the_plans_tie_tolerance_wins_over_its_error_band():
+    # `plan --sensitivity` named a short list with the ranking band (planner/decisions/ranking.py): bench must
+    # measure the same layouts, not those within the single-prediction band
+    doc = _plan(1.0, [(2, 1.12), (4, 1.05), (8, 1.5)], band=[-0.5, 0.5])
+    doc["sensitivity"] = {"tie_tolerance": 0.1}
+    assert plan_band(doc)[0] == 0.1
+    assert [e["predicted_step_seconds"] for e in shortlist(doc, 5)[0]] == [1.0, 1.05]

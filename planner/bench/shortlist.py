@@ -11,10 +11,14 @@ DEFAULT_BAND = 0.10  # runners-up within 10% of the pick's predicted step time (
 
 
 def plan_band(doc: dict) -> tuple[float, str]:
-    """The relative error band of the plan's step-time prediction: the plan's own when it states one (an
+    """The relative error band of the plan's step-time prediction: the tie tolerance of its sensitivity report
+    when it has one (the ranking band, which named the short list); else the plan's own band when it states one (an
     `error_band` of measured/predicted factors {lower_factor, upper_factor}, at the top or under `predicted` or
     `training_run`; or `predicted.step_time_band` as [low, high] relative errors), else DEFAULT_BAND; and its source."""
     pred = doc.get("predicted") or {}
+    tie = (doc.get("sensitivity") or {}).get("tie_tolerance")
+    if isinstance(tie, int | float) and tie >= 0:  # `plan --sensitivity`: the ranking band its short list used
+        return float(tie), "the plan's tie tolerance (ranking error band, plan --sensitivity)"
     for band in (doc.get("error_band"), pred.get("error_band"), (doc.get("training_run") or {}).get("error_band")):
         if isinstance(band, dict) and {"lower_factor", "upper_factor"} <= set(band):
             width = max(abs(1 - band["lower_factor"]), abs(band["upper_factor"] - 1))

@@ -110,7 +110,7 @@ def _plan_command() -> str:
     """The plan command as typed, without the options that only shape the output."""
     import shlex
 
-    drop = {"--sensitivity", "--json", "--no-schedule"}
+    drop = {"--json", "--no-schedule"}  # --sensitivity stays: `bench --top K` reads the plan's short list
     args, skip = [], False
     for a in sys.argv[1:]:
         if skip:

@@ -11,42 +11,57 @@ The plan is made again under each perturbed input, with the same search options:
 
 For each: the new best layout, whether the pick changes, and when the original pick can still run there, its
 regret: its step time under the perturbation / the new best's - 1. A change whose regret is below the tie
-tolerance is reported as a tie, not a change. The tie tolerance is half the error band's relative width when a
-band is available (two predictions closer than the model's own error cannot be ordered), else the search's 0.1%.
+tolerance is reported as a tie, not a change.
 
-Ties in the plan itself: the distinct layouts whose predicted step time is within the tie tolerance of the
-pick's. Among them the simplest (the search's own simplicity order: no offload, lower ZeRO stage, fewer
-model-parallel GPUs, plain 1F1B, no recomputation) is recommended, and the short list for `planner bench --top K`
-is named.
+The tie tolerance is the ranking error band (planner/decisions/ranking.py): the spread of the error of the
+*ratio* of two layouts' predicted step times, measured on vTrain's runs (many layouts of one model on one
+cluster), not one prediction's error band: two layouts of one model on one cluster share most of their error.
+
+Ties in the plan itself: the distinct layouts (in the plan's ranking order, as `planner bench --top K` reads the
+plan's runners-up) whose predicted step time is within the tie tolerance of the pick's. The first
+SHORT_LIST_MAX of them are the short list to measure with `planner bench plan.json --top K`. Recommended: the
+simplest on the short list (the search's own simplicity order: no offload, lower ZeRO stage, fewer
+model-parallel GPUs, plain 1F1B, no recomputation) among those within the ranking band's recommendation bound
+(a layout that much slower was in fact faster in 40% of past pairs) of the pick, so a simpler layout is never recommended at a large predicted cost.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from planner.decisions.ranking import RankingBand, ranking_band
+
+if TYPE_CHECKING:
+    from planner.decisions.train import StepTimeBand
+    from planner.inputs.specs import LayoutSpec
+    from planner.problem import Problem
+    from planner.search import Candidate, PlanOptions, PlanResult
 
 SHORT_LIST_MAX = 5
 
 
-def shape(layout) -> tuple:
+def shape(layout: LayoutSpec) -> tuple[Any, ...]:
     """The layout's shape, as the plan's runners-up are told apart (the micro-batch size and the exact stage
     split are refinements of it)."""
     return (layout.tp, layout.pp, layout.dp, layout.zero_stage, layout.offload, layout.recompute, layout.schedule,
             layout.virtual_stages)
 
 
-def identity(layout) -> tuple:
+def identity(layout: LayoutSpec) -> tuple[Any, ...]:
     """What makes two layouts the same choice to a user: the shape and the micro-batch size."""
     return (*shape(layout), layout.micro_batch_size)
 
 
-def _with(problem, *, cluster=None, knobs=None):
+def _with(problem: Problem, *, cluster: Any = None, knobs: Any = None) -> Problem:
     from planner.problem import Problem
 
     return Problem(problem.model, problem.training, cluster or problem.cluster, knobs or problem.knobs)
 
 
-def _net(problem, factor: float):
+def _net(problem: Problem, factor: float) -> Problem | None:
     cl = problem.cluster
     if cl.num_nodes < 2 or cl.inter_node.nic_link() is None:
         return None
@@ -54,7 +69,7 @@ def _net(problem, factor: float):
     return _with(problem, cluster=cl.model_copy(update={"inter_node": net}))
 
 
-def _intra(problem, factor: float):
+def _intra(problem: Problem, factor: float) -> Problem | None:
     cl = problem.cluster
     if cl.gpus_per_node < 2:
         return None
@@ -62,19 +77,19 @@ def _intra(problem, factor: float):
     return _with(problem, cluster=cl.model_copy(update={"intra_node": link}))
 
 
-def _matmul(problem, factor: float):
+def _matmul(problem: Problem, factor: float) -> Problem:
     cl = problem.cluster
     gpu = cl.gpu_spec()
     gpu = gpu.model_copy(update={"matmul_efficiency": min(1.0, gpu.matmul_efficiency * factor)})
     return _with(problem, cluster=cl.model_copy(update={"gpu": gpu}))
 
 
-def _compute(problem, step_factor: float):
+def _compute(problem: Problem, step_factor: float) -> Problem:
     k = problem.knobs
     return _with(problem, knobs=replace(k, end_to_end_efficiency=min(1.0, k.end_to_end_efficiency / step_factor)))
 
 
-def _one_node_fewer(problem):
+def _one_node_fewer(problem: Problem) -> Problem | None:
     n = problem.cluster.num_nodes
     return None if n < 2 else _with(problem, cluster=problem.cluster.with_nodes(n - 1))
 
@@ -82,19 +97,19 @@ def _one_node_fewer(problem):
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    make: Callable[[object], object | None]  # problem -> perturbed problem, None when it does not apply
+    make: Callable[[Problem], Problem | None]  # problem -> perturbed problem, None when it does not apply
 
 
-def scenarios(band) -> list[Scenario]:
+def scenarios(band: StepTimeBand | None) -> list[Scenario]:
     out = [Scenario("inter-node bandwidth x0.5", lambda p: _net(p, 0.5)),
            Scenario("inter-node bandwidth x2", lambda p: _net(p, 2.0)),
            Scenario("intra-node bandwidth x0.5", lambda p: _intra(p, 0.5)),
            Scenario("matmul efficiency +10%", lambda p: _matmul(p, 1.1)),
            Scenario("matmul efficiency -10%", lambda p: _matmul(p, 0.9))]
     if band is not None:
-        out += [Scenario(f"error band top (compute x{band.upper_factor:.2f} slower)",
-                         lambda p: _compute(p, band.upper_factor)),
-                Scenario(f"error band bottom (compute x{band.lower_factor:.2f})", lambda p: _compute(p, band.lower_factor))]
+        top, bottom = band.upper_factor, band.lower_factor
+        out += [Scenario(f"error band top (compute x{top:.2f} slower)", lambda p: _compute(p, top)),
+                Scenario(f"error band bottom (compute x{bottom:.2f})", lambda p: _compute(p, bottom))]
     out.append(Scenario("one node fewer", _one_node_fewer))
     return out
 
@@ -103,7 +118,7 @@ def scenarios(band) -> list[Scenario]:
 class Outcome:
     name: str
     verdict: str  # kept | tie | changes | not applicable | infeasible
-    new_pick: object | None = None  # Candidate
+    new_pick: Candidate | None = None
     original_step_seconds: float | None = None  # the original pick under the perturbation, when it can run
     new_step_seconds: float | None = None
     note: str = ""
@@ -115,7 +130,7 @@ class Outcome:
         return self.original_step_seconds / self.new_step_seconds - 1
 
 
-def _original_under(problem, layout, allow_tp_across_nodes: bool) -> tuple[float | None, str]:
+def _original_under(problem: Problem, layout: LayoutSpec, allow_tp_across_nodes: bool) -> tuple[float | None, str]:
     """The original pick's step time in the perturbed problem, or why it cannot run there."""
     from planner.estimate import fits_in_memory
     from planner.rules import layout_violations
@@ -132,7 +147,7 @@ def _original_under(problem, layout, allow_tp_across_nodes: bool) -> tuple[float
     return est.step_seconds, ""
 
 
-def run_scenario(sc: Scenario, problem, pick, opts, tie: float) -> Outcome:
+def run_scenario(sc: Scenario, problem: Problem, pick: Candidate, opts: PlanOptions, tie: float) -> Outcome:
     from planner.errors import InfeasibleError
     from planner.search import plan
 
@@ -153,61 +168,72 @@ def run_scenario(sc: Scenario, problem, pick, opts, tie: float) -> Outcome:
 
 @dataclass
 class Sensitivity:
-    tie_tolerance: float
-    tie_source: str
+    ranking: RankingBand
     outcomes: list[Outcome]
-    tied: list[object]  # Candidates within the tie tolerance of the pick, the pick first
-    recommended: object  # the simplest of `tied`
+    tied: list[Candidate]  # the pick and the distinct layouts within the tie tolerance of it, plan order
+    recommended: Candidate  # the simplest of the short list within the recommendation bound
+
+    @property
+    def tie_tolerance(self) -> float:
+        return self.ranking.tie_tolerance
+
+    @property
+    def short_list(self) -> list[Candidate]:
+        return self.tied[:SHORT_LIST_MAX]
 
 
-def tied_layouts(result, tie: float) -> list:
-    """The pick and the distinct layouts (by `shape`, as the runners-up) within `tie` of the pick's step time,
-    fastest first."""
+def tied_layouts(result: PlanResult, tie: float) -> list[Candidate]:
+    """The pick and the distinct layouts (by `shape`, as the runners-up) within `tie` of the pick's step time, in
+    the plan's ranking order (the order of its runners-up, which `planner bench --top K` measures)."""
     out, seen = [result.pick], {shape(result.pick.layout)}
-    for c in sorted(result.ranked, key=lambda c: c.step_seconds):
+    for c in result.ranked:
         if c.step_seconds <= result.pick.step_seconds * (1 + tie) and shape(c.layout) not in seen:
             seen.add(shape(c.layout))
             out.append(c)
     return out
 
 
-def sensitivity(problem, result, opts, band=None) -> Sensitivity:
-    from planner.search import TIE_RELATIVE, _simplicity
+def recommend(short_list: list[Candidate], within: float) -> Candidate:
+    """The simplest layout of the short list whose predicted step time is within `within` of the pick's (the
+    first entry); among equally simple ones, the faster."""
+    from planner.search import _simplicity
 
-    if band is not None:
-        tie, source = band.half_width, f"half the error band's width ({band.source})"
-    else:
-        tie, source = TIE_RELATIVE, "no error band available: the search's own 0.1% tie tolerance"
+    pick = short_list[0]
+    near = [c for c in short_list if c.step_seconds <= pick.step_seconds * (1 + within)]
+    return min(near, key=lambda c: (_simplicity(c.layout), c.step_seconds))
+
+
+def sensitivity(problem: Problem, result: PlanResult, opts: PlanOptions, band: StepTimeBand | None = None,
+                ranking: RankingBand | None = None) -> Sensitivity:
+    ranking = ranking or ranking_band()
+    tie = ranking.tie_tolerance
     outcomes = [run_scenario(sc, problem, result.pick, opts, tie) for sc in scenarios(band)]
     tied = tied_layouts(result, tie)
-    recommended = min(tied, key=lambda c: _simplicity(c.layout))
-    return Sensitivity(tie, source, outcomes, tied, recommended)
+    return Sensitivity(ranking, outcomes, tied, recommend(tied[:SHORT_LIST_MAX], ranking.recommend_within))
 
 
-def as_json(s: Sensitivity, pick) -> dict:
-    def outcome(o: Outcome) -> dict:
-        return {"perturbation": o.name, "verdict": o.verdict,
-                "new_pick": None if o.new_pick is None else o.new_pick.layout.model_dump(mode="json"),
-                "new_pick_text": None if o.new_pick is None else o.new_pick.layout.short(),
-                "new_step_time_seconds": o.new_step_seconds, "original_step_time_seconds": o.original_step_seconds,
-                "step_time_change": None if o.new_step_seconds is None else o.new_step_seconds / pick.step_seconds - 1,
-                "regret": o.regret, "note": o.note}
+def _outcome_json(o: Outcome, pick: Candidate) -> dict[str, Any]:
+    return {"perturbation": o.name, "verdict": o.verdict,
+            "new_pick": None if o.new_pick is None else o.new_pick.layout.model_dump(mode="json"),
+            "new_pick_text": None if o.new_pick is None else o.new_pick.layout.short(),
+            "new_step_time_seconds": o.new_step_seconds, "original_step_time_seconds": o.original_step_seconds,
+            "step_time_change": None if o.new_step_seconds is None else o.new_step_seconds / pick.step_seconds - 1,
+            "regret": o.regret, "note": o.note}
 
-    k = min(len(s.tied), SHORT_LIST_MAX)
-    return {"tie_tolerance": s.tie_tolerance, "tie_source": s.tie_source,
-            "scenarios": [outcome(o) for o in s.outcomes],
+
+def as_json(s: Sensitivity, pick: Candidate) -> dict[str, Any]:
+    return {"tie_tolerance": s.tie_tolerance, "tie_source": s.ranking.description,
+            "recommend_within": s.ranking.recommend_within,
+            "scenarios": [_outcome_json(o, pick) for o in s.outcomes],
             "tied": [{"layout_text": c.layout.short(), "step_time_seconds": c.step_seconds,
                       "step_time_vs_pick": c.step_seconds / pick.step_seconds - 1} for c in s.tied],
-            "recommended": s.recommended.layout.short(), "short_list_size": k}
+            "recommended": s.recommended.layout.short(),
+            "recommended_step_time_vs_pick": s.recommended.step_seconds / pick.step_seconds - 1,
+            "short_list": [c.layout.short() for c in s.short_list], "short_list_size": len(s.short_list)}
 
 
-def render_lines(doc: dict, plan_command: str) -> list[str]:
-    """The sensitivity report in at most 80 columns (layouts on lines of their own, whole)."""
-    import textwrap
-
-    lines = ["", "Sensitivity: the plan made again under each perturbed input",
-             *textwrap.wrap(f"tie tolerance {doc['tie_tolerance']:.1%}: {doc['tie_source']}", 80),
-             f"  {'perturbation':<40}{'best step':>10}  {'pick':<10}{'regret':>8}"]
+def _scenario_lines(doc: dict[str, Any]) -> list[str]:
+    lines = [f"  {'perturbation':<40}{'best step':>10}  {'pick':<10}{'regret':>8}"]
     for o in doc["scenarios"]:
         step = "-" if o["step_time_change"] is None else f"{o['step_time_change']:+.1%}"
         regret = "-" if o["regret"] is None else f"{max(o['regret'], 0.0):+.1%}"  # < 0: inside the search's tie
@@ -216,15 +242,33 @@ def render_lines(doc: dict, plan_command: str) -> list[str]:
             lines.append(f"    -> {o['new_pick_text']}")
         if o["note"] and o["verdict"] != "kept":
             lines += textwrap.wrap(o["note"], 80, initial_indent="    ", subsequent_indent="    ")
+    return lines
+
+
+def _tie_lines(doc: dict[str, Any], plan_command: str) -> list[str]:
+    n, k, tol = len(doc["tied"]), doc["short_list_size"], doc["tie_tolerance"]
+    if n == 1:
+        return [f"No other layout lies within {tol:.1%} of the pick's step time."]
+    lines = textwrap.wrap(f"Tie: {n} layouts lie within {tol:.1%} of the pick's step time: the model cannot "
+                          f"order them. The short list ({k} fastest):", 80)
+    lines += [f"  {t['step_time_vs_pick']:+6.1%}  {t['layout_text']}" for t in doc["tied"][:k]]
+    if doc["recommended"] == doc["tied"][0]["layout_text"]:
+        why = (f"Recommended: the pick (no simpler layout of the short list is within "
+               f"{doc['recommend_within']:.1%} of it).")
+        lines += textwrap.wrap(why, 80)
+    else:
+        lines += textwrap.wrap(f"Recommended, the simplest of the short list within {doc['recommend_within']:.1%} "
+                               f"of the pick ({doc['recommended_step_time_vs_pick']:+.1%} step time):", 80)
+        lines.append(f"  {doc['recommended']}")
+    lines += textwrap.wrap(f"Measure the short list ({k} layouts) before launching:", 80)
+    return lines + [f"  {plan_command} -o plan.json", f"  planner bench plan.json --top {k}"]
+
+
+def render_lines(doc: dict[str, Any], plan_command: str) -> list[str]:
+    """The sensitivity report in at most 80 columns (layouts on lines of their own, whole)."""
+    lines = ["", "Sensitivity: the plan made again under each perturbed input",
+             *textwrap.wrap(f"tie tolerance {doc['tie_tolerance']:.1%}: {doc['tie_source']}", 80),
+             *_scenario_lines(doc)]
     lines += textwrap.wrap("best step: the new best's step time against the pick's today; regret: the pick's step "
                            "time under the perturbation against the new best's.", 80)
-    n = len(doc["tied"])
-    if n > 1:
-        lines += ["", *textwrap.wrap(f"Tie: {n} layouts lie within {doc['tie_tolerance']:.1%} of the pick's step "
-                                     "time; the choice between them is inside the model's error. Recommended, the "
-                                     "simplest:", 80), f"  {doc['recommended']}"]
-        lines += textwrap.wrap(f"Measure the short list ({doc['short_list_size']} layouts) before launching:", 80)
-        lines += [f"  {plan_command} -o plan.json", f"  planner bench plan.json --top {doc['short_list_size']}"]
-    else:
-        lines.append(f"No other layout lies within {doc['tie_tolerance']:.1%} of the pick's step time.")
-    return lines
+    return lines + ["", *_tie_lines(doc, plan_command)]
