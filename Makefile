@@ -56,7 +56,6 @@ schema: $(STAMP)
 
 validate: $(STAMP)
 	$(BIN)/planner validate --runs ../shared/validation/published_runs.json -o docs/validation.md
-	$(BIN)/python -m planner.decisions.ranking  # the tie tolerance from vTrain's pairs (planner/data/ranking_band.json)
 
 bench: $(STAMP)
 	$(BIN)/python -m planner.speed_bench

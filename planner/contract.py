@@ -638,4 +638,9 @@ SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanDocument, "estimate": Estimat
 
 
 def json_schema(which: str) -> dict[str, Any]:
+    """The JSON Schema of a document kind; a SpecError (exit 3) naming the kinds for any other name."""
+    if which not in SCHEMAS:
+        from cluster_specs import SpecError
+
+        raise SpecError(f"schema: {which!r} -> allowed: {', '.join(SCHEMAS)}")
     return SCHEMAS[which].model_json_schema(mode="serialization")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cluster_specs import SpecError
 from planner.contract import EstimateDocument, PlanDocument
@@ -89,6 +90,25 @@ class PlanRequest:
             raise SpecError(problems)
 
 
+def plan_command(argv: list[str]) -> str:
+    """The plan command as typed (argv without the program), less the options that only shape the output or name
+    files; --sensitivity stays, so the plan it writes carries the short list's tolerance for `bench --top K`."""
+    import shlex
+
+    drop = {"--json", "--no-schedule"}
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "--output", "--figures"):
+            skip = True
+            continue
+        if a not in drop:
+            args.append(a)
+    return shlex.join(["planner", *args])
+
+
 def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = False) -> tuple[PlanDocument, list[str]]:
     """The plan, and the extra terminal lines the decisions package asked for (--tokens)."""
     from planner.decisions.plan_extras import PlanExtras, extend
@@ -119,3 +139,46 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
                                    notes=notes)
     extend(doc, problem, result, extras, opts)
     return doc, extras.lines
+
+
+def calibration_file(output: Path, *, nproc: int, **measure: Any) -> Any:
+    """`planner calibrate`: measure this machine (planner.bench.calibrate) and write the cluster file; the spec."""
+    if nproc < 1:
+        raise SpecError(f"--nproc: {nproc} -> must be >= 1")
+    from planner.bench import need_torch
+
+    need_torch()
+    from planner.bench.calibrate import calibrate_machine
+    from planner.calibration import write_calibration_file
+
+    spec = calibrate_machine(nproc=nproc, **measure)
+    write_calibration_file(output, spec)
+    return spec
+
+
+def validation_summary(runs: Path, *, with_planner: bool = True, write_tables: bool = False
+                       ) -> tuple[dict[str, Any], str, str]:
+    """`planner validate`: the published runs held out by source, and vTrain's runs. Returns the summary document,
+    the markdown report and a one-line summary. With write_tables, the tables the planner reads are rewritten from
+    this run: the error bands (planner/data/error_bands.json) and the ranking band (ranking_band.json)."""
+    from planner.decisions.ranking import table_from_results, write_table
+    from planner.validation import load_rows, render_markdown, run_validation, summary, write_band_table
+    from planner.validation_vtrain import run_vtrain
+
+    report = run_validation(load_rows(runs))
+    vt = run_vtrain(report.knobs)
+    markdown = ""
+    if write_tables:
+        from planner.search import published_layout_ranks
+
+        section = published_layout_ranks(report) if with_planner else ""
+        markdown = render_markdown(report, runs_path=str(runs), planner_section=section, vtrain=vt)
+        write_band_table(report)
+        write_table(table_from_results(vt.results))
+    s = summary(report)
+    s["vtrain"] = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias,
+                   "regret": vt.regret, "false_out_of_memory": vt.false_oom}
+    line = (f"{s['rows_evaluated']} rows: LOSO median |error| {s['loso_median_abs_error']:.1%}, 90th pct "
+            f"{s['loso_p90_abs_error']:.1%}, false OOM {s['false_out_of_memory']}; vTrain mean |error| "
+            f"{vt.mean_abs_error:.1%}, bias {vt.bias:+.1%}")
+    return s, markdown, line

@@ -307,3 +307,39 @@ def bench_target(*, plan_file: Path | None, cluster: str | None, model: str | No
     tr = TrainingSpec(global_batch_size=fields.get("micro_batch_size", 1) * fields["num_micro_batches"] * fields["dp"],
                       seq_length=seq)
     return None, md, cl, complete_layout(fields, md, tr, cl), seq
+
+
+DTYPES = ("float32", "bfloat16")
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def check_bench_options(opts: BenchOptions, top: int, plan_file: Path | None) -> None:
+    from cluster_specs import SpecError
+
+    if opts.dtype not in DTYPES:
+        raise SpecError(f"--dtype: {opts.dtype!r} -> allowed: {', '.join(DTYPES)}")
+    if opts.optimizer not in OPTIMIZERS:
+        raise SpecError(f"--optimizer: {opts.optimizer!r} -> allowed: {', '.join(OPTIMIZERS)}")
+    if top < 1 or (top > 1 and plan_file is None):
+        raise SpecError(f"--top: {top} -> needs a plan JSON and a value >= 1")
+
+
+def bench_document(opts: BenchOptions, *, plan_file: Path | None, cluster: str | None, model: str | None,
+                   layout: str | None, nodes: int | None, seq_len: int | None, top: int = 1,
+                   save_calibration: Path | None = None, calibration: Path | None = None) -> dict | None:
+    """`planner bench`: check the options, then run the layout (or the plan's short list with top > 1) and compare
+    with the prediction. None on ranks other than 0 of a torchrun job."""
+    from planner.bench import need_torch
+    from planner.calibration import calibrated
+
+    check_bench_options(opts, top, plan_file)
+    need_torch()
+    plan_doc, md, cl, lay, seq = bench_target(plan_file=plan_file, cluster=cluster, model=model, layout=layout,
+                                              nodes=nodes, seq_len=seq_len, dp=opts.dp,
+                                              micro_batches=opts.micro_batches)
+    cl, knobs_kw = calibrated(cl, calibration)
+    if top > 1 and plan_doc is not None:
+        from planner.bench.shortlist import run_shortlist
+
+        return run_shortlist(plan_doc, top, md, seq, cl, knobs_kw, opts, save_calibration)
+    return bench_one(md, fit_layout(lay, opts), seq, cl, knobs_kw, opts)

@@ -37,7 +37,7 @@ def root(version: Annotated[bool, typer.Option("--version", callback=_version, i
                                                help="Print the version and exit (with --json: as JSON).")] = False,
          as_json: Annotated[bool, typer.Option("--json", hidden=True, help="With --version.")] = False,
          debug: Annotated[bool, typer.Option("--debug", help="On an internal error, print the traceback "
-                                                             "(accepted anywhere on the line).")] = False):
+                                                             "(accepted anywhere on the line).")] = False) -> None:
     """Plan, predict and check DP x TP x PP x ZeRO layouts for transformer training."""
 
 

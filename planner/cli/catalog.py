@@ -7,7 +7,7 @@ from planner.cli.options import JsonOpt, NodesOpt, emit_json, stdout
 
 
 @clusters_app.command("list")
-def clusters_list(as_json: JsonOpt = False):
+def clusters_list(as_json: JsonOpt = False) -> None:
     """List the cluster presets."""
     from cluster_specs import cluster_names, load_cluster
     from planner.explain import catalog
@@ -17,7 +17,7 @@ def clusters_list(as_json: JsonOpt = False):
 
 
 @clusters_app.command("show")
-def clusters_show(name: str, nodes: NodesOpt = None, as_json: JsonOpt = False):
+def clusters_show(name: str, nodes: NodesOpt = None, as_json: JsonOpt = False) -> None:
     """Show a cluster preset or file, with derived totals."""
     from cluster_specs import load_cluster
     from planner.explain import catalog
@@ -27,7 +27,7 @@ def clusters_show(name: str, nodes: NodesOpt = None, as_json: JsonOpt = False):
 
 
 @models_app.command("list")
-def models_list(as_json: JsonOpt = False):
+def models_list(as_json: JsonOpt = False) -> None:
     """List the model presets with their derived parameter counts."""
     from planner.explain import catalog
     from planner.inputs.models import load_model, model_names
@@ -37,7 +37,7 @@ def models_list(as_json: JsonOpt = False):
 
 
 @models_app.command("show")
-def models_show(name: str, as_json: JsonOpt = False):
+def models_show(name: str, as_json: JsonOpt = False) -> None:
     """Show a model (preset, spec file, HF config.json or snapshot directory) and its parameters per part."""
     from planner.explain import catalog
     from planner.inputs.models import load_model

@@ -40,7 +40,7 @@ def export(
     program: Annotated[str | None, typer.Option(help="torchrun: the program to launch (default: the planner's "
                                                      "benchmark, given the plan path).")] = None,
     program_args: Annotated[str | None, typer.Option(help="torchrun: the program's arguments.")] = None,
-):
+) -> None:
     """Turn a plan into launch settings the framework accepts (the nearest expressible layout, or a refusal)."""
     from cluster_specs import SpecError, read_structured_file
     from planner.integrations.exports import export as make_export
@@ -73,7 +73,7 @@ def check(
     fix: FixOpt = None, framework: FrameworkOpt = None,
     precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM,
     allow_tp_across_nodes: TpAcrossOpt = False, calibration: CalibrationOpt = None, as_json: JsonOpt = False,
-):
+) -> None:
     """Check configs in CI: framework rules, degrees, divisibility, batch arithmetic, schedules, model, memory.
 
     Exit 0: every config passes; 1: a violation; 3: a config could not be checked (3 wins over 1)."""

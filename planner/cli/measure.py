@@ -15,7 +15,6 @@ from planner.cli.options import (
     NodesOpt,
     OutputOpt,
     emit_json,
-    need_torch,
     stderr,
     stdout,
     write_file,
@@ -48,33 +47,15 @@ def bench(
                                    "`plan --calibration`.")] = None,
     timeout: Annotated[float, typer.Option(help="Process-group timeout in seconds: a stuck rank fails the run.")] = 120.0,
     calibration: CalibrationOpt = None, output: OutputOpt = None, as_json: JsonOpt = False,
-):
+) -> None:
     """Run the layout with torch.distributed (NCCL on GPUs, gloo on CPU) and compare with the prediction."""
-    from cluster_specs import SpecError
+    from planner.bench.session import BenchOptions, bench_document
 
-    if dtype not in ("float32", "bfloat16"):
-        raise SpecError(f"--dtype: {dtype!r} -> allowed: float32, bfloat16")
-    if optimizer not in ("adamw", "sgd"):
-        raise SpecError(f"--optimizer: {optimizer!r} -> allowed: adamw, sgd")
-    if top < 1 or (top > 1 and plan_file is None):
-        raise SpecError(f"--top: {top} -> needs a plan JSON and a value >= 1")
-    need_torch()
-    from planner.bench.session import BenchOptions, bench_one, bench_target, fit_layout
-    from planner.calibration import calibrated
-
-    plan_doc, md, cl, lay, seq = bench_target(plan_file=plan_file, cluster=cluster, model=model, layout=layout,
-                                              nodes=nodes, seq_len=seq_len, dp=dp, micro_batches=micro_batches)
     opts = BenchOptions(nproc=nproc, dp=dp, micro_batches=micro_batches, layers_per_stage=layers_per_stage,
                         hidden_size=hidden_size, vocab_size=vocab_size, steps=steps, warmup=warmup, dtype=dtype,
                         optimizer=optimizer, timeout_seconds=timeout)
-    cl, knobs_kw = calibrated(cl, calibration)
-    if top > 1:
-        from planner.bench.shortlist import run_shortlist
-
-        assert plan_doc is not None  # --top > 1 needs a plan (checked above)
-        doc = run_shortlist(plan_doc, top, md, seq, cl, knobs_kw, opts, save_calibration)
-    else:
-        doc = bench_one(md, fit_layout(lay, opts), seq, cl, knobs_kw, opts)
+    doc = bench_document(opts, plan_file=plan_file, cluster=cluster, model=model, layout=layout, nodes=nodes,
+                         seq_len=seq_len, top=top, save_calibration=save_calibration, calibration=calibration)
     if doc is None:  # not rank 0 of a torchrun job
         return
     write_file(output, json.dumps(doc, indent=2) + "\n")
@@ -97,19 +78,12 @@ def calibrate(
     repeats: Annotated[int, typer.Option(help="Timed repetitions per measurement (median).")] = 5,
     max_message_mib: Annotated[float, typer.Option(help="Largest collective message.")] = 8.0,
     as_json: JsonOpt = False,
-):
+) -> None:
     """Measure this machine (GEMM FLOP/s, memory and collective bandwidth) and write a cluster file of it."""
-    from cluster_specs import SpecError
+    from planner.requests import calibration_file
 
-    if nproc < 1:
-        raise SpecError(f"--nproc: {nproc} -> must be >= 1")
-    need_torch()
-    from planner.bench.calibrate import calibrate_machine
-    from planner.calibration import write_calibration_file
-
-    spec = calibrate_machine(nproc=nproc, model=model, seq_len=seq_len, micro_batch_size=micro_batch_size, tp=tp,
-                             gpu_name=gpu, repeats=repeats, max_message_mib=max_message_mib)
-    write_calibration_file(output, spec)
+    spec = calibration_file(output, nproc=nproc, model=model, seq_len=seq_len, micro_batch_size=micro_batch_size,
+                            tp=tp, gpu_name=gpu, repeats=repeats, max_message_mib=max_message_mib)
     if as_json:
         return emit_json(spec)
     from planner.explain.report import render_calibration
@@ -123,24 +97,10 @@ def validate(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the markdown report here.")] = None,
     with_planner: Annotated[bool, typer.Option(help="Also rank each published layout among the planner's.")] = True,
     as_json: JsonOpt = False,
-):
+) -> None:
     """Predict every published run the models can represent and compare with what was measured."""
-    from planner.validation import load_rows, render_markdown, run_validation, summary, write_band_table
-    from planner.validation_vtrain import run_vtrain
+    from planner.requests import validation_summary
 
-    report = run_validation(load_rows(runs))
-    vt = run_vtrain(report.knobs)
-    if output is not None:
-        from planner.search import published_layout_ranks
-
-        section = published_layout_ranks(report) if with_planner else ""
-        write_file(output, render_markdown(report, runs_path=str(runs), planner_section=section, vtrain=vt))
-        write_band_table(report)
-    s = summary(report)
-    s["vtrain"] = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias,
-                   "regret": vt.regret, "false_out_of_memory": vt.false_oom}
-    if as_json:
-        return emit_json(s)
-    stderr().print(f"{s['rows_evaluated']} rows: LOSO median |error| {s['loso_median_abs_error']:.1%}, 90th pct "
-                   f"{s['loso_p90_abs_error']:.1%}, false OOM {s['false_out_of_memory']}; vTrain mean |error| "
-                   f"{vt.mean_abs_error:.1%}, bias {vt.bias:+.1%}", highlight=False)
+    summary, markdown, line = validation_summary(runs, with_planner=with_planner, write_tables=output is not None)
+    write_file(output, markdown)
+    emit_json(summary) if as_json else stderr().print(line, highlight=False, markup=False)

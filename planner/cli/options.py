@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from planner.defaults import DEFAULT_HEADROOM_GIB
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from planner.requests import ProblemRequest
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Write exactly one JSON document to stdout (errors too).")]
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster preset name or YAML/JSON file.")]
@@ -33,20 +38,20 @@ DEFAULT_HEADROOM = DEFAULT_HEADROOM_GIB  # the one default (planner.estimate), s
 
 
 def problem_request(cluster: str, model: str, global_batch_size: int, seq_len: int, nodes: int | None,
-                    precision: str | None, headroom_gib: float, calibration: Path | None):
+                    precision: str | None, headroom_gib: float, calibration: Path | None) -> ProblemRequest:
     from planner.requests import ProblemRequest
 
     return ProblemRequest(cluster=cluster, model=model, global_batch_size=global_batch_size, seq_len=seq_len,
                           nodes=nodes, precision=precision, headroom_gib=headroom_gib, calibration=calibration)
 
 
-def stdout():
+def stdout() -> Console:
     from rich.console import Console
 
     return Console()
 
 
-def stderr():
+def stderr() -> Console:
     from rich.console import Console
 
     return Console(stderr=True)
@@ -67,11 +72,16 @@ def write_file(path: Path | None, text: str | bytes) -> None:
     stderr().print(f"wrote {path}", highlight=False, markup=False)
 
 
-def need_torch() -> None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        from planner.errors import MissingDependencyError
+def print_lines(lines: list[str]) -> None:
+    """Plain lines (already wrapped to 80 columns), no markup or highlighting."""
+    console = stdout()
+    for line in lines:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
-        raise MissingDependencyError(
-            "torch is not installed: `pip install 'planner[bench]'` (torch==2.13.0) for bench and calibrate") from None
+
+def answer(report: Any, figure: Path | None, as_json: bool) -> None:
+    """A decisions report (planner/decisions/report.py): JSON or lines, then the figure when asked for."""
+    emit_json(report.document) if as_json else print_lines(report.lines)
+    if figure is not None:
+        report.draw(figure)
+        stderr().print(f"wrote {figure}", highlight=False, markup=False)

@@ -15,8 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from planner.decisions.report import DecisionReport
 from planner.decisions.train import StepTimeBand, TrainingRun, for_problem
+from planner.defaults import DEFAULT_HEADROOM_GIB
+
+if TYPE_CHECKING:
+    from planner.problem import Problem
+    from planner.search import Candidate, PlanOptions, PlanResult
 
 DEFAULT_TOKENS = 1e12  # the budget when none is given: "days per trillion tokens"
 
@@ -67,8 +75,8 @@ def parse_clusters(text: str, default_price: float | None = None) -> list[Cluste
 @dataclass
 class Entry:
     choice: ClusterChoice
-    problem: object | None
-    result: object | None  # planner.search.PlanResult
+    problem: Problem
+    result: PlanResult | None
     run: TrainingRun | None
     error: str | None
 
@@ -76,13 +84,27 @@ class Entry:
     def feasible(self) -> bool:
         return self.result is not None
 
+    @property
+    def pick(self) -> Candidate:
+        """The plan's pick (only for a feasible entry)."""
+        if self.result is None:
+            raise ValueError(f"{self.choice.label}: no layout fits")
+        return self.result.pick
+
+    @property
+    def training(self) -> TrainingRun:
+        """The training run of the pick (only for a feasible entry)."""
+        if self.run is None:
+            raise ValueError(f"{self.choice.label}: no layout fits")
+        return self.run
+
     def per_million_tokens(self) -> dict[str, float | None]:
         """GPU-hours, cost and GPU energy (kWh) per million tokens."""
         if self.run is None:
             return {"gpu_hours": None, "cost": None, "gpu_energy_kwh": None}
         f = 1e6 / self.run.tokens
         q = self.run.quantities()
-        return {"gpu_hours": q["gpu_hours"] * f, "cost": None if q["cost"] is None else q["cost"] * f,
+        return {"gpu_hours": self.run.gpu_hours * f, "cost": None if q["cost"] is None else q["cost"] * f,
                 "gpu_energy_kwh": None if q["gpu_energy_kwh"] is None else q["gpu_energy_kwh"] * f}
 
 
@@ -96,26 +118,25 @@ class Comparison:
         """Feasible entries, best first, by `time_to_train`, `cost_per_million_tokens` or `tokens_per_second_per_gpu`."""
         ok = [e for e in self.entries if e.feasible]
         if key == "time_to_train":
-            return sorted(ok, key=lambda e: e.run.wall_seconds)
+            return sorted(ok, key=lambda e: e.training.wall_seconds)
         if key == "tokens_per_second_per_gpu":
-            return sorted(ok, key=lambda e: -e.result.pick.estimate.tokens_per_second_per_gpu)
+            return sorted(ok, key=lambda e: -e.pick.estimate.tokens_per_second_per_gpu)
         if key == "cost_per_million_tokens":
-            priced = all(e.run.cost is not None for e in ok)
-            metric = "cost" if priced else "gpu_hours"
-            return sorted(ok, key=lambda e: e.per_million_tokens()[metric])
+            metric = "cost" if self.priced else "gpu_hours"
+            return sorted(ok, key=lambda e: e.per_million_tokens()[metric] or 0.0)
         raise ValueError(key)
 
     @property
     def priced(self) -> bool:
-        return all(e.run.cost is not None for e in self.entries if e.feasible)
+        return all(e.training.cost is not None for e in self.entries if e.feasible)
 
 
-ProblemFactory = Callable[[str, int], object]
+ProblemFactory = Callable[[str, int], "Problem"]
 
 
-def compare(choices: list[ClusterChoice], make_problem: ProblemFactory, opts, *, tokens: float | None = None,
-            pue: float | None = None, band_for: Callable[[object, object], StepTimeBand | None] | None = None,
-            ) -> Comparison:
+def compare(choices: list[ClusterChoice], make_problem: ProblemFactory, opts: PlanOptions, *,
+            tokens: float | None = None, pue: float | None = None,
+            band_for: Callable[[Problem, Candidate], StepTimeBand | None] | None = None) -> Comparison:
     """Plan on each cluster. `make_problem(cluster, nodes)` builds the Problem (the CLI's own builder, so presets,
     files and calibration behave as in `plan`); an entry that has no feasible layout is kept with its reason."""
     from planner.errors import InfeasibleError
@@ -140,31 +161,25 @@ def compare(choices: list[ClusterChoice], make_problem: ProblemFactory, opts, *,
 RANKINGS = ("time_to_train", "cost_per_million_tokens", "tokens_per_second_per_gpu")
 
 
-def as_json(cmp: Comparison) -> dict:
+def as_json(cmp: Comparison) -> dict[str, Any]:
     from planner.contract import CandidateReport
 
-    def entry(e: Entry) -> dict:
-        doc = {"cluster": e.choice.cluster, "nodes": e.choice.nodes, "label": e.choice.label,
+    def entry(e: Entry) -> dict[str, Any]:
+        doc: dict[str, Any] = {"cluster": e.choice.cluster, "nodes": e.choice.nodes, "label": e.choice.label,
                "num_gpus": e.problem.cluster.num_gpus, "gpu": e.problem.hardware.gpu_name,
                "price_per_gpu_hour": e.choice.price_per_gpu_hour, "feasible": e.feasible, "infeasible_reason": e.error,
                "pick": None, "training_run": None, "per_million_tokens": e.per_million_tokens()}
-        if e.feasible:
+        if e.result is not None:
             pick = e.result.pick
             doc["pick"] = CandidateReport.from_estimate(
                 pick.layout, pick.estimate, headroom_bytes=e.problem.knobs.memory_headroom_bytes, origin=pick.origin,
                 reason=e.result.reasons.get(id(pick))).model_dump(mode="json")
-            doc["training_run"] = e.run.as_json()
+            doc["training_run"] = e.training.as_json()
         return doc
 
     return {"tokens": cmp.tokens, "tokens_given": cmp.tokens_given, "priced": cmp.priced,
             "clusters": [entry(e) for e in cmp.entries],
             "rankings": {k: [e.choice.label for e in cmp.ranking(k)] for k in RANKINGS}}
-
-
-def _days(e: Entry) -> str:
-    d = e.run.wall_days
-    b = e.run.bounds()["wall_clock_days"]
-    return f"{d:,.1f}" if b is None else f"{d:,.1f} ({b[0]:,.1f}-{b[1]:,.1f})"
 
 
 def render_lines(cmp: Comparison, title: str) -> list[str]:
@@ -180,14 +195,14 @@ def render_lines(cmp: Comparison, title: str) -> list[str]:
     for e in cmp.entries:
         if not e.feasible:
             lines.append(f"{e.choice.label:<20}{e.problem.cluster.num_gpus:>7,}  no layout fits")
-            lines.append(f"  {e.error.splitlines()[0][:76]}")
+            lines.append(f"  {(e.error or '').splitlines()[0][:76]}")
             continue
-        est, pm = e.result.pick.estimate, e.per_million_tokens()
+        est, pm = e.pick.estimate, e.per_million_tokens()
         m = pm["cost"] if cmp.priced else pm["gpu_hours"]
         kwh = "-" if pm["gpu_energy_kwh"] is None else f"{pm['gpu_energy_kwh']:.3g}"
         lines.append(f"{e.choice.label[:19]:<20}{e.problem.cluster.num_gpus:>7,}{est.tokens_per_second_per_gpu:>10,.0f}"
-                     f"{est.mfu:>7.1%}{e.run.wall_days:>9,.1f}{m:>11.3g}{kwh:>10}")
-        lines.append(f"  {e.result.pick.layout.short()}")  # whole, to copy into --layout
+                     f"{est.mfu:>7.1%}{e.training.wall_days:>9,.1f}{m:>11.3g}{kwh:>10}")
+        lines.append(f"  {e.pick.layout.short()}")  # whole, to copy into --layout
     lines.append("")
     names = {"time_to_train": "time to train", "tokens_per_second_per_gpu": "tokens/s per GPU",
              "cost_per_million_tokens": "cost per million tokens" if cmp.priced
@@ -201,3 +216,52 @@ def render_lines(cmp: Comparison, title: str) -> list[str]:
 
         lines += wrap("note", NO_BAND)
     return lines
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    """`planner compare`'s options."""
+
+    clusters: str  # CLUSTER:NODES[@PRICE],...
+    model: str
+    global_batch_size: int
+    seq_len: int
+    precision: str | None = None
+    headroom_gib: float = DEFAULT_HEADROOM_GIB
+    tokens: float | None = None
+    gpu_hour_price: float | None = None
+    pue: float | None = None
+    use_solver: bool = True
+    figure: Path | None = None
+
+
+def compare_report(req: CompareRequest) -> DecisionReport:
+    """Check the options, plan on every cluster, and return the document, the terminal lines and the figure."""
+    from planner.decisions.plan_extras import step_time_band
+    from planner.decisions.report import check_figure, header
+    from planner.decisions.train import check_run_options
+    from planner.estimate import build_problem
+    from planner.search import PlanOptions
+
+    check_run_options(req.tokens if req.tokens is not None else DEFAULT_TOKENS, req.gpu_hour_price, req.pue)
+    choices = parse_clusters(req.clusters, req.gpu_hour_price)
+    check_figure(req.figure)
+
+    def make(cluster: str, nodes: int) -> Any:
+        return build_problem(cluster, nodes, req.model, req.global_batch_size, req.seq_len, req.precision,
+                             req.headroom_gib)
+
+    result = compare(choices, make, PlanOptions(use_solver=req.use_solver), tokens=req.tokens, pue=req.pue,
+                     band_for=step_time_band)
+    first = result.entries[0].problem
+    title = (f"{first.model.name}, batch {req.global_batch_size:,} x {req.seq_len:,} tokens, on "
+             f"{len(result.entries)} clusters")
+    doc = {**header("compare"), "inputs": {"model": first.model.model_dump(mode="json"),
+                                           "training": first.training.model_dump(mode="json")}, **as_json(result)}
+
+    def draw(path: Path) -> None:
+        from planner.explain.figures import comparison_figure
+
+        comparison_figure(result, path, title)
+
+    return DecisionReport(doc, render_lines(result, title), draw)

@@ -5,6 +5,14 @@ the sensitivity report (--sensitivity) and the figures (--figures). The CLI call
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner.contract import PlanDocument
+    from planner.decisions.train import StepTimeBand
+    from planner.problem import Problem
+    from planner.search import Candidate, PlanOptions, PlanResult
 
 
 @dataclass
@@ -15,7 +23,7 @@ class PlanExtras:
     objective: str = "throughput"
     sensitivity: bool = False
     command: str = ""  # the plan command as typed, for the short-list hint
-    figures: object = None  # a folder for memory.png/.svg and time.png/.svg
+    figures: Path | None = None  # a folder for memory.png/.svg and time.png/.svg
     lines: list[str] = field(default_factory=list)
 
     def check(self) -> None:
@@ -28,7 +36,7 @@ class PlanExtras:
             require_matplotlib()
 
 
-def step_time_band(problem, pick, framework: str | None = None):
+def step_time_band(problem: Problem, pick: Candidate, framework: str | None = None) -> StepTimeBand | None:
     """The error band of a pick's step time from planner.bands (the leave-one-source-out residuals of its
     regime), as factors on the predicted step time; None when no band is available (the output then says so)."""
     from planner.decisions.train import StepTimeBand
@@ -46,7 +54,7 @@ def step_time_band(problem, pick, framework: str | None = None):
                         f"central 80% of leave-one-source-out errors, regime {b.regime}, {b.rows} published runs")
 
 
-def extend(doc, problem, result, extras: PlanExtras, opts) -> None:
+def extend(doc: PlanDocument, problem: Problem, result: PlanResult, extras: PlanExtras, opts: PlanOptions) -> None:
     """Add the requested sections to the plan document (a planner.contract.PlanDocument) and the matching
     terminal lines to `extras.lines`."""
     from planner import contract

@@ -22,7 +22,7 @@ knob that scales every prediction alike cancels in the ratio anyway.
   P(r > d) = P(|r| > d) / 2): nearly a coin flip. Only then is a simpler layout recommended over the pick;
   beyond it the pick stays the recommendation, so a simpler layout is never recommended at a real cost.
 
-`python -m planner.decisions.ranking` (and `make validate`) writes planner/data/ranking_band.json from the data;
+`planner validate -o` (`make validate`) and `python -m planner.decisions.ranking` write planner/data/ranking_band.json from the data;
 tests/test_decisions.py recomputes it and checks the shipped file is current.
 """
 
@@ -92,16 +92,22 @@ def error_groups(results: Iterable[Any], *, loso: bool = False) -> list[list[flo
     return [g for g in out.values() if len(g) >= 2]
 
 
+def table_from_results(vtrain_results: Iterable[Any]) -> dict[str, Any]:
+    """The table of vTrain's predicted runs (planner.validation_vtrain.run_vtrain(...).results)."""
+    from planner.validation_vtrain import VTRAIN_SOURCE
+
+    table = band_figures(error_groups(vtrain_results))
+    table.update(coverage=BAND_COVERAGE, source=f"{VTRAIN_SOURCE}, out of sample",
+                 generated_by="planner validate -o (make validate), or python -m planner.decisions.ranking")
+    return table
+
+
 def vtrain_table() -> dict[str, Any]:
     """The shipped table: vTrain's runs predicted with the shipped (all-source fitted) knobs."""
     from planner.bands import load_table
-    from planner.validation_vtrain import VTRAIN_SOURCE, run_vtrain
+    from planner.validation_vtrain import run_vtrain
 
-    vt = run_vtrain(load_table()["fitted_knobs"])
-    table = band_figures(error_groups(vt.results))
-    table.update(coverage=BAND_COVERAGE, source=f"{VTRAIN_SOURCE}, out of sample",
-                 generated_by="python -m planner.decisions.ranking (make validate)")
-    return table
+    return table_from_results(run_vtrain(load_table()["fitted_knobs"]).results)
 
 
 def write_table(table: dict[str, Any], path: Path | None = None) -> Path:

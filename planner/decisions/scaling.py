@@ -11,6 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.decisions.report import DecisionReport
+from planner.defaults import DEFAULT_HEADROOM_GIB
+
+if TYPE_CHECKING:
+    from planner.problem import Problem
+    from planner.search import Candidate, PlanOptions, PlanResult
 
 STOP_EFFICIENCY = 0.70
 DEFAULT_POINTS = 8
@@ -28,14 +37,21 @@ class Point:
     nodes: int
     num_gpus: int
     global_batch_size: int
-    problem: object
-    result: object | None  # planner.search.PlanResult
+    problem: Problem
+    result: PlanResult | None
     error: str | None
     efficiency: float | None = None
 
     @property
     def feasible(self) -> bool:
         return self.result is not None
+
+    @property
+    def pick(self) -> Candidate:
+        """The plan's pick (only for a feasible point)."""
+        if self.result is None:
+            raise ValueError(f"{self.nodes} nodes: no layout fits")
+        return self.result.pick
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -61,7 +77,7 @@ class Curve:
         return next((p for p in self.points if p.efficiency is not None and p.efficiency < STOP_EFFICIENCY), None)
 
 
-def scaling_curve(make_problem: Callable[[int, int], object], opts, node_counts: list[int],
+def scaling_curve(make_problem: Callable[[int, int], Problem], opts: PlanOptions, node_counts: list[int],
                   global_batch_size: int) -> Curve:
     """Plan at each node count (`make_problem(nodes, batch)`), then set each point's scaling efficiency."""
     from planner.errors import InfeasibleError
@@ -79,29 +95,30 @@ def scaling_curve(make_problem: Callable[[int, int], object], opts, node_counts:
     base = curve.base
     for p in points:
         if p.feasible and base is not None:
-            p.efficiency = p.per_gpu / base.per_gpu
+            p.efficiency = p.pick.estimate.tokens_per_second_per_gpu / base.pick.estimate.tokens_per_second_per_gpu
     return curve
 
 
-def scaling_curves(make_problem, opts, node_counts: list[int], batches: list[int]) -> list[Curve]:
+def scaling_curves(make_problem: Callable[[int, int], Problem], opts: PlanOptions, node_counts: list[int],
+                   batches: list[int]) -> list[Curve]:
     return [scaling_curve(make_problem, opts, node_counts, b) for b in batches]
 
 
-def point_json(p: Point, tokens: float) -> dict:
-    doc = {"nodes": p.nodes, "num_gpus": p.num_gpus, "global_batch_size": p.global_batch_size, "feasible": p.feasible,
+def point_json(p: Point, tokens: float) -> dict[str, Any]:
+    doc: dict[str, Any] = {"nodes": p.nodes, "num_gpus": p.num_gpus, "global_batch_size": p.global_batch_size, "feasible": p.feasible,
            "infeasible_reason": p.error, "layout": None, "step_time_seconds": None, "tokens_per_second": None,
            "tokens_per_second_per_gpu": None, "mfu": None, "pipeline_bubble_share": None,
            "scaling_efficiency": p.efficiency, "time_to_train_days": None}
     if p.feasible:
-        est = p.result.pick.estimate
-        doc.update(layout=p.result.pick.layout.model_dump(mode="json"), step_time_seconds=est.step_seconds,
+        est = p.pick.estimate
+        doc.update(layout=p.pick.layout.model_dump(mode="json"), step_time_seconds=est.step_seconds,
                    tokens_per_second=est.tokens_per_second, tokens_per_second_per_gpu=est.tokens_per_second_per_gpu,
                    mfu=est.mfu, pipeline_bubble_share=est.time.pipeline_bubble_seconds / est.step_seconds,
                    time_to_train_days=tokens / est.tokens_per_second / 86_400)
     return doc
 
 
-def as_json(curves: list[Curve], tokens: float, tokens_given: bool) -> dict:
+def as_json(curves: list[Curve], tokens: float, tokens_given: bool) -> dict[str, Any]:
     return {"tokens": tokens, "tokens_given": tokens_given, "stop_efficiency": STOP_EFFICIENCY,
             "efficiency_definition": "tokens/s per GPU relative to the smallest node count that fits, same batch",
             "curves": [{"global_batch_size": c.global_batch_size,
@@ -129,7 +146,7 @@ def render_lines(curves: list[Curve], tokens: float, tokens_given: bool, title: 
             if not p.feasible:
                 lines.append(f"{p.nodes:>6,}{p.num_gpus:>8,}  no layout fits")
                 continue
-            est, lay = p.result.pick.estimate, p.result.pick.layout
+            est, lay = p.pick.estimate, p.pick.layout
             share = est.time.pipeline_bubble_seconds / est.step_seconds
             degrees = f"{lay.tp}x{lay.pp}x{lay.dp}"
             lines.append(f"{p.nodes:>6,}{p.num_gpus:>8,}{count(est.tokens_per_second):>11}"
@@ -145,3 +162,55 @@ def render_lines(curves: list[Curve], tokens: float, tokens_given: bool, title: 
                                    f"delivers {stop.efficiency:.0%} of its tokens/s on {c.base.nodes:,} nodes "
                                    f"(below {STOP_EFFICIENCY:.0%})")
     return lines
+
+
+@dataclass(frozen=True)
+class ScalingRequest:
+    """`planner scaling`'s options."""
+
+    cluster: str
+    model: str
+    global_batch_size: int
+    seq_len: int
+    nodes: int | None = None  # centre of the default sweep (default: the cluster's own node count)
+    node_counts: str | None = None  # "64,128,256"
+    batch_sizes: str | None = None  # "1024,2048"
+    precision: str | None = None
+    headroom_gib: float = DEFAULT_HEADROOM_GIB
+    tokens: float | None = None
+    use_solver: bool = True
+    figure: Path | None = None
+
+
+def scaling_report(req: ScalingRequest) -> DecisionReport:
+    """Check the options, plan at every node count and batch, and return the document, lines and figure."""
+    from cluster_specs import load_cluster
+    from planner.decisions.report import check_figure, header, parse_counts
+    from planner.decisions.train import check_run_options
+    from planner.estimate import build_problem
+    from planner.search import PlanOptions
+
+    budget = req.tokens if req.tokens is not None else 1e12
+    check_run_options(budget, None, None)
+    check_figure(req.figure)
+    counts = (parse_counts(req.node_counts, "--node-counts")
+              or default_node_counts(req.nodes or load_cluster(req.cluster).num_nodes))
+    batches = parse_counts(req.batch_sizes, "--batch-sizes", 10**8) or [req.global_batch_size]
+
+    def make(nodes: int, batch: int) -> Any:
+        return build_problem(req.cluster, nodes, req.model, batch, req.seq_len, req.precision, req.headroom_gib)
+
+    curves = scaling_curves(make, PlanOptions(use_solver=req.use_solver), counts, batches)
+    first = curves[0].points[0].problem
+    title = (f"Scaling: {first.model.name}, {req.seq_len}-token sequences, on {first.cluster.name} "
+             f"({first.cluster.gpus_per_node} x {first.hardware.gpu_name} per node)")
+    doc = {**header("scaling"), "inputs": {"cluster": first.cluster.model_dump(mode="json"),
+                                           "model": first.model.model_dump(mode="json"), "seq_length": req.seq_len},
+           **as_json(curves, budget, req.tokens is not None)}
+
+    def draw(path: Path) -> None:
+        from planner.explain.figures import scaling_figure
+
+        scaling_figure(curves, path, title)
+
+    return DecisionReport(doc, render_lines(curves, budget, req.tokens is not None, title), draw)

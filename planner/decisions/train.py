@@ -16,7 +16,13 @@ proportional to the wall clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cluster_specs import ClusterSpec
+    from planner.problem import Problem
 
 SECONDS_PER_DAY = 86_400.0
 LEFT_OUT = ("CPUs and host memory", "NICs, switches and storage", "cooling and power delivery (PUE)")
@@ -31,7 +37,7 @@ class StepTimeBand:
     upper_factor: float
     source: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (0 < self.lower_factor <= self.upper_factor) or not math.isfinite(self.upper_factor):
             raise ValueError(f"band: lower {self.lower_factor}, upper {self.upper_factor} -> need 0 < lower <= "
                              "upper < inf")
@@ -42,7 +48,7 @@ class StepTimeBand:
         spread is the model's error; a bias common to both layouts does not change their order)."""
         return (self.upper_factor - self.lower_factor) / 2
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {"lower_factor": self.lower_factor, "upper_factor": self.upper_factor, "source": self.source}
 
 
@@ -107,7 +113,7 @@ class TrainingRun:
                                                                    v * self.band.upper_factor)
         return out
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         bounds = self.bounds()
         return {
             "tokens": self.tokens, "tokens_per_step": self.tokens_per_step, "steps": self.steps,
@@ -122,7 +128,7 @@ class TrainingRun:
         }
 
 
-def gpu_power(cluster) -> Power:
+def gpu_power(cluster: ClusterSpec) -> Power:
     """The catalog's board power limit for the cluster's GPU, with its source."""
     gpu = cluster.gpu_spec()
     if gpu.board_power_watts is None:
@@ -144,7 +150,7 @@ def training_run(*, tokens: float, global_batch_size: int, seq_length: int, step
                        band_note=band_note or (band.source if band is not None else NO_BAND))
 
 
-def for_problem(problem, step_seconds: float, *, tokens: float, price_per_gpu_hour: float | None = None,
+def for_problem(problem: Problem, step_seconds: float, *, tokens: float, price_per_gpu_hour: float | None = None,
                 pue: float | None = None, band: StepTimeBand | None = None) -> TrainingRun:
     tr = problem.training
     return training_run(tokens=tokens, global_batch_size=tr.global_batch_size, seq_length=tr.seq_length,
@@ -180,7 +186,7 @@ def _days(d: float) -> str:
     return f"{d:,.1f} days" if d >= 1 else f"{d * 24:,.1f} hours"
 
 
-def _range(run: TrainingRun, key: str, fmt) -> str:
+def _range(run: TrainingRun, key: str, fmt: Callable[[float], str]) -> str:
     b = run.bounds()[key]
     return "" if b is None else f" (band {fmt(b[0])} - {fmt(b[1])})"
 

@@ -20,6 +20,12 @@ For a wasteful pick:
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cost_models.step import StepEstimate
+    from planner.problem import Problem
+    from planner.search import PlanOptions, PlanResult
 
 WASTE_THRESHOLD = 0.30
 NEARLY_SAME = 0.90
@@ -27,17 +33,17 @@ BATCH_FACTORS = (2, 4)
 FEWER_FACTORS = (2, 4)
 
 
-def wasted_parts(est) -> dict[str, float]:
+def wasted_parts(est: StepEstimate) -> dict[str, float]:
     t, step = est.time, est.step_seconds
     return {"pipeline_bubble": t.pipeline_bubble_seconds / step, "tp_comm_exposed": t.tp_comm_seconds / step,
             "dp_comm_exposed": t.dp_comm_seconds / step, "pp_p2p_exposed": t.pp_p2p_seconds / step}
 
 
-def _quiet(opts):
+def _quiet(opts: PlanOptions) -> PlanOptions:
     return replace(opts, use_solver=False, progress=False)
 
 
-def fewer_gpus(problem, result, opts) -> list[dict]:
+def fewer_gpus(problem: Problem, result: PlanResult, opts: PlanOptions) -> list[dict[str, Any]]:
     """The best plan on half and a quarter of the nodes: its share of the pick's tokens/s and the GPU-hours saved."""
     from planner.errors import InfeasibleError
     from planner.problem import Problem
@@ -62,13 +68,13 @@ def fewer_gpus(problem, result, opts) -> list[dict]:
     return out
 
 
-def min_gpus_command(problem, target: float) -> str:
+def min_gpus_command(problem: Problem, target: float) -> str:
     tr, cl = problem.training, problem.cluster
     return (f"planner plan -c {cl.name} -n {cl.num_nodes} -m {problem.model.name} -b {tr.global_batch_size} "
             f"-s {tr.seq_length} --objective min-gpus --target-tokens-per-second {target:.0f}")
 
 
-def larger_batches(problem, result, opts) -> list[dict]:
+def larger_batches(problem: Problem, result: PlanResult, opts: PlanOptions) -> list[dict[str, Any]]:
     from planner.errors import InfeasibleError
     from planner.problem import Problem
     from planner.search import plan
@@ -89,18 +95,19 @@ def larger_batches(problem, result, opts) -> list[dict]:
     return out
 
 
-def scaling_command(problem) -> str:
+def scaling_command(problem: Problem) -> str:
     tr, cl = problem.training, problem.cluster
     return (f"planner scaling -c {cl.name} -n {cl.num_nodes} -m {problem.model.name} -b {tr.global_batch_size} "
             f"-s {tr.seq_length} --batch-sizes {','.join(str(tr.global_batch_size * f) for f in (1, *BATCH_FACTORS))}")
 
 
-def utilisation(problem, result, opts) -> dict:
+def utilisation(problem: Problem, result: PlanResult, opts: PlanOptions) -> dict[str, Any]:
     """The pick's wasted share and, when it is wasteful, what would help (see the module docstring)."""
     parts = wasted_parts(result.pick.estimate)
     share = sum(parts.values())
-    doc = {"wasted_share": share, "parts": parts, "threshold": WASTE_THRESHOLD, "wasteful": share >= WASTE_THRESHOLD,
-           "fewer_gpus": [], "min_gpus_command": None, "larger_batches": [], "scaling_command": None}
+    doc: dict[str, Any] = {"wasted_share": share, "parts": parts, "threshold": WASTE_THRESHOLD,
+                           "wasteful": share >= WASTE_THRESHOLD, "fewer_gpus": [], "min_gpus_command": None,
+                           "larger_batches": [], "scaling_command": None}
     if doc["wasteful"]:
         doc["fewer_gpus"] = fewer_gpus(problem, result, opts)
         doc["min_gpus_command"] = min_gpus_command(problem, NEARLY_SAME * result.pick.estimate.tokens_per_second)
@@ -109,7 +116,7 @@ def utilisation(problem, result, opts) -> dict:
     return doc
 
 
-def render_lines(doc: dict, problem) -> list[str]:
+def render_lines(doc: dict[str, Any], problem: Problem) -> list[str]:
     from planner.decisions.train import wrap
     from planner.explain.report import count
 

@@ -1,0 +1,46 @@
+"""What `planner compare` and `planner scaling` hand the CLI: the JSON document, the terminal lines, and a way
+to draw the figure. The options are checked (exit 3 / exit 6) before any planning starts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class DecisionReport:
+    document: dict[str, Any]
+    lines: list[str]
+    draw: Callable[[Path], None] = field(repr=False)
+
+
+def check_figure(figure: Path | None) -> None:
+    """Before any work: the suffix is .png/.svg (exit 3) and matplotlib is there (exit 6)."""
+    if figure is not None:
+        from planner.explain.figures import check_path, require_matplotlib
+
+        check_path(figure)
+        require_matplotlib()
+
+
+def header(kind: str) -> dict[str, Any]:
+    from planner import SCHEMA_VERSION, __version__
+
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": kind}
+
+
+def parse_counts(text: str | None, option: str, limit: int = 1_000_000) -> list[int] | None:
+    """`64,128,256` -> [64, 128, 256]; None when not given; one SpecError naming the option otherwise."""
+    from cluster_specs import SpecError
+
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError(f"{option}: {text!r} -> comma-separated integers") from None
+    if not values or any(not 1 <= v <= limit for v in values) or len(values) > 32:
+        raise SpecError(f"{option}: {text!r} -> 1 to 32 integers, each between 1 and {limit:,}")
+    return values
