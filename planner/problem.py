@@ -50,6 +50,11 @@ class Problem:
         return replace(cm, param_bytes=recipe[0], grad_bytes=recipe[1], optimizer_bytes=recipe[2])
 
     @cached_property
+    def parameter_counts(self) -> dict[str, int]:
+        """The model's parameters per part (ModelSpec.parameter_counts), computed once per problem."""
+        return self.model.parameter_counts()
+
+    @cached_property
     def total_params(self) -> int:
         return parameter_counts(self.cm_model).total
 

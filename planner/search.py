@@ -108,7 +108,7 @@ def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero:
                                           offload=offload))
     if per_param == 0:
         return 0.0
-    counts = problem.model.parameter_counts()
+    counts = problem.parameter_counts
     experts = counts["per_layer_routed_experts"] * problem.cm_model.num_moe_layers
     per_gpu = (problem.total_params - experts) / (tp * pp) + experts / (ep * pp)
     return per_gpu * per_param + problem.knobs.per_process_overhead_bytes

@@ -176,6 +176,43 @@ def test_compare_text_fits_80_columns():
     assert max(len(line) for line in lines if not line.startswith("  tp=")) <= 80
 
 
+def test_plans_in_worker_processes_are_the_plans_made_one_by_one(monkeypatch):
+    from planner.decisions import parallel
+    from planner.decisions.parallel import plan_all, workers_for
+    from planner.search import PlanOptions, plan
+
+    monkeypatch.setenv("PLANNER_WORKERS", "2")
+    # this test process may hold a solver's threads from earlier tests; the workers here run no solver
+    monkeypatch.setattr(parallel, "_single_threaded", lambda: True)
+    assert workers_for(8) == 2 and workers_for(1) == 1
+    problems = [_problem(nodes=1), _problem(nodes=2), _problem(model="mt-nlg-530b", nodes=1, batch=8)]
+    opts = PlanOptions(use_solver=False)
+    got = plan_all(problems, opts)
+    for p, res in zip(problems[:2], got, strict=False):
+        ref = plan(p, opts)
+        assert res.pick.layout == ref.pick.layout and res.pick.step_seconds == ref.pick.step_seconds
+        assert [c.layout for c in res.alternatives] == [c.layout for c in ref.alternatives]
+        # reasons survive the process boundary, keyed by the returned candidates
+        assert [res.reasons[id(c)] for c in [res.pick, *res.alternatives]] == [
+            ref.reasons[id(c)] for c in [ref.pick, *ref.alternatives]]
+    assert isinstance(got[2], str) and got[2].startswith("no layout fits")  # 530B on 8 GPUs: why, as text
+    monkeypatch.setenv("PLANNER_WORKERS", "1")
+    assert workers_for(8) == 1
+
+
+def test_a_process_with_solver_threads_plans_one_by_one(monkeypatch):
+    # a fork copies only the calling thread: after a HiGHS solve (which keeps a thread pool) no worker is forked
+    import os
+
+    from planner.decisions.parallel import _single_threaded, workers_for
+    from planner.search import PlanOptions, plan
+
+    monkeypatch.setenv("PLANNER_WORKERS", "2")
+    result = plan(_problem(model="llama2-13b", nodes=4), PlanOptions())
+    assert result.stats.solver_runs >= 1
+    assert len(os.listdir("/proc/self/task")) > 1 and not _single_threaded() and workers_for(8) == 1
+
+
 # ---- how many GPUs ---------------------------------------------------------------------------------------
 
 def test_default_node_counts():

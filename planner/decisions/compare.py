@@ -139,17 +139,14 @@ def compare(choices: list[ClusterChoice], make_problem: ProblemFactory, opts: Pl
             band_for: Callable[[Problem, Candidate], StepTimeBand | None] | None = None) -> Comparison:
     """Plan on each cluster. `make_problem(cluster, nodes)` builds the Problem (the CLI's own builder, so presets,
     files and calibration behave as in `plan`); an entry that has no feasible layout is kept with its reason."""
-    from planner.errors import InfeasibleError
-    from planner.search import plan
+    from planner.decisions.parallel import plan_all
 
     budget = tokens if tokens is not None else DEFAULT_TOKENS
     entries = []
-    for ch in choices:
-        problem = make_problem(ch.cluster, ch.nodes)
-        try:
-            result = plan(problem, opts)
-        except InfeasibleError as exc:
-            entries.append(Entry(ch, problem, None, None, str(exc)))
+    problems = [make_problem(ch.cluster, ch.nodes) for ch in choices]
+    for ch, problem, result in zip(choices, problems, plan_all(problems, opts), strict=True):
+        if isinstance(result, str):
+            entries.append(Entry(ch, problem, None, None, result))
             continue
         band = band_for(problem, result.pick) if band_for else None
         run = for_problem(problem, result.pick.step_seconds, tokens=budget, price_per_gpu_hour=ch.price_per_gpu_hour,

@@ -80,18 +80,11 @@ class Curve:
 def scaling_curve(make_problem: Callable[[int, int], Problem], opts: PlanOptions, node_counts: list[int],
                   global_batch_size: int) -> Curve:
     """Plan at each node count (`make_problem(nodes, batch)`), then set each point's scaling efficiency."""
-    from planner.errors import InfeasibleError
-    from planner.search import plan
+    return scaling_curves(make_problem, opts, node_counts, [global_batch_size])[0]
 
-    points = []
-    for n in sorted(set(node_counts)):
-        problem = make_problem(n, global_batch_size)
-        try:
-            points.append(Point(n, problem.cluster.num_gpus, global_batch_size, problem, plan(problem, opts), None))
-        except InfeasibleError as exc:
-            points.append(Point(n, problem.cluster.num_gpus, global_batch_size, problem, None,
-                                str(exc).splitlines()[0]))
-    curve = Curve(global_batch_size, points)
+
+def _curve(batch: int, points: list[Point]) -> Curve:
+    curve = Curve(batch, points)
     base = curve.base
     for p in points:
         if p.feasible and base is not None:
@@ -101,7 +94,15 @@ def scaling_curve(make_problem: Callable[[int, int], Problem], opts: PlanOptions
 
 def scaling_curves(make_problem: Callable[[int, int], Problem], opts: PlanOptions, node_counts: list[int],
                    batches: list[int]) -> list[Curve]:
-    return [scaling_curve(make_problem, opts, node_counts, b) for b in batches]
+    """One curve per global batch; every (node count, batch) is planned independently (planner.decisions.parallel)."""
+    from planner.decisions.parallel import plan_all
+
+    grid = [(n, b) for b in batches for n in sorted(set(node_counts))]
+    problems = [make_problem(n, b) for n, b in grid]
+    points = [Point(n, pr.cluster.num_gpus, b, pr, None if isinstance(res, str) else res,
+                    res.splitlines()[0] if isinstance(res, str) else None)
+              for (n, b), pr, res in zip(grid, problems, plan_all(problems, opts), strict=True)]
+    return [_curve(b, [p for p in points if p.global_batch_size == b]) for b in batches]
 
 
 def point_json(p: Point, tokens: float) -> dict[str, Any]:
