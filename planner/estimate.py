@@ -19,9 +19,11 @@ __all__ = ["DEFAULT_HEADROOM_GIB", "GIB", "Problem", "build_problem", "complete_
 
 def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size: int, seq_len: int,
                   precision: str | None = None, headroom_gib: float = DEFAULT_HEADROOM_GIB,
-                  calibration: Path | None = None, framework: str | None = None) -> Problem:
+                  calibration: Path | None = None, framework: str | None = None,
+                  fp8_recipe: str | None = None) -> Problem:
     """The problem a command describes: cluster (scaled, calibrated), model, training setup, knobs. Without a
-    precision, the GPU's default (bf16, or fp16 on a GPU without bf16 such as V100; a note says so)."""
+    precision, the GPU's default (bf16, or fp16 on a GPU without bf16 such as V100; a note says so). With
+    precision fp8 and no recipe, the framework's default recipe (planner/frameworks/capabilities.py)."""
     import sys
 
     from pydantic import ValidationError
@@ -44,6 +46,11 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
         tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision)
     except ValidationError as exc:
         raise from_pydantic(exc, source="training setup") from None
+    from planner.frameworks.capabilities import fp8_recipe_for
+
+    recipe = fp8_recipe_for(framework, tr.precision, fp8_recipe)
+    if recipe is not None:
+        tr = tr.model_copy(update={"fp8_recipe": recipe})
     from dataclasses import replace
 
     from planner.bands import gpu_generation

@@ -31,12 +31,14 @@ class ProblemRequest:
     precision: str | None = None  # None: the GPU's default (planner.estimate.build_problem)
     headroom_gib: float = DEFAULT_HEADROOM_GIB
     calibration: Path | None = None
+    fp8_recipe: str | None = None  # None: the framework's default recipe (with precision fp8)
 
     def problem(self, *, global_batch_size: int | None = None, seq_len: int | None = None,
                 framework: str | None = None) -> Problem:
         """With a framework: its execution profile (planner/frameworks/profiles.py), as `validate` uses it."""
         return build_problem(self.cluster, self.nodes, self.model, global_batch_size or self.global_batch_size,
-                             seq_len or self.seq_len, self.precision, self.headroom_gib, self.calibration, framework)
+                             seq_len or self.seq_len, self.precision, self.headroom_gib, self.calibration, framework,
+                             self.fp8_recipe)
 
 
 def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None = None,

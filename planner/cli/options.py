@@ -22,9 +22,13 @@ NodesOpt = Annotated[int | None, typer.Option("--nodes", "-n", help="Scale the c
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset, model YAML/JSON, or HF config.json.")]
 BatchOpt = Annotated[int, typer.Option("--global-batch-size", "-b", help="Sequences per optimizer step.")]
 SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")]
-PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16, fp16, fp32 or fp8 (FP8 GEMMs, TE current "
-                                                                       "scaling; default: bf16, or fp16 on a GPU "
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16, fp16, fp32 or fp8 (FP8 GEMMs, recipe: "
+                                                                       "--fp8-recipe; default: bf16, or fp16 on a GPU "
                                                                        "without bf16 such as V100).")]
+Fp8RecipeOpt = Annotated[str | None, typer.Option(
+    "--fp8-recipe", help="With --precision fp8: delayed, tensorwise (TE current scaling), blockwise, mxfp8 "
+                         "(Blackwell) or rowwise (torchao); default: the framework's (Megatron-LM delayed, NeMo "
+                         "tensorwise, torchtitan rowwise, otherwise tensorwise).")]
 HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
 TpAcrossOpt = Annotated[bool, typer.Option("--allow-tp-across-nodes", help="Allow TP groups larger than a node.")]
@@ -38,11 +42,13 @@ DEFAULT_HEADROOM = DEFAULT_HEADROOM_GIB  # the one default (planner.estimate), s
 
 
 def problem_request(cluster: str, model: str, global_batch_size: int, seq_len: int, nodes: int | None,
-                    precision: str | None, headroom_gib: float, calibration: Path | None) -> ProblemRequest:
+                    precision: str | None, headroom_gib: float, calibration: Path | None,
+                    fp8_recipe: str | None = None) -> ProblemRequest:
     from planner.requests import ProblemRequest
 
     return ProblemRequest(cluster=cluster, model=model, global_batch_size=global_batch_size, seq_len=seq_len,
-                          nodes=nodes, precision=precision, headroom_gib=headroom_gib, calibration=calibration)
+                          nodes=nodes, precision=precision, headroom_gib=headroom_gib, calibration=calibration,
+                          fp8_recipe=fp8_recipe)
 
 
 def stdout() -> Console:

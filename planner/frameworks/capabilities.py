@@ -38,6 +38,9 @@ class Capabilities:
     pads_vocab: bool = False  # pads the vocabulary to a multiple of tp itself (no divisibility rule)
     vocab_rule: str = ""
     precisions: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8")  # fp8: TE (Megatron/NeMo), torchao (torchtitan)
+    # FP8 scaling recipes it runs (cost_models/fp8.py names) and the one it uses when none is asked for
+    fp8_recipes: tuple[str, ...] = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
+    default_fp8_recipe: str = "tensorwise"
     sources: dict[str, str] = field(default_factory=dict)
 
     def refusal(self, f: dict) -> str | None:
@@ -108,6 +111,16 @@ class Capabilities:
             return None
         return f"vocab_size: {vocab_size} -> not divisible by tp ({tp}); {self.vocab_rule}"
 
+    def precision_problem(self, precision: str, fp8_recipe: str | None) -> str | None:
+        """Why this framework cannot train in `precision` (with FP8: with `fp8_recipe`), or None."""
+        if precision not in self.precisions:
+            return (f"precision {precision} -> {self.framework.value} trains in {', '.join(self.precisions)} "
+                    f"({self.sources.get('precision', '')})")
+        if precision == "fp8" and fp8_recipe is not None and fp8_recipe not in self.fp8_recipes:
+            return (f"fp8_recipe {fp8_recipe} -> {self.framework.value} runs {', '.join(self.fp8_recipes)} "
+                    f"({self.sources.get('fp8', '')})")
+        return None
+
     def padded_vocab(self, vocab_size: int, tp: int) -> int:
         """The vocabulary the framework builds (Megatron pads to a multiple of 128 x tp)."""
         if not self.pads_vocab:
@@ -125,22 +138,29 @@ _MEGATRON_SOURCES = {
     "split": "frameworks.md §2.3: --decoder-first/last-pipeline-num-layers; the middle stages split evenly",
     "sp": "--sequence-parallel (frameworks.md §2.6)",
     "vocab": "frameworks.md §2.5: padded to a multiple of --make-vocab-size-divisible-by (128) x tp",
+    "fp8": "frameworks.md §2.8: --fp8-recipe {tensorwise,delayed,mxfp8,blockwise}, default delayed "
+           "(transformer_config.py L587-600); rowwise is torchao's",
 }
 
 MEGATRON = Capabilities(
     Framework.MEGATRON, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     offload=("none", "optimizer"), recompute=("none", "selective", "full"), sp_needs_tp="warn",
     uneven_split="first_last", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
-    vocab_rule="Megatron pads the vocabulary to a multiple of 128 x tp", sources=_MEGATRON_SOURCES)
+    vocab_rule="Megatron pads the vocabulary to a multiple of 128 x tp",
+    fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="delayed",
+    sources=_MEGATRON_SOURCES)
 
 NEMO = Capabilities(
     Framework.NEMO, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     offload=("none", "optimizer"), recompute=("none", "selective", "full"), sp_needs_tp="error",
     uneven_split="first_last", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron-Core pads the vocabulary to a multiple of 128 x tp",
+    fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="tensorwise",
     sources={**_MEGATRON_SOURCES,
              "sp": "frameworks.md §4.5: Megatron-Bridge builds the mcore config directly: SP with tp = 1 is a "
-                   "ValueError"})
+                   "ValueError",
+             "fp8": "frameworks.md §4.6: Bridge mixed_precision recipes fp8 delayed / current (tensorwise) / "
+                    "subchannel (blockwise) / mxfp8; MixedPrecisionConfig.fp8_recipe defaults to tensorwise"})
 
 TORCHTITAN = Capabilities(
     Framework.TORCHTITAN, schedules=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), zero_stages=(0, 2, 3),
@@ -148,7 +168,7 @@ TORCHTITAN = Capabilities(
     sp_needs_tp="warn", uneven_split="any", per_stage_recompute="none", max_virtual_stages=64,
     vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
                "embedding and output",
-    precisions=("bf16", "fp32", "fp8"),
+    precisions=("bf16", "fp32", "fp8"), fp8_recipes=("rowwise", "tensorwise"), default_fp8_recipe="rowwise",
     sources={
         "schedules": "frameworks.md §1.4: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
                      "ZBVZeroBubble (zero_bubble exports as ZBVZeroBubble: two stages per rank in a V)",
@@ -160,6 +180,8 @@ TORCHTITAN = Capabilities(
         "split": "frameworks.md §1.4: module_fqns_per_model_part gives any split",
         "sp": "enable_sequence_parallel, default True (frameworks.md §1.2)",
         "precision": "mixed_precision_param: bfloat16 or float32 (frameworks.md §1.6)",
+        "fp8": "frameworks.md §1.9: torchao float8 recipe_name rowwise (main's default) or tensorwise (v0.2.2 "
+               "TOML, with the FSDP float8 all-gather); MXFP8 is a separate converter the export does not write",
     })
 
 DEEPSPEED = Capabilities(
@@ -168,6 +190,7 @@ DEEPSPEED = Capabilities(
     tensor_parallel_zero_stages=(0, 1, 2), tensor_parallel_with_pp=False, sequence_parallel=False,
     uneven_split="none", per_stage_recompute="none", max_virtual_stages=1,
     vocab_rule="DeepSpeed does not pad the vocabulary; the planner requires tp to divide it",
+    precisions=("bf16", "fp16", "fp32"), fp8_recipes=(),
     sources={
         "schedules": "frameworks.md §3.3: TrainSchedule is synchronous 1F1B; no interleaving, no zero-bubble",
         "zero": "frameworks.md §3.3: ZeRO-2/3 are incompatible with pipeline parallelism",
@@ -179,13 +202,17 @@ DEEPSPEED = Capabilities(
         "tp": "AutoTP training (tensor_parallel.autotp_size): ZeRO 0, 1 or 2, no pipeline "
               "(deepspeed.ai/tutorials/autotp-training)",
         "sp": "AutoTP has no Megatron-style sequence parallelism (Ulysses is context parallelism)",
+        "precision": "frameworks.md §3.8: no FP8 training switch in DeepSpeed's config (FP8 comes from Transformer "
+                     "Engine in model code)",
     })
 
 MEGATRON_DEEPSPEED = Capabilities(
     Framework.MEGATRON_DEEPSPEED, schedules=("1f1b", "zero_bubble"), zero_stages=(0, 1, 2, 3),
     zero_stages_with_pp=(0, 1), offload=("none", "optimizer", "optimizer+params"),
     recompute=("none", "selective", "full"), no_sp_schedules=("zero_bubble",), uneven_split="none",
-    per_stage_recompute="none", max_virtual_stages=1, pads_vocab=True, vocab_rule="Megatron-DeepSpeed pads the vocabulary to a multiple of 128 x tp",
+    per_stage_recompute="none", max_virtual_stages=1, pads_vocab=True,
+    vocab_rule="Megatron-DeepSpeed pads the vocabulary to a multiple of 128 x tp",
+    precisions=("bf16", "fp16", "fp32"), fp8_recipes=(),
     sources={
         "schedules": "frameworks.md §3.3: DeepSpeed's pipeline engine runs 1F1B; --enable-zbh1-pipeline runs ZB-H1 "
                      "(no SP)",
@@ -197,13 +224,17 @@ MEGATRON_DEEPSPEED = Capabilities(
         "split": "frameworks.md §3.3: partition_method type:transformer balances the layer count",
         "sp": "--sequence-parallel (not with --enable-zbh1-pipeline)",
         "vocab": "Megatron's padding to 128 x tp",
+        "precision": "frameworks.md §3: no FP8 recipe option is sourced for Megatron-DeepSpeed (its DeepSpeed JSON "
+                     "has no FP8 switch, §3.8); plan FP8 with --framework megatron",
     })
 
 GENERIC = Capabilities(
     Framework.GENERIC, schedules=ALL_SCHEDULES, zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     offload=("none", "optimizer", "optimizer+params"), recompute=("none", "selective", "full"),
     uneven_split="any", per_stage_recompute="any", max_virtual_stages=64, pads_vocab=True,
-    vocab_rule="", sources={"schedules": "every schedule the cost models know (no framework named)"})
+    vocab_rule="", sources={"schedules": "every schedule the cost models know (no framework named)",
+                            "fp8": "every FP8 recipe the cost model knows (cost_models/fp8.py, modern-training.md "
+                                   "§1.1)"})
 
 CAPABILITIES: dict[Framework, Capabilities] = {
     c.framework: c for c in (MEGATRON, NEMO, TORCHTITAN, DEEPSPEED, MEGATRON_DEEPSPEED, GENERIC)}
@@ -236,6 +267,24 @@ def refuse_unrunnable(framework: str | None, layout, model) -> str:
     if why:
         raise SpecError(f"--layout: {why}")
     return caps.framework.value
+
+
+def fp8_recipe_for(framework: str | Framework | None, precision: str, fp8_recipe: str | None) -> str | None:
+    """The FP8 recipe a run uses: the one asked for, else the framework's default (Megatron-LM delayed, NeMo and the
+    generic planner tensorwise, torchtitan rowwise); None unless the precision is fp8. A one-line error when the
+    framework cannot train in this precision or recipe, or a recipe is asked for without --precision fp8."""
+    from cluster_specs import SpecError
+
+    if precision != "fp8":
+        if fp8_recipe is not None:
+            raise SpecError(f"--fp8-recipe: {fp8_recipe} -> needs --precision fp8 (the precision is {precision})")
+        return None
+    caps = capabilities(framework)
+    recipe = fp8_recipe or caps.default_fp8_recipe
+    why = caps.precision_problem(precision, recipe)
+    if why:
+        raise SpecError(f"--precision/--fp8-recipe: {caps.framework.value}: {why}")
+    return recipe
 
 
 def sp_problem(caps: Capabilities, f: dict) -> tuple[str, str] | None:

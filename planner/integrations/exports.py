@@ -17,7 +17,7 @@ from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
-from planner.integrations.modern_flags import deepspeed_settings, megatron_args, torchtitan_settings
+from planner.integrations.modern_flags import deepspeed_settings, megatron_args, nemo_settings, torchtitan_settings
 
 GIB = 2**30
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
@@ -195,9 +195,9 @@ def _refuse(fw: Framework, lay: LayoutSpec, model: ModelSpec, training: Training
     vocab = caps.vocab_problem(model.vocab_size, lay.tp)
     if vocab:
         raise SpecError(f"{vocab}; plan with --framework {fw.value} (it then picks a tp that divides the vocabulary)")
-    if training.precision not in caps.precisions:
-        raise SpecError(f"precision: {training.precision} -> {fw.value} trains in {', '.join(caps.precisions)} "
-                        f"({caps.sources.get('precision', '')})")
+    why = caps.precision_problem(training.precision, training.fp8_recipe)
+    if why:
+        raise SpecError(f"{why}; plan with --framework {fw.value}")
 
 
 def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dict | None]:
@@ -374,7 +374,7 @@ def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
         ("model.virtual_pipeline_model_parallel_size", lay.virtual_stages if lay.virtual_stages > 1 else None),
         ("model.sequence_parallel", lay.sequence_parallel), ("train.micro_batch_size", lay.micro_batch_size),
         ("train.global_batch_size", training.global_batch_size), ("dataset.seq_length", training.seq_length),
-        ("mixed_precision", {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}[training.precision]),
+        *nemo_settings(lay, parts.model, training),  # mixed_precision (FP8 recipe), CP, EP
         ("ddp.use_distributed_optimizer", lay.zero_stage == 1),
     ]
     if lay.pp > 1:

@@ -9,11 +9,17 @@ torchtitan's come from torchao (`recipe_name` in {tensorwise, rowwise, rowwise_w
 from __future__ import annotations
 
 from cluster_specs import SpecError
+from planner.frameworks import Framework
+from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
 MEGATRON_CP_COMM = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a"}
-MEGATRON_FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise")
-TORCHTITAN_FP8_RECIPES = ("tensorwise", "rowwise")
+MEGATRON_FP8_RECIPES = capabilities(Framework.MEGATRON).fp8_recipes
+TORCHTITAN_FP8_RECIPES = capabilities(Framework.TORCHTITAN).fp8_recipes
+# Megatron-Bridge `mixed_precision=` recipe names per FP8 recipe (frameworks.md §4.6, training/mixed_precision.py)
+NEMO_FP8_MIXED_PRECISION = {"delayed": "bf16_with_fp8_delayed_scaling_mixed",
+                            "tensorwise": "bf16_with_fp8_current_scaling_mixed",
+                            "blockwise": "bf16_with_fp8_subchannel_scaling_mixed", "mxfp8": "bf16_with_mxfp8_mixed"}
 
 # The feature table (README "Modern training in the exports"): what each export can express
 FEATURE_TABLE = [
@@ -87,6 +93,23 @@ def torchtitan_settings(layout: LayoutSpec, model: ModelSpec, training: Training
         if training.fp8_recipe == "tensorwise" and layout.zero_stage >= 1:
             float8 |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
     return par, float8
+
+
+def nemo_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> list[tuple[str, object]]:
+    """Megatron-Bridge overrides for CP, EP and the mixed-precision recipe (the mcore ModelParallelConfig field
+    names, as Megatron-LM's flags without the dashes: context_parallel_size, expert_model_parallel_size, ...)."""
+    kv: list[tuple[str, object]] = []
+    if layout.cp > 1:
+        kv += [("model.context_parallel_size", layout.cp), ("model.cp_comm_type", MEGATRON_CP_COMM[layout.cp_comm])]
+    if model.moe is not None:
+        kv += [("model.expert_model_parallel_size", layout.ep), ("model.expert_tensor_parallel_size", layout.etp)]
+    precision = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp32": None}.get(training.precision)
+    if training.precision == "fp8":
+        if training.fp8_recipe not in NEMO_FP8_MIXED_PRECISION:
+            raise SpecError(f"fp8_recipe: {training.fp8_recipe} -> Megatron-Bridge's FP8 recipes are "
+                            f"{', '.join(NEMO_FP8_MIXED_PRECISION)}; plan with --framework nemo")
+        precision = NEMO_FP8_MIXED_PRECISION[training.fp8_recipe]
+    return [("mixed_precision", precision), *kv]
 
 
 def deepspeed_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> dict:

@@ -1,0 +1,86 @@
+"""`--fp8-recipe` on plan/estimate: the recipe each framework runs (frameworks.md §1.9, §2.8, §3.8, §4.6), its
+default, the refusals, and the recipe carried into the plan JSON and the exports."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cluster_specs import SpecError
+from planner.estimate import build_problem
+from planner.frameworks.capabilities import capabilities, fp8_recipe_for
+from planner.integrations.exports import export
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+ARGS = ("-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-b", "16", "-s", "8192")
+
+
+@pytest.mark.parametrize(("framework", "default"), [
+    ("megatron", "delayed"),  # frameworks.md §2.8: --fp8-recipe default delayed
+    ("nemo", "tensorwise"),  # §4.6: MixedPrecisionConfig.fp8_recipe defaults to tensorwise
+    ("torchtitan", "rowwise"),  # §1.9: Float8LinearConverter recipe_name default rowwise
+    (None, "tensorwise"),  # generic: TE current scaling
+])
+def test_framework_default_recipe(framework, default):
+    assert fp8_recipe_for(framework, "fp8", None) == default
+    assert build_problem("dgx-h100", 1, "llama3-8b", 16, 8192, "fp8", framework=framework).training.fp8_recipe == default
+
+
+@pytest.mark.parametrize(("framework", "recipe", "why"), [
+    ("torchtitan", "delayed", "torchtitan runs rowwise, tensorwise"),
+    ("megatron", "rowwise", "megatron runs delayed, tensorwise, blockwise, mxfp8"),
+    ("nemo", "rowwise", "nemo runs"),
+    ("deepspeed", None, "deepspeed trains in bf16, fp16, fp32"),
+    ("megatron-deepspeed", "delayed", "megatron-deepspeed trains in bf16, fp16, fp32"),
+    (None, "fp4", "generic runs delayed, tensorwise, rowwise, blockwise, mxfp8"),
+])
+def test_recipes_a_framework_cannot_run_are_refused(framework, recipe, why):
+    with pytest.raises(SpecError, match=why):
+        fp8_recipe_for(framework, "fp8", recipe)
+
+
+def test_a_recipe_without_fp8_is_refused_and_bf16_has_none():
+    with pytest.raises(SpecError, match="needs --precision fp8"):
+        fp8_recipe_for("megatron", "bf16", "delayed")
+    assert fp8_recipe_for("megatron", "bf16", None) is None
+    # each framework's recipes are a subset of what the cost model knows
+    from cost_models.fp8 import FP8_RECIPES
+
+    for fw in ("megatron", "nemo", "torchtitan", "deepspeed", "megatron-deepspeed", "generic"):
+        assert set(capabilities(fw).fp8_recipes) <= set(FP8_RECIPES)
+
+
+def test_cli_carries_the_recipe_into_the_json_and_it_changes_the_estimate():
+    layout = ("--layout", "dp=8,zero=3,mbs=2,recompute=full")
+    times = {}
+    for recipe in ("delayed", "tensorwise", "rowwise"):
+        proc = _cli("estimate", *ARGS, *layout, "--precision", "fp8", "--fp8-recipe", recipe, "--json")
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["inputs"]["training"]["fp8_recipe"] == recipe
+        times[recipe] = doc["predicted"]["step_time_seconds"]
+    # TE's 12-GEMM autocast speedups on H200: delayed 1.69x > current (tensorwise) 1.58x (modern-training.md §1.5.1)
+    assert times["delayed"] < times["tensorwise"]
+    bad = _cli("estimate", *ARGS, *layout, "--precision", "fp8", "--fp8-recipe", "delayed", "--framework", "torchtitan")
+    assert bad.returncode == 3 and "torchtitan runs rowwise, tensorwise" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_plan_json_recipe_reaches_the_exports():
+    proc = _cli("plan", *ARGS, "--precision", "fp8", "--fp8-recipe", "blockwise", "--framework", "megatron",
+                "--no-solver", "--top", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["inputs"]["training"]["fp8_recipe"] == "blockwise"
+    assert "--fp8-recipe blockwise" in export(plan, "megatron").text.splitlines()
+    # Megatron-Bridge's recipe name for blockwise (frameworks.md §4.6: subchannel scaling)
+    assert "mixed_precision=bf16_with_fp8_subchannel_scaling_mixed" in export(plan, "nemo").text.splitlines()
+    with pytest.raises(SpecError, match="torchtitan runs rowwise, tensorwise"):
+        export(plan, "torchtitan")
+    with pytest.raises(SpecError, match="deepspeed trains in bf16, fp16, fp32"):
+        export(plan, "deepspeed")
