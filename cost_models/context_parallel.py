@@ -72,6 +72,19 @@ def ring_overlap_min_tokens(model: Transformer, *, attention_flops_per_second: f
             / (a * per_head * link.bandwidth_bytes_per_second))
 
 
+def cp_transfer_seconds(traffic: CpTraffic, *, variant: str, cp: int, link: Link) -> float:
+    """Forward + backward seconds of one layer's CP traffic before any overlap (what the ring hides behind
+    attention); all-gather and a2a are never overlapped, so this equals their exposed time."""
+    if cp <= 1:
+        return 0.0
+    if variant == "p2p":
+        steps = cp - 1
+        return steps * (p2p_seconds(message_bytes=traffic.forward_bytes / steps, link=link)
+                        + p2p_seconds(message_bytes=traffic.backward_bytes / steps, link=link))
+    return sum(exposed_cp_seconds(traffic, variant=variant, cp=cp, link=link, attention_forward_seconds=0.0,
+                                  attention_backward_seconds=0.0))
+
+
 def exposed_cp_seconds(traffic: CpTraffic, *, variant: str, cp: int, link: Link, attention_forward_seconds: float,
                        attention_backward_seconds: float) -> tuple[float, float]:
     """(forward, backward) CP communication left on the critical path per layer per micro-batch.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cost_models.communication import all_to_all_seconds, group_link
 from cost_models.compute import parameter_counts
-from cost_models.context_parallel import cp_buffer_bytes, cp_traffic, exposed_cp_seconds
+from cost_models.context_parallel import cp_buffer_bytes, cp_traffic, cp_transfer_seconds, exposed_cp_seconds
 from cost_models.fp8 import (
     fp8_gemm_speedup,
     fp8_weight_extra_bytes,
@@ -44,6 +44,8 @@ class LayerExtras:
     layer_params: float  # one layer's parameters on this GPU: dense part / tp, routed experts / (ep·etp), norms
     expert_params: float  # the routed-expert part of layer_params (its states shard over edp)
     fp8_weight_bytes: float  # FP8 weight copies of one layer on this GPU
+    cp_total_seconds: float = 0.0  # CP traffic before overlap (for explanations), forward + backward
+    ep_total_seconds: float = 0.0  # EP all-to-all before overlap, forward + backward
 
     @property
     def extra_seconds(self) -> float:
@@ -95,44 +97,45 @@ def _fp8_terms(model: Transformer, training: Training, hw: Hardware, layout: Lay
 
 
 def _cp_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, core_seconds: float
-              ) -> tuple[float, float]:
-    """(exposed seconds f+b, transient bytes) of CP for one layer."""
+              ) -> tuple[float, float, float]:
+    """(exposed seconds f+b, transient bytes, seconds before overlap) of CP for one layer."""
     if layout.cp <= 1:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     kw = dict(micro_batch_size=layout.micro_batch_size, seq_length=training.seq_length, tp=layout.tp, cp=layout.cp,
               activation_bytes=training.activation_bytes)
     traffic = cp_traffic(model, variant=layout.cp_comm, **kw)
     link = group_link(hw, group_size=layout.cp, stride=layout.tp).link
     fwd, bwd = exposed_cp_seconds(traffic, variant=layout.cp_comm, cp=layout.cp, link=link,
                                   attention_forward_seconds=core_seconds, attention_backward_seconds=2 * core_seconds)
-    return fwd + bwd, cp_buffer_bytes(model, variant=layout.cp_comm, **kw)
+    total = cp_transfer_seconds(traffic, variant=layout.cp_comm, cp=layout.cp, link=link)
+    return fwd + bwd, cp_buffer_bytes(model, variant=layout.cp_comm, **kw), total
 
 
 def _ep_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs, tokens: float
-              ) -> tuple[float, float, float]:
-    """(exposed all-to-all seconds f+b, activation delta bytes, dispatch buffer bytes) of an MoE layer, averaged."""
+              ) -> tuple[float, float, float, float]:
+    """(exposed all-to-all seconds f+b, activation delta bytes, dispatch buffer bytes, all-to-all seconds before
+    overlap) of an MoE layer, averaged over the layers."""
     moe = model.moe
     if moe is None:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     frac, h, act_b = _moe_fraction(model), model.hidden_size, training.activation_bytes
     t_moe = _moe_tokens(layout, tokens)
     routed = routed_tokens_per_rank(moe, tokens=int(t_moe), imbalance=knobs.moe_imbalance)
     seconds = 0.0
     if layout.ep > 1:
         dispatch = 1 + 4 / 128 if training.fp8_recipe == "blockwise" else act_b  # FP8 dispatch (DeepSeek-V3 style)
-        fwd, bwd = all_to_all_bytes_per_layer(tokens=int(t_moe * knobs.moe_imbalance), top_k=moe.top_k, hidden_size=h,
+        fwd, bwd = all_to_all_bytes_per_layer(tokens=t_moe * knobs.moe_imbalance, top_k=moe.top_k, hidden_size=h,
                                               ep=layout.ep, dispatch_bytes=dispatch, combine_bytes=act_b)
         link = group_link(hw, group_size=layout.ep, stride=layout.etp).link
         per_rank = (fwd + bwd) * layout.ep / (layout.ep - 1)  # all_to_all_seconds takes the per-rank buffer
         seconds = all_to_all_seconds(message_bytes=per_rank, group_size=layout.ep, link=link)
-        seconds *= 1 - knobs.ep_overlap_fraction
     # replace the dense-MLP activations memory.py counted (8 f bytes per token / tp, 2-byte, gated) by the routed ones
     dense_mlp = tokens * (8 if model.swiglu else 4) * model.ffn_hidden_size * act_b / 2 / layout.tp
     moe_mlp = (routed_activation_bytes(model, routed_tokens=routed, activation_bytes=act_b, etp=layout.etp)
                + tokens * (8 if model.swiglu else 4) * moe.shared_expert_ffn_hidden_size * act_b / 2 / layout.tp
                + router_activation_bytes(tokens=int(t_moe), num_experts=moe.num_experts))
     buffer = dispatch_buffer_bytes(routed_tokens=routed, hidden_size=h, activation_bytes=act_b) if layout.ep > 1 else 0
-    return seconds * frac, (moe_mlp - dense_mlp) * frac, buffer
+    return seconds * (1 - knobs.ep_overlap_fraction) * frac, (moe_mlp - dense_mlp) * frac, buffer, seconds * frac
 
 
 def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs, *,
@@ -144,8 +147,8 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
     if model.moe is not None and knobs.moe_imbalance != 1.0:
         expert = 2 * tokens * model.moe.top_k * expert_weight_count(model) / layout.tp * _moe_fraction(model)
         factor *= 1 + (knobs.moe_imbalance - 1) * min(1.0, expert / max(gemm_flops_per_gpu, 1.0))
-    cp_s, cp_buf = _cp_terms(model, training, hw, layout, core_seconds)
-    ep_s, moe_act, ep_buf = _ep_terms(model, training, hw, layout, knobs, tokens)
+    cp_s, cp_buf, cp_total = _cp_terms(model, training, hw, layout, core_seconds)
+    ep_s, moe_act, ep_buf, ep_total = _ep_terms(model, training, hw, layout, knobs, tokens)
     params, experts = _layer_params(model, layout)
     fp8_weights = saving = 0.0
     if training.fp8_recipe is not None:
@@ -160,5 +163,5 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
     return LayerExtras(
         tokens_per_rank=tokens, gemm_time_factor=factor, cp_seconds=cp_s, ep_seconds=ep_s, fp8_quant_seconds=quant,
         activation_delta_bytes=moe_act - saving, transient_bytes=cp_buf + ep_buf, layer_params=params,
-        expert_params=experts, fp8_weight_bytes=fp8_weights,
+        expert_params=experts, fp8_weight_bytes=fp8_weights, cp_total_seconds=cp_total, ep_total_seconds=ep_total,
     )

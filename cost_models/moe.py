@@ -95,7 +95,7 @@ def routed_tokens_per_rank(moe: MoE, *, tokens: int, imbalance: float = DEFAULT_
     return load
 
 
-def all_to_all_bytes_per_layer(*, tokens: int, top_k: int, hidden_size: int, ep: int, dispatch_bytes: float = 2,
+def all_to_all_bytes_per_layer(*, tokens: float, top_k: int, hidden_size: int, ep: int, dispatch_bytes: float = 2,
                                combine_bytes: float = 2) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends per MoE layer per micro-batch (modern-training.md §3.4).
 

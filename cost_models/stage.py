@@ -197,6 +197,12 @@ class StageTime:
     recompute_seconds: float
     tp_comm_seconds: float  # exposed
     weight_grad_seconds: float  # the weight-gradient GEMMs inside the backward (zero-bubble's W)
+    # exposed CP KV exchange and EP all-to-all of the stage's layers, forward + backward: already inside
+    # forward_seconds + backward_seconds (they sit on each micro-batch's critical path); the breakdown shows them apart
+    cp_comm_seconds: float = 0.0
+    ep_comm_seconds: float = 0.0
+    cp_comm_total_seconds: float = 0.0  # before overlap
+    ep_comm_total_seconds: float = 0.0
 
     @property
     def total_seconds(self) -> float:
@@ -289,6 +295,10 @@ class StageModel:
             recompute_seconds=(n - r) * lc.t_recompute_policy + r * lc.t_recompute_full,
             tp_comm_seconds=lc.comm_seconds(n, r),
             weight_grad_seconds=n * lc.gemm_flops_per_gpu / lc.rate_flops_per_second + extra,
+            cp_comm_seconds=n * lc.extras.cp_seconds,
+            ep_comm_seconds=n * lc.extras.ep_seconds,
+            cp_comm_total_seconds=n * lc.extras.cp_total_seconds,
+            ep_comm_total_seconds=n * lc.extras.ep_total_seconds,
         )
 
     def in_flight(self, i: int) -> float:

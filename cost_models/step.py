@@ -52,11 +52,16 @@ class TimeBreakdown:
     offload_seconds: float  # exposed
     dp_comm_total_seconds: float  # before overlap, for explanations
     tp_comm_total_seconds: float
+    cp_comm_seconds: float = 0.0  # exposed CP KV exchange (ring steps not hidden, all-gather, Ulysses all-to-all)
+    ep_comm_seconds: float = 0.0  # exposed EP dispatch/combine all-to-all
+    cp_comm_total_seconds: float = 0.0  # before overlap, for explanations
+    ep_comm_total_seconds: float = 0.0
 
     @property
     def total_seconds(self) -> float:
-        return (self.compute_seconds + self.recompute_seconds + self.tp_comm_seconds + self.pipeline_bubble_seconds
-                + self.pp_p2p_seconds + self.dp_comm_seconds + self.optimizer_seconds + self.offload_seconds)
+        return (self.compute_seconds + self.recompute_seconds + self.tp_comm_seconds + self.cp_comm_seconds
+                + self.ep_comm_seconds + self.pipeline_bubble_seconds + self.pp_p2p_seconds + self.dp_comm_seconds
+                + self.optimizer_seconds + self.offload_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +187,13 @@ def time_breakdown(sm: StageModel, times: Sequence[StageTime], span: Makespan, p
     i, m, lc = span.bottleneck_stage, sm.layout.num_micro_batches, sm.lc
     t = times[i]
     ar_count = sm.split[i] * TP_ALL_REDUCES_PER_LAYER + sm.full_layers[i] * TP_ALL_REDUCES_PER_RECOMPUTED_LAYER
+    cp, ep = m * t.cp_comm_seconds, m * t.ep_comm_seconds  # inside the stage's forward + backward: shown apart
     return TimeBreakdown(
-        compute_seconds=m * (t.forward_seconds + t.backward_seconds),
+        compute_seconds=m * (t.forward_seconds + t.backward_seconds) - cp - ep,
+        cp_comm_seconds=cp,
+        ep_comm_seconds=ep,
+        cp_comm_total_seconds=m * t.cp_comm_total_seconds,
+        ep_comm_total_seconds=m * t.ep_comm_total_seconds,
         recompute_seconds=m * t.recompute_seconds,
         tp_comm_seconds=m * t.tp_comm_seconds,
         pipeline_bubble_seconds=span.bubble_seconds,

@@ -168,13 +168,19 @@ class TimeReport(_Strict):
     # field -> label: the terminal's time table and the decision's "mostly X" both read this one map
     PARTS: ClassVar[dict[str, str]] = {
         "compute_seconds": "compute", "recompute_seconds": "recomputation",
-        "tp_comm_exposed_seconds": "exposed TP all-reduces", "pipeline_bubble_seconds": "pipeline bubble",
+        "tp_comm_exposed_seconds": "exposed TP all-reduces", "cp_comm_exposed_seconds": "exposed CP KV exchange",
+        "ep_comm_exposed_seconds": "exposed EP all-to-all", "pipeline_bubble_seconds": "pipeline bubble",
         "pp_p2p_exposed_seconds": "pipeline send/recv", "dp_comm_exposed_seconds": "exposed gradient/parameter traffic",
         "optimizer_seconds": "optimizer step", "offload_seconds": "offload"}
 
     compute_seconds: float = Field(description="Model FLOPs of the bottleneck stage, all micro-batches.")
     recompute_seconds: float = Field(description="Recomputing activations in the backward pass.")
     tp_comm_exposed_seconds: float = Field(description="TP/SP collectives not hidden behind compute.")
+    cp_comm_exposed_seconds: float = Field(0.0, description="Context-parallel K/V exchange not hidden behind attention "
+                                                           "(ring steps longer than their attention block, "
+                                                           "all-gather and Ulysses all-to-all in full).")
+    ep_comm_exposed_seconds: float = Field(0.0, description="Expert-parallel dispatch and combine all-to-all not "
+                                                           "hidden (forward and backward).")
     pipeline_bubble_seconds: float = Field(description="Pipeline fill and drain (idle time of the bottleneck stage).")
     pp_p2p_exposed_seconds: float = Field(description="Pipeline sends and receives not hidden.")
     dp_comm_exposed_seconds: float = Field(description="Gradient reduction / ZeRO gathers not hidden.")
@@ -182,6 +188,9 @@ class TimeReport(_Strict):
     offload_seconds: float = Field(description="Host transfers and CPU optimizer not hidden (offload).")
     dp_comm_total_seconds: float = Field(description="All data-parallel traffic before overlap (for explanations).")
     tp_comm_total_seconds: float = Field(description="All TP traffic before overlap (for explanations).")
+    cp_comm_total_seconds: float = Field(0.0, description="All CP K/V traffic before overlap (for explanations).")
+    ep_comm_total_seconds: float = Field(0.0, description="All EP all-to-all traffic before overlap (for "
+                                                         "explanations).")
     total_seconds: float = Field(description="Sum of the exposed parts = step_time_seconds.")
     matmul_efficiency: float = Field(description="Achieved fraction of peak on the layout's GEMMs.")
     stage_seconds: list[float] = Field(description="Forward + backward seconds of one micro-batch on each stage.")
@@ -190,10 +199,12 @@ class TimeReport(_Strict):
     def from_estimate(cls, est: StepEstimate) -> TimeReport:
         t = est.time
         return cls(compute_seconds=t.compute_seconds, recompute_seconds=t.recompute_seconds,
-                   tp_comm_exposed_seconds=t.tp_comm_seconds, pipeline_bubble_seconds=t.pipeline_bubble_seconds,
+                   tp_comm_exposed_seconds=t.tp_comm_seconds, cp_comm_exposed_seconds=t.cp_comm_seconds,
+                   ep_comm_exposed_seconds=t.ep_comm_seconds, pipeline_bubble_seconds=t.pipeline_bubble_seconds,
                    pp_p2p_exposed_seconds=t.pp_p2p_seconds, dp_comm_exposed_seconds=t.dp_comm_seconds,
                    optimizer_seconds=t.optimizer_seconds, offload_seconds=t.offload_seconds,
                    dp_comm_total_seconds=t.dp_comm_total_seconds, tp_comm_total_seconds=t.tp_comm_total_seconds,
+                   cp_comm_total_seconds=t.cp_comm_total_seconds, ep_comm_total_seconds=t.ep_comm_total_seconds,
                    total_seconds=t.total_seconds, matmul_efficiency=est.matmul_efficiency,
                    stage_seconds=list(est.stage_seconds))
 

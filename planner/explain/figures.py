@@ -20,6 +20,7 @@ from pathlib import Path
 GIB = 2**30
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "transient", "overhead")
 TIME_PARTS = (("compute", "compute_seconds"), ("recompute", "recompute_seconds"), ("TP comm", "tp_comm_seconds"),
+              ("CP comm", "cp_comm_seconds"), ("EP comm", "ep_comm_seconds"),
               ("bubble", "pipeline_bubble_seconds"), ("PP send/recv", "pp_p2p_seconds"),
               ("DP comm", "dp_comm_seconds"), ("optimizer", "optimizer_seconds"), ("offload", "offload_seconds"))
 FORMATS = (".png", ".svg")
@@ -212,7 +213,8 @@ def plan_figures(problem, result, folder: Path) -> list[Path]:
 
 MEMORY_SYMBOLS = {"weights": "W", "gradients": "G", "optimizer": "O", "activations": "A", "transient": "T",
                   "overhead": "x"}
-TIME_SYMBOLS = {"compute": "C", "recompute": "R", "TP comm": "t", "bubble": ".", "PP send/recv": "p",
+TIME_SYMBOLS = {"compute": "C", "recompute": "R", "TP comm": "t", "CP comm": "c", "EP comm": "e", "bubble": ".",
+                "PP send/recv": "p",
                 "DP comm": "d", "optimizer": "o", "offload": "f"}
 
 
