@@ -17,7 +17,12 @@ from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
-from planner.integrations.modern_flags import deepspeed_settings, megatron_args, nemo_settings, torchtitan_settings
+from planner.integrations.modern_flags import (
+    deepspeed_settings,
+    megatron_args,
+    nemo_settings,
+    torchtitan_settings,
+)
 
 GIB = 2**30
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
