@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.communication import all_to_all_seconds, group_link
+from cost_models.communication import group_link
 from cost_models.compute import parameter_counts
 from cost_models.context_parallel import cp_buffer_bytes, cp_traffic, cp_transfer_seconds, exposed_cp_seconds
 from cost_models.fp8 import (
@@ -19,10 +19,11 @@ from cost_models.fp8 import (
     quantization_seconds,
     saved_activation_saving_bytes,
 )
-from cost_models.inputs import Hardware, Knobs, Layout, Training, Transformer
+from cost_models.inputs import Hardware, Knobs, Layout, Link, MoE, Training, Transformer
 from cost_models.moe import (
-    all_to_all_bytes_per_layer,
     dispatch_buffer_bytes,
+    ep_all_to_all_seconds,
+    ep_traffic,
     expert_weight_count,
     routed_activation_bytes,
     routed_tokens_per_rank,
@@ -111,6 +112,26 @@ def _cp_terms(model: Transformer, training: Training, hw: Hardware, layout: Layo
     return fwd + bwd, cp_buffer_bytes(model, variant=layout.cp_comm, **kw), total
 
 
+def _ep_seconds(moe: MoE, training: Training, hw: Hardware, layout: Layout, *, tokens: float, hidden_size: int
+                ) -> float:
+    """Forward + backward all-to-all seconds of one MoE layer: dispatch and combine of T·k token copies each way,
+    split into NVLink and network bytes by the EP group's placement and the model's node-limited routing
+    (moe.py ep_traffic). FP8 dispatch (1 B + 1x128 FP32 scales) with the DeepSeek-style blockwise recipe."""
+    if layout.ep <= 1:
+        return 0.0
+    act_b = training.activation_bytes
+    dispatch = 1 + 4 / 128 if training.fp8_recipe == "blockwise" else act_b
+    copies = 2 * tokens * moe.top_k * hidden_size * (dispatch + act_b)  # forward and backward, every copy
+    g, etp = hw.gpus_per_node, layout.etp
+    per_node = max(1, min(layout.ep, g // etp)) if etp < g else 1  # EP ranks sit etp apart (etp-ep-edp-pp)
+    traffic = ep_traffic(moe, copies_bytes=copies, ep=layout.ep, ranks_per_node=per_node)
+    intra = hw.intra_node or Link(float("inf"), 0.0)
+    net = None
+    if hw.nic is not None:
+        net = Link(hw.nics_per_node * hw.nic.bandwidth_bytes_per_second / g, hw.nic.latency_seconds)
+    return ep_all_to_all_seconds(traffic, ep=layout.ep, intra=intra, network_per_gpu=net)
+
+
 def _ep_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs, tokens: float
               ) -> tuple[float, float, float, float]:
     """(exposed all-to-all seconds f+b, activation delta bytes, dispatch buffer bytes, all-to-all seconds before
@@ -121,14 +142,7 @@ def _ep_terms(model: Transformer, training: Training, hw: Hardware, layout: Layo
     frac, h, act_b = _moe_fraction(model), model.hidden_size, training.activation_bytes
     t_moe = _moe_tokens(layout, tokens)
     routed = routed_tokens_per_rank(moe, tokens=int(t_moe), imbalance=knobs.moe_imbalance)
-    seconds = 0.0
-    if layout.ep > 1:
-        dispatch = 1 + 4 / 128 if training.fp8_recipe == "blockwise" else act_b  # FP8 dispatch (DeepSeek-V3 style)
-        fwd, bwd = all_to_all_bytes_per_layer(tokens=t_moe * knobs.moe_imbalance, top_k=moe.top_k, hidden_size=h,
-                                              ep=layout.ep, dispatch_bytes=dispatch, combine_bytes=act_b)
-        link = group_link(hw, group_size=layout.ep, stride=layout.etp).link
-        per_rank = (fwd + bwd) * layout.ep / (layout.ep - 1)  # all_to_all_seconds takes the per-rank buffer
-        seconds = all_to_all_seconds(message_bytes=per_rank, group_size=layout.ep, link=link)
+    seconds = _ep_seconds(moe, training, hw, layout, tokens=t_moe * knobs.moe_imbalance, hidden_size=h)
     # replace the dense-MLP activations memory.py counted (8 f bytes per token / tp, 2-byte, gated) by the routed ones
     dense_mlp = tokens * (8 if model.swiglu else 4) * model.ffn_hidden_size * act_b / 2 / layout.tp
     moe_mlp = (routed_activation_bytes(model, routed_tokens=routed, activation_bytes=act_b, etp=layout.etp)

@@ -100,6 +100,8 @@ class MoE:
     router_bias: bool = False  # DeepSeek-V3: an E-sized e_score_correction_bias per MoE layer
     num_dense_layers: int = 0  # leading layers that keep the dense FFN (DeepSeek first_k_dense_replace)
     capacity_factor: float | None = None  # None: dropless (Megatron's default, DeepSeek-V3, MegaBlocks)
+    expert_groups: int | None = None  # group-limited routing: experts in G groups (HF n_group; DeepSeek-V3 8)
+    groups_per_token: int | None = None  # groups a token may use (HF topk_group; DeepSeek-V3 4 = "at most 4 nodes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cost_models.inputs import MoE, Transformer
+from cost_models.inputs import Link, MoE, Transformer
 
 # Default load imbalance γ = max rank load / mean load. The NVIDIA benchmark rows force-balance routing (γ = 1,
 # Megatron-Bridge performance-summary footnote); trained routers with an auxiliary loss or DeepSeek's bias
@@ -110,17 +110,69 @@ def all_to_all_bytes_per_layer(*, tokens: float, top_k: int, hidden_size: int, e
     return forward, forward
 
 
-def cross_node_fraction(*, ep: int, gpus_per_node: int, top_k: int, node_limit: int | None = None) -> float:
-    """Share of a rank's T·k dispatched token copies that cross the network (the rest stay on NVLink or local).
+def nodes_per_token(moe: MoE, *, ep_nodes: int) -> int:
+    """Most nodes one token's k expert copies can reach when the EP group spans `ep_nodes` nodes.
 
-    Uniform routing over an EP group laid out node by node: (ep - ep_in_node)/ep of the copies go to other nodes.
-    With node-limited routing (DeepSeek-V3, M = 4 nodes) and DeepEP's intra-node forwarding each token crosses IB
-    once per target node, so at most min(k, M) of its k copies cross (V3 §3.2.2)."""
-    in_node = min(ep, gpus_per_node)
-    frac = (ep - in_node) / ep
-    if node_limit is not None:
-        frac = min(frac, min(top_k, node_limit) / top_k)
-    return frac
+    Group-limited routing (HF `n_group`/`topk_group`, Megatron `moe_router_num_groups`/`moe_router_group_topk`):
+    experts are cut into G equal groups, each token picks M groups first and its k experts inside them
+    (Megatron-LM transformer_config.py moe_router_num_groups docstring; DeepSeek-V3 §2.1.2: G = 8, M = 4, "each
+    token will be sent to at most 4 nodes"). Experts sit on EP ranks in order, so a group spans max(1, N/G) nodes
+    and a token reaches at most min(N, k, M·max(1, N/G)) nodes; without groups min(N, k)."""
+    limit = ep_nodes
+    groups, chosen = moe.expert_groups, moe.groups_per_token
+    if groups is not None and chosen is not None and chosen < groups:
+        limit = min(ep_nodes, math.ceil(chosen * max(1.0, ep_nodes / groups)))
+    return max(1, min(limit, moe.top_k))
+
+
+def node_limited(moe: MoE, *, ep_nodes: int) -> bool:
+    """True when group-limited routing caps a token below the nodes it could otherwise reach (then the dispatch
+    sends each token once per target node and forwards it over NVLink: DeepSeek-V3 §3.2.2, DeepEP)."""
+    return ep_nodes > 1 and nodes_per_token(moe, ep_nodes=ep_nodes) < min(ep_nodes, moe.top_k)
+
+
+@dataclass(frozen=True, slots=True)
+class EpTraffic:
+    """Bytes one EP rank moves per MoE layer per micro-batch, forward + backward, by the link they use."""
+
+    intra_node_bytes: float  # to / from EP peers in the node (NVLink), forwarding included
+    network_bytes: float  # across nodes (the NICs)
+
+
+def ep_traffic(moe: MoE, *, copies_bytes: float, ep: int, ranks_per_node: int) -> EpTraffic:
+    """Split `copies_bytes` (T·k·h·β summed over dispatch and combine, forward and backward: every copy, local ones
+    included) by the link each copy crosses, uniform routing over an EP group laid out node by node, q ranks a node.
+
+    Plain all-to-all (Megatron's alltoall dispatcher): (q-1)/ep of the copies stay on NVLink, (ep-q)/ep cross the
+    network. Node-limited routing with intra-node forwarding (DeepSeek-V3 §3.2.2, DeepEP): a token crosses the
+    network once per remote target node, M·(N-1)/N times on average for M = nodes_per_token of N nodes, whatever
+    k is ("scale up the number of selected experts ... to 13 ... without additional communication overhead");
+    then NVLink carries the (q-1)/q of the copies that land on another GPU of the target node."""
+    q = max(1, min(ranks_per_node, ep))
+    nodes = max(1, ep // q)
+    if nodes == 1:
+        return EpTraffic(copies_bytes * (q - 1) / ep, 0.0)
+    if node_limited(moe, ep_nodes=nodes):
+        m = nodes_per_token(moe, ep_nodes=nodes)
+        return EpTraffic(copies_bytes * (q - 1) / q, copies_bytes / moe.top_k * m * (nodes - 1) / nodes)
+    return EpTraffic(copies_bytes * (q - 1) / ep, copies_bytes * (ep - q) / ep)
+
+
+def ep_all_to_all_seconds(traffic: EpTraffic, *, ep: int, intra: Link, network_per_gpu: Link | None) -> float:
+    """Seconds of one layer's EP traffic: NVLink and the NICs work at once, so the slower of the two, plus one
+    latency per peer. `network_per_gpu` is a GPU's share of its node's NICs (nics x NIC bandwidth / GPUs per node:
+    every GPU of the node dispatches at once; DeepEP measures 43-58 GB/s per H800 on 50 GB/s NICs, §3.4)."""
+    if ep <= 1:
+        return 0.0
+    t_intra = traffic.intra_node_bytes / intra.bandwidth_bytes_per_second if traffic.intra_node_bytes else 0.0
+    t_net = 0.0
+    latency = intra.latency_seconds
+    if traffic.network_bytes:
+        if network_per_gpu is None:
+            raise ValueError("EP traffic crosses nodes but the cluster has no inter-node network")
+        t_net = traffic.network_bytes / network_per_gpu.bandwidth_bytes_per_second
+        latency = max(latency, network_per_gpu.latency_seconds)
+    return (ep - 1) * latency + max(t_intra, t_net)
 
 
 def routed_activation_bytes(model: Transformer, *, routed_tokens: float, activation_bytes: float = 2,

@@ -81,3 +81,17 @@ def test_terminal_and_json_show_the_rows():
              "ep_comm_exposed_seconds", "pipeline_bubble_seconds", "pp_p2p_exposed_seconds",
              "dp_comm_exposed_seconds", "optimizer_seconds", "offload_seconds")
     assert sum(tb[p] for p in parts) == pytest.approx(tb["total_seconds"], rel=1e-9)
+
+
+def test_node_limited_routing_halves_deepseek_v3_ep_row():
+    """DeepSeek-V3 on 128 DGX H100 nodes, EP 64 over 8 nodes: the network share dominates the all-to-all, and
+    node-limited routing (M = 4 of 8 nodes, V3 §3.2.2) halves the network bytes (test_modern_costs), so the EP row
+    roughly halves against the same model routed without groups."""
+    from dataclasses import replace
+
+    problem, lay, est = _est("deepseek-v3", 128, 1024, 4096, "tp=1,pp=16,dp=64,ep=64,zero=1,mbs=1,recompute=full")
+    moe = problem.model.moe.model_copy(update={"expert_groups": None, "groups_per_token": None})
+    plain = replace(problem, model=problem.model.model_copy(update={"moe": moe}))
+    est_plain = estimate_layout(plain, lay)
+    assert est.time.ep_comm_seconds / est_plain.time.ep_comm_seconds == pytest.approx(0.5, abs=0.03)
+    assert est.step_seconds < est_plain.step_seconds

@@ -20,7 +20,6 @@ from cost_models.inputs import Link
 from cost_models.moe import (
     all_to_all_bytes_per_layer,
     capacity_tokens,
-    cross_node_fraction,
     expert_tokens_per_gemm,
     routed_activation_bytes,
     routed_tokens_per_rank,
@@ -111,10 +110,6 @@ def test_expert_gemm_rows_capacity_and_placement():
     assert expert_tokens_per_gemm(v3.moe, tokens=4096, ep=64) == 8192  # §3.6
     assert capacity_tokens(tokens=4096, top_k=2, num_experts=8, capacity_factor=1.25) == 1280
     assert routed_tokens_per_rank(v3.moe, tokens=4096, imbalance=1.0) == 4096 * 8
-    # EP 64 over 8-GPU nodes: 7/8 of the copies cross nodes; node-limited to 4 of 8 copies: at most half
-    assert cross_node_fraction(ep=64, gpus_per_node=8, top_k=8) == pytest.approx(56 / 64)
-    assert cross_node_fraction(ep=64, gpus_per_node=8, top_k=8, node_limit=4) == pytest.approx(0.5)
-    assert cross_node_fraction(ep=8, gpus_per_node=8, top_k=2) == 0.0
     # routed-token activations: T·k·γ·(2h + 3 f_e)·2 bytes (§3.7)
     assert routed_activation_bytes(v3, routed_tokens=4096 * 8) == 4096 * 8 * (2 * 7168 + 3 * 2048) * 2
 
@@ -148,3 +143,47 @@ def test_fp8_quantization_and_memory():
     assert fp8_weight_extra_bytes(fp8_params=1e9, recipe="rowwise") == 0  # torchao casts on the fly
     # GPT (f = 4h): 7 s b h bytes of Korthikanti's 34 s b h (§1.3)
     assert saved_activation_saving_bytes(tokens=10, hidden_size=64, q_width=64, ffn=256) == 7 * 10 * 64
+
+
+def test_node_limited_routing_deepseek_v3():
+    """DeepSeek-V3 §2.1.2 / §3.2.2: 256 experts in 8 groups, a token uses at most 4 (HF n_group 8, topk_group 4);
+    EP 64 over 8 nodes puts one group on each node, so a token reaches at most M = 4 nodes and crosses IB once per
+    remote target node, M·(N-1)/N = 3.5 times on average, instead of 7/8 of its k = 8 copies (= 7) with a plain
+    all-to-all: half the network bytes. More experts per token (13 = 4 nodes x 3.2) cost no more IB traffic."""
+    from dataclasses import replace
+
+    from cost_models.moe import ep_traffic, node_limited, nodes_per_token
+
+    v3 = load_model("deepseek-v3").to_cost_model().moe
+    assert (v3.expert_groups, v3.groups_per_token) == (8, 4)
+    assert nodes_per_token(v3, ep_nodes=8) == 4 and node_limited(v3, ep_nodes=8)
+    assert nodes_per_token(v3, ep_nodes=16) == 8  # a group spans 2 nodes: 4 groups reach 8 of 16 nodes
+    assert nodes_per_token(v3, ep_nodes=2) == 2 and not node_limited(v3, ep_nodes=2)  # groups finer than nodes
+    copies = 4096 * 8 * 7168 * 2.0  # T·k·h·β
+    limited = ep_traffic(v3, copies_bytes=copies, ep=64, ranks_per_node=8)
+    plain = ep_traffic(replace(v3, expert_groups=None, groups_per_token=None), copies_bytes=copies, ep=64,
+                       ranks_per_node=8)
+    assert plain.network_bytes == pytest.approx(copies * 56 / 64)
+    assert limited.network_bytes == pytest.approx(4096 * 7168 * 2.0 * 4 * 7 / 8)
+    assert limited.network_bytes / plain.network_bytes == pytest.approx(0.5)
+    k13 = replace(v3, top_k=13)
+    assert ep_traffic(k13, copies_bytes=copies / 8 * 13, ep=64, ranks_per_node=8).network_bytes \
+        == pytest.approx(limited.network_bytes)
+    # inside one node nothing crosses the network
+    assert ep_traffic(v3, copies_bytes=copies, ep=8, ranks_per_node=8).network_bytes == 0.0
+    # V2-Lite's greedy router has no groups; V2 is device-limited to 3 of 8 groups (V2 §2.2.2)
+    v2 = load_model("deepseek-v2").to_cost_model().moe
+    assert (v2.expert_groups, v2.groups_per_token) == (8, 3)
+
+
+def test_ep_all_to_all_time_takes_the_slower_link():
+    """NVLink and the NICs work at once: DeepSeek-V3's IB share at 50 GB/s per GPU (DeepEP measured 43-58 GB/s
+    RDMA bottleneck bandwidth at EP 16-64, §3.4) dominates the NVLink share at 160 GB/s (H800, §3.8)."""
+    from cost_models.moe import EpTraffic, ep_all_to_all_seconds
+
+    t = ep_all_to_all_seconds(EpTraffic(1.6e9, 1.0e9), ep=64, intra=Link(160e9, 0.0), network_per_gpu=Link(50e9, 0.0))
+    assert t == pytest.approx(1.0e9 / 50e9)
+    t = ep_all_to_all_seconds(EpTraffic(16e9, 1.0e9), ep=64, intra=Link(160e9, 0.0), network_per_gpu=Link(50e9, 0.0))
+    assert t == pytest.approx(16e9 / 160e9)
+    with pytest.raises(ValueError, match="no inter-node network"):
+        ep_all_to_all_seconds(EpTraffic(1.0, 1.0), ep=16, intra=Link(160e9, 0.0), network_per_gpu=None)

@@ -287,9 +287,19 @@ def _deepseek(c):
                 "shared_expert_ffn_hidden_size": c.int("n_shared_experts", default=0, minimum=0) * fe,
                 # V3's noaux_tc router keeps an E-sized e_score_correction_bias per layer (counted in 671B)
                 "router_bias": c.raw.get("topk_method") == "noaux_tc" or c.kind == "deepseek_v3",
-                "num_dense_layers": layers - moe_layers},
+                "num_dense_layers": layers - moe_layers, **_expert_groups(c)},
     }
     return spec
+
+
+def _expert_groups(c) -> dict:
+    """Group-limited routing from `n_group`/`topk_group` (V2 group_limited_greedy, V3 noaux_tc: top-k groups, then
+    top-k experts in them; HF modular_deepseek_v3.py); V2-Lite's greedy router (n_group 1) has none."""
+    groups = c.int("n_group", default=1, minimum=1)
+    chosen = c.int("topk_group", default=groups, minimum=1)
+    if groups <= 1 or chosen >= groups or c.raw.get("topk_method") == "greedy":
+        return {}
+    return {"expert_groups": groups, "groups_per_token": chosen}
 
 
 def _gpt2(c):

@@ -33,11 +33,25 @@ class MoESpec(_Frozen):
     router_bias: bool = Field(default=False, description="an E-sized expert bias per layer (DeepSeek-V3)")
     num_dense_layers: int = Field(default=0, ge=0, description="leading layers with the dense FFN")
     capacity_factor: float | None = Field(default=None, gt=0, description="None: dropless")
+    expert_groups: int | None = Field(
+        default=None, ge=1, description="group-limited routing: experts cut into this many equal groups (HF n_group, "
+                                        "Megatron --moe-router-num-groups; DeepSeek-V3 8, one per node of EP 64)")
+    groups_per_token: int | None = Field(
+        default=None, ge=1, description="groups a token's experts may come from (HF topk_group, Megatron "
+                                        "--moe-router-group-topk; DeepSeek-V3 4: each token reaches at most 4 nodes)")
 
     @model_validator(mode="after")
     def _routing(self):
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k: {self.top_k} -> must not exceed num_experts ({self.num_experts})")
+        g, m = self.expert_groups, self.groups_per_token
+        if (g is None) != (m is None):
+            raise ValueError("expert_groups / groups_per_token: give both (group-limited routing) or neither")
+        if g is not None and m is not None:
+            if self.num_experts % g:
+                raise ValueError(f"expert_groups: {g} -> must divide num_experts ({self.num_experts})")
+            if m > g:
+                raise ValueError(f"groups_per_token: {m} -> must not exceed expert_groups ({g})")
         return self
 
     def to_cost_model(self) -> cm.MoE:

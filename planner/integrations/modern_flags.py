@@ -29,7 +29,8 @@ FEATURE_TABLE = [
     ("context parallel, Ulysses (a2a)", "--cp-comm-type a2a", "refused (ring only)",
      "sequence_parallel_size (+ Megatron-DeepSpeed --ds-sequence-parallel-size)"),
     ("expert parallel", "--expert-model-parallel-size, --expert-tensor-parallel-size, --num-experts, "
-     "--moe-router-topk, --moe-ffn-hidden-size, --moe-layer-freq", "expert_parallel_degree (+ etp 1)",
+     "--moe-router-topk, --moe-ffn-hidden-size, --moe-layer-freq, --moe-router-num-groups, "
+     "--moe-router-group-topk (node-limited routing)", "expert_parallel_degree (+ etp 1)",
      "refused (ep_size is an argument of deepspeed.moe.layer.MoE in model code)"),
     ("MLA", "--multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, "
      "--v-head-dim", "model code (DeepSeek-V3 model args)", "model code"),
@@ -56,6 +57,8 @@ def megatron_args(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) 
             args.append(("--moe-layer-freq", f"([0]*{dense}+[1]*{sparse})"))
         if moe.capacity_factor is not None:
             args.append(("--moe-expert-capacity-factor", moe.capacity_factor))
+        if moe.expert_groups is not None:  # Megatron-LM transformer_config.py moe_router_num_groups/group_topk
+            args += [("--moe-router-num-groups", moe.expert_groups), ("--moe-router-group-topk", moe.groups_per_token)]
     if model.mla is not None:
         mla = model.mla
         args += [("--multi-latent-attention", None), ("--kv-lora-rank", mla.kv_lora_rank),
