@@ -187,3 +187,28 @@ def test_ep_all_to_all_time_takes_the_slower_link():
     assert t == pytest.approx(16e9 / 160e9)
     with pytest.raises(ValueError, match="no inter-node network"):
         ep_all_to_all_seconds(EpTraffic(1.0, 1.0), ep=16, intra=Link(160e9, 0.0), network_per_gpu=None)
+
+
+def test_recipe_speedups_match_te_autocast_on_h200():
+    """TE's 12-GEMM per-layer benchmark on H200 (gemm_profiling.rst L236-262, modern-training.md §1.5.1; h 4096,
+    FFN 16384, M = 15872 tokens): pre-quantized kernels 1.92x, autocast delayed 1.69x, current 1.58x, blockwise
+    1.40x. Delayed and current scaling share the per-tensor kernel (they differ in how the scale is found), so the
+    model's kernel speedup is the same for both and only the quantization passes differ; each autocast figure is
+    reproduced within 8%, in TE's order, and the kernel stays below TE's kernel-only 1.92x."""
+    from cost_models.fp8 import BF16_FIT, _eff, quantization_seconds
+
+    m, shapes = 15872, [(4096, 12288), (4096, 4096), (4096, 16384), (16384, 4096)]
+    kernel, autocast = {}, {}
+    for recipe in ("delayed", "tensorwise", "blockwise"):
+        bf16 = fp8 = 0.0
+        for k, n in shapes:
+            flops = 2 * m * k * n
+            t = 3 * flops / (989e12 * _eff(BF16_FIT, flops / 1e9))  # fprop, dgrad, wgrad: same FLOPs
+            bf16 += t
+            fp8 += t / fp8_gemm_speedup(gemm_flops=flops, recipe=recipe)
+        quant = sum(quantization_seconds(tokens=m, shapes=shapes, recipe=recipe, hbm_bytes_per_second=4.8e12))
+        kernel[recipe], autocast[recipe] = bf16 / fp8, bf16 / (fp8 + quant)
+    assert kernel["delayed"] == kernel["tensorwise"] < 1.92
+    for recipe, te in (("delayed", 1.69), ("tensorwise", 1.58), ("blockwise", 1.40)):
+        assert autocast[recipe] == pytest.approx(te, rel=0.08), recipe
+    assert autocast["delayed"] > autocast["tensorwise"] > autocast["blockwise"]
