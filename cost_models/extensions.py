@@ -152,15 +152,32 @@ def _ep_terms(model: Transformer, training: Training, hw: Hardware, layout: Layo
     return seconds * (1 - knobs.ep_overlap_fraction) * frac, (moe_mlp - dense_mlp) * frac, buffer, seconds * frac
 
 
+def _grouped_gemm_slowdown(model: Transformer, layout: Layout, knobs: Knobs, tokens: float) -> float:
+    """How much slower the expert GEMMs run than the layer's GEMM efficiency assumes: the stage model rates every
+    GEMM of a layer at the size of the dense FC1 (b·s·h·f), but each local expert's grouped-GEMM slice has only
+    T·k·ep/E rows and width f_e (modern-training.md §3.6: DeepSeek-V3 at T = 4096, 8192 x 7168 x 2048). The same
+    size-saturation curve x / (x + x_half) (cost_models/stage.py matmul_efficiency) at the two sizes gives the
+    ratio; grouped GEMM itself runs at ~cuBLAS speed for a slice of that size (MegaBlocks §6.3: 98.6%)."""
+    moe = model.moe
+    assert moe is not None
+    half = knobs.matmul_half_efficiency_gflop * 1e9
+    rows = _moe_tokens(layout, tokens) * moe.top_k * layout.ep / moe.num_experts
+    gated = 2 if model.swiglu else 1
+    expert_gemm = 2 * rows * model.hidden_size * gated * moe.expert_ffn_hidden_size / layout.etp
+    dense_gemm = 2 * tokens * model.hidden_size * model.ffn_hidden_size / layout.tp
+    return (dense_gemm / (dense_gemm + half)) / (expert_gemm / (expert_gemm + half))
+
+
 def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs, *,
                  gemm_flops_per_gpu: float, core_seconds: float) -> LayerExtras:
     """CP, EP and FP8 terms of one layer. `gemm_flops_per_gpu` and `core_seconds` are the layer's forward GEMM
     FLOPs and attention-core time per GPU for b·s/cp tokens (the stage model computes both)."""
     tokens = layout.micro_batch_size * training.seq_length / layout.cp
     factor, quant = _fp8_terms(model, training, hw, layout, tokens)
-    if model.moe is not None and knobs.moe_imbalance != 1.0:
+    if model.moe is not None:
         expert = 2 * tokens * model.moe.top_k * expert_weight_count(model) / layout.tp * _moe_fraction(model)
-        factor *= 1 + (knobs.moe_imbalance - 1) * min(1.0, expert / max(gemm_flops_per_gpu, 1.0))
+        share = min(1.0, expert / max(gemm_flops_per_gpu, 1.0))
+        factor *= 1 + (knobs.moe_imbalance * _grouped_gemm_slowdown(model, layout, knobs, tokens) - 1) * share
     cp_s, cp_buf, cp_total = _cp_terms(model, training, hw, layout, core_seconds)
     ep_s, moe_act, ep_buf, ep_total = _ep_terms(model, training, hw, layout, knobs, tokens)
     params, experts = _layer_params(model, layout)

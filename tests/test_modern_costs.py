@@ -212,3 +212,24 @@ def test_recipe_speedups_match_te_autocast_on_h200():
     for recipe, te in (("delayed", 1.69), ("tensorwise", 1.58), ("blockwise", 1.40)):
         assert autocast[recipe] == pytest.approx(te, rel=0.08), recipe
     assert autocast["delayed"] > autocast["tensorwise"] > autocast["blockwise"]
+
+
+def test_fine_grained_expert_gemms_run_below_the_dense_gemm_rate():
+    """Each local expert's grouped-GEMM slice has T·k·ep/E rows and width f_e (§3.6): Qwen3-30B-A3B's 128 experts of
+    768 at EP 8 give 2048 x 2048 x 1536 slices, far smaller than the dense FC1 the layer's efficiency is rated at,
+    so its MoE GEMMs take longer than the dense rate says; the stated imbalance multiplies on top."""
+    from dataclasses import replace
+
+    from cost_models.extensions import _grouped_gemm_slowdown
+    from cost_models.inputs import Knobs, Layout
+
+    qwen = load_model("qwen3-30b-a3b").to_cost_model()
+    knobs = Knobs()
+    lay = Layout(tp=1, pp=1, dp=8, ep=8)
+    half = knobs.matmul_half_efficiency_gflop
+    expert, dense = 2 * 2048 * 2048 * 1536 / 1e9, 2 * 4096 * 2048 * 6144 / 1e9
+    expected = (dense / (dense + half)) / (expert / (expert + half))
+    assert _grouped_gemm_slowdown(qwen, lay, knobs, 4096) == pytest.approx(expected)
+    assert expected > 1.0
+    # without EP a rank runs all 128 experts on its own T·k copies: slices of 256 rows, slower still
+    assert _grouped_gemm_slowdown(qwen, replace(lay, ep=1), knobs, 4096) > expected
