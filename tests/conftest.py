@@ -5,8 +5,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+# The project's shared data (reference notes, published runs) sits beside the checkout; CI always lays it there.
+# PLANNER_SHARED_DIR points the tests elsewhere (tests/test_skips.py uses it to check the failure below).
+SHARED = Path(os.environ.get("PLANNER_SHARED_DIR") or ROOT.parent / "shared")
 VALIDATION = SHARED / "validation" / "published_runs.json"
+
+
+def require_shared(path: Path) -> Path:
+    """`path`, or a failure (never a skip) saying where the shared data should be."""
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: the validation tests need the project's shared data at {SHARED} "
+                    "(../shared beside the checkout, as CI lays it; PLANNER_SHARED_DIR=DIR points elsewhere)",
+                    pytrace=False)
+    return path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
