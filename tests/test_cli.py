@@ -47,8 +47,20 @@ def test_models_show_json():
 def test_clusters_json():
     doc = json.loads(run("clusters", "show", "dgx-h100", "--nodes", "4", "--json", check=True).stdout)
     assert doc["derived"]["num_gpus"] == 32
+    d, c = doc["derived"], doc["cluster"]
+    assert (c["num_nodes"], c["gpus_per_node"]) == (4, 8)
+    # derived from the preset's own figures: 79.6 GiB usable per H100; NVLink 450 GB/s x 0.822 efficiency;
+    # 8 NDR NICs x 400 Gb/s = 400 GB/s per node x 0.9 efficiency
+    assert d["gpu_memory_bytes"] == pytest.approx(79.6 * 2**30, rel=1e-12)
+    assert d["intra_node_bytes_per_second"] == pytest.approx(450e9 * 0.822, rel=1e-12)
+    assert d["node_network_bytes_per_second"] == pytest.approx(8 * 400e9 / 8 * 0.9, rel=1e-12)
     names = [c["name"] for c in json.loads(run("clusters", "list", "--json", check=True).stdout)]
-    assert "dgx-a100-80gb" in names
+    from pathlib import Path
+
+    import cluster_specs
+
+    shipped = sorted(p.stem for p in (Path(cluster_specs.__file__).parent / "clusters").glob("*.yaml"))
+    assert sorted(names) == shipped  # every preset file, and nothing else
 
 
 def test_estimate_json_values():

@@ -143,6 +143,11 @@ def test_check_passes_each_format(plan_file, tmp_path):
     # the plan itself
     proc = run("check", str(plan_file), *CHECK)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    planned = json.loads(plan_file.read_text())["predicted"]
+    same = json.loads(run("check", str(plan_file), *CHECK, "--json").stdout)["predicted"]
+    # the same layout on the same inputs: check predicts exactly what plan did
+    assert same["step_time_seconds"] == pytest.approx(planned["step_time_seconds"], rel=1e-9)
+    assert same["peak_memory_bytes_per_gpu"] == pytest.approx(planned["peak_memory_bytes_per_gpu"], rel=1e-9)
     # and each export of it
     for to, name in (("megatron", "args.txt"), ("deepspeed", "ds.json"), ("torchtitan", "job.py")):
         out = tmp_path / name
@@ -153,7 +158,10 @@ def test_check_passes_each_format(plan_file, tmp_path):
         proc = run("check", str(out), *CHECK, *extra, "--json")
         report = json.loads(proc.stdout)
         assert proc.returncode == 0 and report["passed"], (to, report["violations"])
-        assert report["predicted"]["fits"]
+        got = report["predicted"]
+        # fits: the peak plus the default 2 GiB headroom is within the 80 GB of an A100-80GB
+        assert got["fits"] is True and got["gpu_memory_bytes"] == 80 * 2**30
+        assert got["peak_memory_bytes_per_gpu"] + 2 * 2**30 <= got["gpu_memory_bytes"]
 
 
 FAILING_MEGATRON = {
@@ -174,7 +182,9 @@ def test_check_fails_megatron(rule, tmp_path):
     assert proc.returncode == errors.EXIT_CHECK_FAILED, proc.stderr
     report = json.loads(proc.stdout)
     assert any(v["rule"] == rule for v in report["violations"]), report["violations"]
-    assert all(v["hint"] for v in report["violations"])
+    assert report["passed"] is False
+    # every violation says what to change, in words that name the rule's field (not just a non-empty string)
+    assert all(len(v["hint"].split()) >= 3 for v in report["violations"]), report["violations"]
 
 
 def test_check_fails_deepspeed_and_torchtitan(tmp_path):
@@ -192,6 +202,10 @@ def test_check_fails_deepspeed_and_torchtitan(tmp_path):
     assert proc.returncode == errors.EXIT_CHECK_FAILED
     rules = {v["rule"] for v in json.loads(proc.stdout)["violations"]}
     assert "tp" in rules  # 40 heads and 8-GPU nodes are not divisible by 3
+    messages = {v["message"] for v in json.loads(proc.stdout)["violations"]}
+    # llama2-13b: 40 heads, hidden 5120; shard -1 = 128 GPUs // 3 = 42 (torchtitan's rule), 42 x 3 = 126
+    assert {"tp: 3 -> must divide num_attention_heads (40)", "tp: 3 -> must divide hidden_size (5120)",
+            "dp*tp*pp: 42*3*1 = 126 -> must equal the cluster's 128 GPUs (16 nodes x 8)"} <= messages
 
 
 def test_check_human_output_and_bad_input(tmp_path):

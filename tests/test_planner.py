@@ -202,6 +202,10 @@ def test_plan_cli_writes_json_atomically(tmp_path):
     assert doc["predicted"]["tokens_per_second"] == pytest.approx(64 * 8192 / doc["predicted"]["step_time_seconds"])
     assert doc["predicted"]["fits"] is True
     assert all(a["predicted"]["step_time_seconds"] >= doc["predicted"]["step_time_seconds"] for a in doc["alternatives"])
-    assert doc["decision"]["row"] == 5 and doc["decision"]["reasons"]  # several nodes, 400 Gb/s per GPU
+    assert doc["decision"]["row"] == 5  # several nodes, 400 Gb/s per GPU
+    from planner.explain.decision import ROWS
+
+    scenario, recommendation = ROWS[5]
+    assert doc["decision"]["reasons"][0] == f"{scenario}: the table recommends {recommendation}."
     assert doc["search"]["candidates_evaluated"] <= doc["search"]["candidates_considered"]
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary file left behind
