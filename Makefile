@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-core
 DEVSTAMP := $(VENV)/.installed-dev
 VALSTAMP := $(VENV)/.installed-validators
 
-.PHONY: plan test lint validate bench clean setup gpu-check schema fuzz
+.PHONY: plan test lint validate bench clean setup gpu-check schema fuzz mutate
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,18 @@ test: $(VALSTAMP)
 # runs a deterministic 5% sample of it.
 fuzz: $(VALSTAMP)
 	FUZZ_SCALE=1 $(BIN)/python -m pytest tests/test_fuzz.py -p no:cacheprovider
+
+# Mutation testing (not in CI; docs/mutation.md): mutmut mutates the files [tool.mutmut] names in pyproject.toml and
+# runs its fast in-process test subset against each mutant, one worker at the lowest CPU priority. Narrow it with
+# MUTANTS (mutant-name globs), e.g. `make mutate MUTANTS='cost_models.stage.* planner.refine.*'`. Results stay in
+# mutants/ (re-runs only test what changed); `.venv/bin/mutmut results` lists the survivors.
+MUTANTS ?=
+mutate: $(DEVSTAMP)
+	nice -n 19 $(BIN)/mutmut run --max-children 1 $(foreach m,$(MUTANTS),"$(m)")
+	$(BIN)/mutmut export-cicd-stats
+	$(BIN)/python -c "import json; s = json.load(open('mutants/mutmut-cicd-stats.json')); \
+	k, n = s['killed'] + s.get('timeout', 0), s['killed'] + s.get('timeout', 0) + s['survived']; \
+	print(f'mutation score: {k}/{n} = {k / max(n, 1):.1%} killed (all results in mutants/)')"
 
 # ruff (incl. C901, max complexity 12) and mypy at the settings in pyproject.toml ([tool.mypy]: --strict flags on
 # cost_models/, default checks elsewhere): both must report 0 errors.
