@@ -163,3 +163,256 @@ class _L:
 def test_matches_row(row, layout, agrees):
     """Each row's recommendation as a layout test, on both sides of every condition (8 GPUs per node)."""
     assert matches_row(row, layout, 8) is agrees
+
+
+# ---- FP8 (cost_models/fp8.py; modern-training.md §1) -------------------------------------------------------
+
+
+def test_fp8_linear_shapes_of_llama3_8b():
+    """(K, N) of QKV, attention output, FC1, FC2 for Llama 3 8B (h 4096, 32 heads x 128, 8 KV heads x 128, SwiGLU
+    FFN 14336): QKV 4096 x (4096 + 2 x 1024); FC1 is gated, so it holds two FFN-wide matrices."""
+    from cost_models.fp8 import linear_shapes
+
+    assert linear_shapes(hidden_size=4096, q_width=4096, kv_width=1024, ffn=14336, gated=True) == [
+        (4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]
+    assert linear_shapes(hidden_size=12288, q_width=12288, kv_width=12288, ffn=49152, gated=False)[2] == (12288, 49152)
+
+
+def test_fp8_quantization_bytes_by_hand():
+    """Forward casts each Linear input (T x K) at the recipe's bytes per element; backward casts grad_out (T x N)
+    and writes a 1-byte transposed input (T x K). Tensorwise 5 B, delayed 3 B (the amax comes from history)."""
+    from cost_models.fp8 import quantization_seconds
+
+    shapes = [(4, 6), (2, 3)]
+    fwd, bwd = quantization_seconds(tokens=10, shapes=shapes, recipe="tensorwise", hbm_bytes_per_second=100.0)
+    assert fwd == pytest.approx(10 * (4 + 2) * 5 / 100.0, rel=1e-12)  # 3.0 s
+    assert bwd == pytest.approx(10 * ((6 * 5 + 4) + (3 * 5 + 2)) / 100.0, rel=1e-12)  # 5.1 s
+    fwd, bwd = quantization_seconds(tokens=10, shapes=shapes, recipe="delayed", hbm_bytes_per_second=100.0)
+    assert (fwd, bwd) == (pytest.approx(1.8, rel=1e-12), pytest.approx(10 * ((6 * 3 + 4) + (3 * 3 + 2)) / 100.0))
+
+
+def test_fp8_weight_copies_and_scaling_state():
+    """TE: +2 B/param (FP8 + transposed FP8); with --fp8-param-gather the BF16 copy goes: 0; MXFP8 keeps
+    2 x (1 + 1/32) B whatever the gather; delayed scaling keeps 20 B x history per GEMM, other recipes none."""
+    from cost_models.fp8 import fp8_weight_extra_bytes, scaling_state_bytes
+
+    assert fp8_weight_extra_bytes(fp8_params=1e9, recipe="tensorwise") == 2e9
+    assert fp8_weight_extra_bytes(fp8_params=1e9, recipe="tensorwise", fp8_param_gather=True) == 0.0
+    assert fp8_weight_extra_bytes(fp8_params=1e9, recipe="rowwise") == 0.0  # torchao casts on the fly
+    assert fp8_weight_extra_bytes(fp8_params=32e6, recipe="mxfp8", fp8_param_gather=True) == pytest.approx(66e6)
+    assert fp8_weight_extra_bytes(fp8_params=32e6, recipe="mxfp8") == pytest.approx(66e6)
+    assert scaling_state_bytes(num_gemms=12, recipe="delayed", amax_history=1024) == 20 * 1024 * 12
+    assert scaling_state_bytes(num_gemms=12, recipe="delayed") == 240.0
+    assert scaling_state_bytes(num_gemms=12, recipe="tensorwise", amax_history=1024) == 0.0
+
+
+def test_fp8_speedup_uses_each_recipes_fit():
+    """speedup = 2 x e_fp8(x) x kernel_factor / e_bf16(x), x in GFLOP, with e(x) = e_max x / (x + x_half):
+    rowwise its own fit (0.637, 13.0), tensorwise (0.666, 15.3), BF16 (0.728, 4.67); at 2 x 8192³ FLOP."""
+    from cost_models.fp8 import fp8_gemm_speedup
+
+    x = 2 * 8192**3 / 1e9
+
+    def e(fit):
+        return fit[0] * x / (x + fit[1])
+
+    assert fp8_gemm_speedup(gemm_flops=x * 1e9, recipe="tensorwise") == pytest.approx(
+        2 * e((0.666, 15.3)) / e((0.728, 4.67)), rel=1e-12)
+    assert fp8_gemm_speedup(gemm_flops=x * 1e9, recipe="rowwise") == pytest.approx(
+        2 * e((0.637, 13.0)) / e((0.728, 4.67)), rel=1e-12)
+    assert fp8_gemm_speedup(gemm_flops=x * 1e9, recipe="delayed") == pytest.approx(
+        2 * e((0.666, 15.3)) * 1.69 / 1.58 / e((0.728, 4.67)), rel=1e-12)
+    # a tiny GEMM gains nothing (never below 1x)
+    assert fp8_gemm_speedup(gemm_flops=2 * 64**3, recipe="tensorwise") == 1.0
+
+
+# ---- collectives, placement and data-parallel traffic (alpha-beta by hand) --------------------------------
+
+from cost_models import communication as comm  # noqa: E402
+from cost_models import data_parallel as dpm  # noqa: E402
+from cost_models.inputs import Hardware, Link  # noqa: E402
+
+LINK = Link(100.0, 1.0)  # 100 B/s and 1 s per step: every term of a formula shows in the result
+
+
+def _hw(*, gpus_per_node=8, nics=4, intra=Link(400.0, 0.5), nic=Link(50.0, 2.0), nodes=4):
+    return Hardware("test", 80.0, 1e15, 0.8, 2e12, nodes, gpus_per_node, intra, "nvlink", nic, nics,
+                    Link(25.0, 0.1), 1e12)
+
+
+def test_collectives_by_hand():
+    """nccl-tests ring model: all-reduce 2(n-1) steps and 2(n-1)/n of S; all-gather/reduce-scatter/all-to-all
+    (n-1) steps and (n-1)/n of S; one rank or no bytes cost nothing; p2p is one latency plus S / bandwidth."""
+    assert comm.all_reduce_seconds(message_bytes=400.0, group_size=4, link=LINK) == 6 * 1.0 + 6 / 4 * 400 / 100
+    assert comm.all_gather_seconds(message_bytes=400.0, group_size=4, link=LINK) == 3 * 1.0 + 3 / 4 * 400 / 100
+    assert comm.reduce_scatter_seconds(message_bytes=400.0, group_size=4, link=LINK) == 6.0
+    assert comm.all_to_all_seconds(message_bytes=400.0, group_size=4, link=LINK) == 6.0
+    for f in (comm.all_reduce_seconds, comm.all_gather_seconds):
+        assert f(message_bytes=400.0, group_size=1, link=LINK) == 0.0
+        assert f(message_bytes=0.0, group_size=4, link=LINK) == 0.0
+        assert f(message_bytes=1.0, group_size=2, link=LINK) > 0.0
+    assert comm.p2p_seconds(message_bytes=300.0, link=LINK) == 4.0
+    assert comm.p2p_seconds(message_bytes=0.0, link=LINK) == 0.0
+    assert comm.p2p_seconds(message_bytes=1e-9, link=LINK) > 1.0
+
+
+def test_group_link_inside_and_across_nodes():
+    """cost-models.md §4.6: inside a node the intra link; across nodes q ranks per node share the node's NICs
+    with the g/q other groups: min(intra, nics x nic_bw x q / g), latency the larger of the two."""
+    hw = _hw()
+    one = comm.group_link(hw, group_size=1, stride=1)
+    assert (one.group_size, one.ranks_per_node, one.nodes_spanned, one.link) == (1, 1, 1, hw.intra_node)
+    inside = comm.group_link(hw, group_size=8, stride=1)
+    assert (inside.ranks_per_node, inside.nodes_spanned, inside.crosses_nodes, inside.link) == (8, 1, False, hw.intra_node)
+    # 16 ranks, stride 1: 8 per node on 2 nodes; 4 NICs x 50 x 8 / 8 = 200 < 400
+    wide = comm.group_link(hw, group_size=16, stride=1)
+    assert (wide.ranks_per_node, wide.nodes_spanned, wide.crosses_nodes) == (8, 2, True)
+    assert wide.link == Link(200.0, 2.0)
+    # stride 2 (TP 2 inside): 4 ranks per node; 4 x 50 x 4 / 8 = 100
+    strided = comm.group_link(hw, group_size=8, stride=2)
+    assert (strided.ranks_per_node, strided.nodes_spanned, strided.link) == (4, 2, Link(100.0, 2.0))
+    # stride 8 (a whole node of TP): one rank per node, no intra hop: 4 x 50 / 8 = 25
+    sparse = comm.group_link(hw, group_size=4, stride=8)
+    assert (sparse.ranks_per_node, sparse.nodes_spanned, sparse.link) == (1, 4, Link(25.0, 2.0))
+    # 3 ranks of stride 3 on 8-GPU nodes: 9 > 8 spans nodes, 2 per node -> ceil(3/2) = 2 nodes; 4 x 50 x 2 / 8 = 50
+    odd = comm.group_link(hw, group_size=3, stride=3)
+    assert (odd.ranks_per_node, odd.nodes_spanned, odd.link) == (2, 2, Link(50.0, 2.0))
+    # a fast network bounded by the intra link: 4 NICs x 2000 x 8 / 8 = 8000 -> 400
+    fast = comm.group_link(_hw(nic=Link(2000.0, 0.1)), group_size=16, stride=1)
+    assert fast.link == Link(400.0, 0.5)
+    with pytest.raises(ValueError, match="no inter-node network"):
+        comm.group_link(_hw(nic=None), group_size=16, stride=1)
+
+
+def test_pp_neighbour_without_network_or_intra_link():
+    assert comm.pp_neighbour_link(_hw(), tp=2, dp=2) == (Link(400.0, 0.5), False)
+    assert comm.pp_neighbour_link(_hw(), tp=8, dp=1) == (Link(4 * 50.0 / 8, 2.0), True)
+    assert comm.pp_neighbour_link(_hw(nic=None), tp=8, dp=1) == (Link(400.0, 0.5), False)
+    assert comm.pp_neighbour_link(_hw(nic=None, intra=None, gpus_per_node=1), tp=1, dp=1) == (
+        Link(float("inf"), 0.0), False)
+
+
+def test_tp_bytes_per_layer():
+    """Narayanan §3.2: 4 all-reduces of b s h elements per layer and micro-batch (2 forward, 2 backward), 6 with
+    full recompute (the forward runs twice); none at tp = 1."""
+    assert comm.tp_bytes_per_layer_per_micro_batch(micro_batch_size=2, seq_length=8, hidden_size=16, tp=2) == (512.0, 4)
+    assert comm.tp_bytes_per_layer_per_micro_batch(micro_batch_size=2, seq_length=8, hidden_size=16, tp=2,
+                                                   activation_bytes=4, recompute="full") == (1024.0, 6)
+    assert comm.tp_bytes_per_layer_per_micro_batch(micro_batch_size=2, seq_length=8, hidden_size=16, tp=1) == (0.0, 0)
+
+
+@pytest.mark.parametrize("zero, want", [
+    # P = 100 params, 2 B grads and params, dp 4, 3 micro-batches, 5 layers x 2 modules, LINK (100 B/s, 1 s/step)
+    (0, 6 + 1.5 * 200 / 100),  # one all-reduce of 200 B
+    (1, (3 + 0.75 * 2) + (3 + 0.75 * 2)),  # reduce-scatter + all-gather of 200 B
+    (2, 3 * (3 + 0.75 * 2) + (3 + 0.75 * 2)),  # the reduce-scatter after each of the 3 micro-batches
+    # 3 micro-batches x 10 units x (2 all-gathers + 1 reduce-scatter of 20 B)
+    (3, 3 * 10 * 3 * (3 + 0.75 * 20 / 100)),
+])
+def test_zero_comm_by_stage(zero, want):
+    got = dpm.zero_comm_seconds(zero_stage=zero, params=100.0, grad_reduce_bytes=2.0, param_bytes=2.0, dp=4, layers=5,
+                                num_micro_batches=3, link=LINK, modules_per_layer=2)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_zero_comm_distinguishes_gradient_and_parameter_bytes():
+    # fp32 gradient reduction (4 B) against bf16 parameters (2 B): ZeRO-1 = RS(400 B) + AG(200 B)
+    got = dpm.zero_comm_seconds(zero_stage=1, params=100.0, grad_reduce_bytes=4.0, param_bytes=2.0, dp=4, layers=5,
+                                num_micro_batches=3, link=LINK)
+    assert got == pytest.approx((3 + 0.75 * 4) + (3 + 0.75 * 2), rel=1e-12)
+    # ZeRO-3 with no layers on the stage still gathers one unit
+    got = dpm.zero_comm_seconds(zero_stage=3, params=100.0, grad_reduce_bytes=4.0, param_bytes=2.0, dp=4, layers=0,
+                                num_micro_batches=1, link=LINK)
+    assert got == pytest.approx(2 * (3 + 0.75 * 2) + (3 + 0.75 * 4), rel=1e-12)
+
+
+def test_overlap_window_by_stage():
+    kw = dict(forward_seconds=2.0, backward_seconds=3.0, num_micro_batches=4)
+    assert [dpm.overlap_window_seconds(zero_stage=z, **kw) for z in (0, 1, 2, 3)] == [3.0, 3.0, 12.0, 20.0]
+
+
+def test_embedding_sync_is_a_two_rank_all_reduce_over_the_pipeline_link():
+    hw = _hw()
+    # tp x dp = 8: the last stage is a node away: link 4 x 50 / 8 = 25 B/s, 2 s latency; 2 ranks: 2 steps, 1 x S
+    assert dpm.embedding_sync_seconds(hw, tp=4, dp=2, embedding_grad_bytes=50.0) == pytest.approx(2 * 2.0 + 50 / 25)
+    assert dpm.embedding_sync_seconds(hw, tp=2, dp=2, embedding_grad_bytes=400.0) == pytest.approx(2 * 0.5 + 1.0)
+
+
+# ---- activation memory beyond Korthikanti's GPT table (cost_models/memory.py) ------------------------------
+
+from cost_models import memory  # noqa: E402
+from tests.conftest import gpt_shape  # noqa: E402
+
+S, B, H, A = 2048, 2, 1024, 16  # a small GPT layer: sbh = 4,194,304; a s^2 b = 134,217,728
+
+
+def _act(model, **kw):
+    return memory.activation_bytes_per_layer(model, seq_length=S, micro_batch_size=B, **kw)
+
+
+def test_gpt_layer_in_fp32_doubles_tensors_but_not_masks():
+    """Korthikanti's 34 s b h + 5 a s^2 b counts 2-byte tensors and 1-byte masks. In fp32 (4-byte) the tensors
+    double and the two masks stay: 34 -> 2 x 32 + 2 = 66; 5 -> 2 x 4 + 1 = 9 (softmax out, dropout out, mask)."""
+    gpt = gpt_shape(num_layers=2, hidden_size=H, num_attention_heads=A, num_kv_heads=A, ffn_hidden_size=4 * H)
+    sbh, as2b = S * B * H, A * S * S * B
+    assert _act(gpt) == 34 * sbh + 5 * as2b
+    assert _act(gpt, activation_bytes=4) == 66 * sbh + 9 * as2b
+    assert _act(gpt, recompute="full", activation_bytes=4) == 4 * sbh
+    assert _act(gpt, recompute="full", tp=4, sequence_parallel=True) == 2 * sbh / 4
+    assert _act(gpt, recompute="full", tp=4) == 2 * sbh  # the layer input is replicated without SP
+    assert _act(gpt, tp=4, recompute="selective") == sbh * (10 + 24 / 4)
+
+
+def test_llama_layer_gqa_swiglu_flash_no_dropout():
+    """cost-models.md §2.6 components for a Llama layer (no dropout, flash attention, SwiGLU, GQA g/a = 1/4):
+    replicated 8 (two norm inputs, QKV and FC1 inputs), attention 2 + 4 g/a + 2 = 5, SwiGLU 8 f/h (6 fused), and
+    fp32 log-sum-exp 4 a s b; selective drops the last; full keeps the 2-byte input."""
+    f = 2816
+    llama = gpt_shape(num_layers=2, hidden_size=H, num_attention_heads=A, num_kv_heads=4, ffn_hidden_size=f,
+                      swiglu=True, dropout=False, flash_attention=True, rms_norm=True, bias=False)
+    sbh = S * B * H
+    per_layer = sbh * (8 + 5) + S * B * 8 * f
+    assert _act(llama) == pytest.approx(per_layer + 4 * A * S * B, rel=1e-12)
+    assert _act(llama, recompute="selective") == pytest.approx(per_layer, rel=1e-12)
+    assert _act(llama, recompute="selective", fused_swiglu=True) == pytest.approx(sbh * 13 + S * B * 6 * f, rel=1e-12)
+    # TP 2 with SP: everything sharded by 2, the statistics too
+    assert _act(llama, tp=2, sequence_parallel=True) == pytest.approx((per_layer + 4 * A * S * B) / 2, rel=1e-12)
+    # TP 2 without SP: the replicated 8 s b h stays whole
+    assert _act(llama, tp=2, recompute="selective") == pytest.approx(
+        sbh * 8 + (sbh * 5 + S * B * 8 * f) / 2, rel=1e-12)
+    # without flash attention, K and V are expanded to all heads before Q K^T: 2 + 4 + 2 = 8, and softmax 2 a s^2 b
+    eager = gpt_shape(num_layers=2, hidden_size=H, num_attention_heads=A, num_kv_heads=4, ffn_hidden_size=f,
+                      swiglu=True, dropout=False, flash_attention=False, rms_norm=True, bias=False)
+    assert _act(eager) == pytest.approx(sbh * (8 + 8) + S * B * 8 * f + 2 * A * S * S * B, rel=1e-12)
+
+
+def test_embedding_and_output_activations():
+    """First stage: int64 token ids 8 s b plus, with dropout, the s b h mask (/t under SP). Last stage: the final
+    norm input (2 s b h, /t under SP), the output projection's input (2 s b h) and fp32 logits 4 s b V / t."""
+    kw = dict(seq_length=S, micro_batch_size=B, hidden_size=H)
+    assert memory.embedding_activation_bytes(tp=4, sequence_parallel=False, dropout=True, **kw) == 8 * S * B + S * B * H
+    assert memory.embedding_activation_bytes(tp=4, sequence_parallel=True, dropout=True, **kw) == 8 * S * B + S * B * H / 4
+    assert memory.embedding_activation_bytes(tp=4, sequence_parallel=True, dropout=False, **kw) == 8 * S * B
+    out = memory.output_activation_bytes(vocab_size=32000, tp=4, sequence_parallel=True, **kw)
+    assert out == 2 * S * B * H / 4 + 2 * S * B * H + 4 * S * B * 32000 / 4
+    out = memory.output_activation_bytes(vocab_size=32000, tp=4, sequence_parallel=False, activation_bytes=4, **kw)
+    assert out == 4 * S * B * H * 2 + 4 * S * B * 32000 / 4
+
+
+@pytest.mark.parametrize("schedule, stage, v, m, want", [
+    ("gpipe", 0, 1, 16, 16.0), ("naive", 3, 1, 16, 16.0),
+    ("1f1b", 0, 1, 16, 4.0), ("1f1b", 3, 1, 16, 1.0), ("1f1b", 0, 1, 2, 2.0), ("zero_bubble", 1, 1, 16, 3.0),
+    # Megatron's warm-up: (p - stage - 1) x 2 + (v - 1) x p + 1 chunk passes of 1/v stage each (p = 4)
+    ("interleaved_1f1b", 0, 2, 16, (3 * 2 + 4 + 1) / 2), ("interleaved_1f1b", 3, 2, 16, (0 + 4 + 1) / 2),
+    ("interleaved_1f1b", 0, 3, 16, (6 + 8 + 1) / 3),
+    ("interleaved_1f1b", 0, 2, 2, 2.0),  # capped at all m x v chunks
+    ("interleaved_1f1b", 1, 1, 16, 3.0),  # v = 1 is plain 1F1B
+])
+def test_in_flight_micro_batches(schedule, stage, v, m, want):
+    assert memory.in_flight_micro_batches(schedule=schedule, stage=stage, pp=4, num_micro_batches=m,
+                                          virtual_stages=v) == want
+
+
+def test_vocab_padding_other_multiples():
+    assert memory.vocab_padded(32000, tp=1) == 32000 and memory.vocab_padded(32001, tp=1) == 32128
+    assert memory.vocab_padded(50257, tp=2, divisible_by=64) == 50304  # GPT-2's padded 50,304 (nanoGPT)
