@@ -416,3 +416,70 @@ def test_in_flight_micro_batches(schedule, stage, v, m, want):
 def test_vocab_padding_other_multiples():
     assert memory.vocab_padded(32000, tp=1) == 32000 and memory.vocab_padded(32001, tp=1) == 32128
     assert memory.vocab_padded(50257, tp=2, divisible_by=64) == 50304  # GPT-2's padded 50,304 (nanoGPT)
+
+
+# ---- the ILP against enumeration (planner/refine/ilp.py) ----------------------------------------------------
+
+from planner.refine.ilp import StageCoefficients, solve_stage_recompute  # noqa: E402
+
+
+def _brute_ilp(stages, L):
+    """Every (n_i, r_i) with sum n = L, n_i >= 1, 0 <= r_i <= n_i that fits memory: the least makespan, and among
+    those the least total recomputation (the ILP's 1e-6-per-layer tie-break)."""
+    p, best = len(stages), None
+
+    def rec(i, left, ns, rs):
+        nonlocal best
+        if i == p:
+            if left:
+                return
+            t = max(n * st.layer_seconds + r * st.recompute_seconds + st.extra_seconds
+                    for n, r, st in zip(ns, rs, stages, strict=True))
+            key = (round(t, 9), sum(rs))
+            if best is None or key < best[0]:
+                best = (key, list(ns), list(rs))
+            return
+        st = stages[i]
+        for n in range(1, left - (p - i - 1) + 1):
+            for r in range(n + 1):
+                mem = n * (st.layer_state_bytes + st.layer_act_policy_bytes) + r * (
+                    st.layer_act_full_bytes - st.layer_act_policy_bytes) + st.fixed_bytes
+                if mem <= st.capacity_bytes + 1e-9:
+                    rec(i + 1, left - n, [*ns, n], [*rs, r])
+
+    rec(0, L, [], [])
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_ilp_matches_enumeration(seed):
+    """Small random instances (2-3 stages, 5-7 layers): the ILP's makespan and total recomputation equal the
+    enumeration's, its counts fit every stage's memory, and its reported makespan is its counts' makespan."""
+    rng = random.Random(100 + seed)
+    p, L = rng.randint(2, 3), rng.randint(5, 7)
+    stages = [StageCoefficients(1.0, rng.choice([0.3, 0.5]), rng.choice([0.0, 0.0, 1.5]), 1.0,
+                                rng.choice([2.0, 3.0, 4.0]) * (p - i) / p, 0.5, rng.choice([0.0, 2.0]),
+                                rng.choice([6.0, 8.0, 10.0, 14.0])) for i in range(p)]
+    want = _brute_ilp(stages, L)
+    res = solve_stage_recompute(stages, L)
+    if want is None:
+        assert res.status == "infeasible" and res.layers_per_stage is None and res.makespan_seconds is None
+        return
+    assert res.status == "optimal" and res.optimal and res.solver in ("HiGHS", "CBC") and res.seconds >= 0
+    n, r = res.layers_per_stage, res.recompute_layers_per_stage
+    assert sum(n) == L and all(0 <= ri <= ni for ni, ri in zip(n, r, strict=True))
+    for ni, ri, st in zip(n, r, stages, strict=True):
+        assert ni * (st.layer_state_bytes + st.layer_act_policy_bytes) + ri * (
+            st.layer_act_full_bytes - st.layer_act_policy_bytes) + st.fixed_bytes <= st.capacity_bytes + 1e-6
+    makespan = max(ni * st.layer_seconds + ri * st.recompute_seconds + st.extra_seconds
+                   for ni, ri, st in zip(n, r, stages, strict=True))
+    assert res.makespan_seconds == pytest.approx(makespan, rel=1e-9)
+    assert res.makespan_seconds == pytest.approx(want[0][0], abs=1e-6)
+    assert sum(r) == want[0][1]
+
+
+def test_stage_coefficients_of_a_stage_linear_keep_every_term_in_place():
+    from cost_models.stage import StageLinear
+
+    st = StageLinear(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0)
+    assert StageCoefficients.of(st, 8.0) == StageCoefficients(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
