@@ -90,6 +90,9 @@ def test_split_edge_cases():
     # free layers (c = 0): any split meeting the caps, the makespan is the largest extra
     t, counts = best_split_uniform(6, 0.0, [1.0, 2.0, 0.5], [2, 2, 2])
     assert t == 2.0 and counts == [2, 2, 2]
+    # stages faster than one second (the DP starts from an empty prefix costing 0 s, not 1 s)
+    assert best_split_dp([0.25, 0.25], [0.0, 0.0]) == (0.25, [1, 1])
+    assert best_split_uniform(2, 0.25, [0.0, 0.0]) == (0.25, [1, 1])
     # one stage holds everything
     assert best_split_uniform(5, 2.0, [1.0]) == (11.0, [5]) and best_split_dp([2.0] * 5, [1.0]) == (11.0, [5])
     # an expensive first stage gets the fewest layers: 10 layers, extra 3 on stage 0. T = 4 holds 1 + 4 + 4 = 9
@@ -157,7 +160,7 @@ class _L:
     (6, _L(tp=8, pp=2, dp=1), True), (6, _L(tp=8, dp=2, zero_stage=1), True), (6, _L(tp=16, pp=2, zero_stage=1), False),
     (6, _L(tp=2, dp=8), False),
     (7, _L(cp=2, dp=4), True), (7, _L(dp=8), False),
-    (8, _L(ep=8, dp=8), True), (8, _L(ep=4, etp=2, dp=8), True), (8, _L(ep=8, etp=2, dp=8), False),
+    (8, _L(ep=8, dp=8), True), (8, _L(ep=2, dp=8), True), (8, _L(ep=4, etp=2, dp=8), True), (8, _L(ep=8, etp=2, dp=8), False),
     (8, _L(dp=8), False),
 ])
 def test_matches_row(row, layout, agrees):
