@@ -50,10 +50,7 @@ fuzz: $(VALSTAMP)
 MUTANTS ?=
 mutate: $(DEVSTAMP)
 	nice -n 19 $(BIN)/mutmut run --max-children 1 $(foreach m,$(MUTANTS),"$(m)")
-	$(BIN)/mutmut export-cicd-stats
-	$(BIN)/python -c "import json; s = json.load(open('mutants/mutmut-cicd-stats.json')); \
-	k, n = s['killed'] + s.get('timeout', 0), s['killed'] + s.get('timeout', 0) + s['survived']; \
-	print(f'mutation score: {k}/{n} = {k / max(n, 1):.1%} killed (all results in mutants/)')"
+	$(BIN)/python tests/mutation_score.py $(foreach m,$(MUTANTS),"$(m)")
 
 # ruff (incl. C901, max complexity 12) and mypy at the settings in pyproject.toml ([tool.mypy]: --strict flags on
 # cost_models/, default checks elsewhere): both must report 0 errors.
