@@ -55,9 +55,36 @@ def activation_bytes_per_layer(
         return per_layer  # the a s^2 terms are recomputed (Korthikanti §5)
     if model.flash_attention:
         return per_layer + 4 * a * s * b / t  # fp32 softmax statistics
-    # softmax output 2 a s^2 b; with dropout also its mask (1) and output (2): 5 a s^2 b
-    core = (2 * scale + mask + (2 * scale if model.dropout else 0)) * a * s * s * b
-    return per_layer + core / t
+    return per_layer + attention_score_bytes(model, seq_length=s, micro_batch_size=b, tp=t,
+                                             activation_bytes=activation_bytes)
+
+
+def attention_score_bytes(model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1,
+                          activation_bytes: int = 2) -> float:
+    """The a s^2 terms unfused attention keeps per layer and micro-batch on one GPU (0 with flash attention):
+    softmax output 2 a s^2 b; with dropout also its mask (1) and output (2): 5 a s^2 b (Korthikanti §4.1)."""
+    if model.flash_attention:
+        return 0.0
+    per_element = activation_bytes + (1 + activation_bytes if model.dropout else 0)
+    return per_element * model.num_attention_heads * seq_length * seq_length * micro_batch_size / tp
+
+
+def attention_score_traffic_bytes(model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1,
+                                  activation_bytes: int = 2) -> float:
+    """HBM bytes the memory-bound kernels on the a s^2 score matrix move in forward + backward (0 with flash).
+
+    Counted per score element from the kernels' operands (each read or written once): Megatron's fused
+    scale-mask-softmax reads the scores and writes the probabilities (2 x activation bytes), its backward reads
+    the incoming gradient and the probabilities and writes the input gradient (3 x); dropout reads and writes
+    the probabilities and writes its 1-byte mask (2 x + 1), its backward reads the gradient and the mask and
+    writes (2 x + 1). With dropout: 9 x + 2 = 20 B per element for 2-byte activations, i.e. 4 B per byte kept
+    (5 a s^2 b kept), where the linear-size activations move several times more per byte kept (norms, GeLU,
+    bias-dropout-add each read and write sbh tensors; elementwise_traffic_factor)."""
+    if model.flash_attention:
+        return 0.0
+    softmax = 5 * activation_bytes
+    dropout = 4 * activation_bytes + 2 if model.dropout else 0
+    return (softmax + dropout) * model.num_attention_heads * seq_length * seq_length * micro_batch_size / tp
 
 
 def embedding_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, tp: int,

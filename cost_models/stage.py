@@ -37,6 +37,8 @@ from cost_models.inputs import (
 )
 from cost_models.memory import (
     activation_bytes_per_layer,
+    attention_score_bytes,
+    attention_score_traffic_bytes,
     embedding_activation_bytes,
     in_flight_micro_batches,
     output_activation_bytes,
@@ -132,7 +134,13 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     act_none = act(Recompute.NONE)
     # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
     # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
-    t_layer_mem = knobs.elementwise_traffic_factor * act_none / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS
+    # (unfused attention's a s^2 score tensors are counted by their kernels' own traffic: a fused softmax and a
+    # dropout move each element a fixed few times, far fewer bytes per byte kept than the s b h activations)
+    score_kept = attention_score_bytes(model, seq_length=s_l, micro_batch_size=b, tp=t, activation_bytes=act_b)
+    score_moved = attention_score_traffic_bytes(model, seq_length=s_l, micro_batch_size=b, tp=t,
+                                                activation_bytes=act_b)
+    t_layer_mem = ((knobs.elementwise_traffic_factor * (act_none - score_kept) + score_moved)
+                   / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS)
     tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t,
                                                    activation_bytes=act_b)
     t_ar = 0.0

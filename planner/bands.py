@@ -95,6 +95,13 @@ def load_table() -> dict:
     return json.loads(text)
 
 
+def memory_high_fraction() -> float:
+    """How much above its prediction a measured peak has been (the memory band's high end: the 90th percentile of
+    LOSO under-predictions against printed peaks, 0 for over-predictions). `plan` requires the pick's peak raised
+    by this to fit (--memory-margin band-high, the default)."""
+    return float(load_table()["memory"]["high_fraction"])
+
+
 def band_from_table(table: dict, keys: list[str], step_seconds: float, peak_memory_bytes: float) -> Band:
     entry, used = None, "none (no validation table)"
     for key in keys:

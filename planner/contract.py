@@ -423,12 +423,24 @@ class PlanDocument(CandidateReport):
                                                                       "(objective throughput).")
     sensitivity: SensitivityReport | None = Field(default=None, description="With --sensitivity.")
     figures: list[str] | None = Field(default=None, description="Files written by --figures.")
+    memory_margin: Literal["band-high", "estimate"] = Field(
+        "band-high", description="The memory margin every candidate was held to: band-high (its predicted peak "
+                                 "raised to the memory band's high end, plus the headroom, within the GPU) or "
+                                 "estimate (the point estimate only: --memory-margin estimate, or nothing fit at "
+                                 "the band's high end; then the pick may run out of memory).")
+    memory_margin_fraction: float = Field(
+        0.0, description="The fraction each candidate's predicted peak was raised by when judging fit (the memory "
+                         "band's high end, planner/data/error_bands.json); 0 under the estimate margin.")
+    memory_margin_relaxed: bool = Field(
+        False, description="True when band-high was asked for (the default) but no layout fits at the band's high "
+                           "end, so the plan was made at the estimate.")
 
     @classmethod
     def from_result(cls, problem: Any, result: Any, *, objective: str, framework: Framework = Framework.GENERIC,
-                    notes: list[str] | None = None) -> PlanDocument:
+                    notes: list[str] | None = None, memory_margin_relaxed: bool = False) -> PlanDocument:
         """From a planner.search.PlanResult: its pick, alternatives, compared layouts, reasons and decision."""
         headroom = problem.knobs.memory_headroom_bytes
+        fraction = float(problem.knobs.memory_high_fraction)
 
         def report(c: Any) -> CandidateReport:
             return CandidateReport.from_estimate(c.layout, c.estimate, headroom_bytes=headroom, origin=c.origin,
@@ -442,11 +454,28 @@ class PlanDocument(CandidateReport):
             return r.model_copy(update={"reason": versus(pick, r)})
 
         pick = report(result.pick)
-        decision = result.decision.model_copy(update={"reasons": [*result.decision.reasons, *(notes or [])]})
+        notes = [*_memory_margin_notes(pick, headroom, memory_margin_relaxed), *(notes or [])]
+        decision = result.decision.model_copy(update={"reasons": [*result.decision.reasons, *notes]})
         return cls(**_versions(), objective=objective, framework=framework, inputs=Inputs.from_problem(problem),
                    **dict(pick), alternatives=[against_pick(c) for c in result.alternatives],
                    decision=decision, search=result.stats.model_copy(),
-                   compared=[against_pick(c) for c in getattr(result, "compared", [])])
+                   compared=[against_pick(c) for c in getattr(result, "compared", [])],
+                   memory_margin="band-high" if fraction > 0 else "estimate", memory_margin_fraction=fraction,
+                   memory_margin_relaxed=memory_margin_relaxed)
+
+
+def _memory_margin_notes(pick: CandidateReport, headroom_bytes: float, relaxed: bool) -> list[str]:
+    """A line when the pick fits only at the point estimate (its verdict is 'tight')."""
+    p = pick.predicted
+    if p.fit != "tight" or p.peak_memory_bytes_per_gpu_high is None:
+        return []
+    gib = 2**30
+    why = ("no layout fits at the memory band's high end, so the plan was made at the estimate"
+           if relaxed else "planned with --memory-margin estimate")
+    return [f"memory: the pick fits only at the estimate: {p.peak_memory_bytes_per_gpu / gib:.1f} GiB predicted, "
+            f"{p.peak_memory_bytes_per_gpu_high / gib:.1f} GiB at the band's high end, against "
+            f"{(p.gpu_memory_bytes - headroom_bytes) / gib:.1f} GiB (GPU minus headroom); {why}. It may run out of "
+            "memory: add GPUs or keep the default --memory-margin band-high."]
 
 
 # ---- check -----------------------------------------------------------------------------------------------

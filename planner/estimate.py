@@ -128,9 +128,11 @@ def estimate_layout(problem: Problem, layout: LayoutSpec, *, allow_tp_across_nod
     return problem.estimate(layout)
 
 
-def fits_in_memory(est: StepEstimate, headroom_bytes: float) -> bool:
-    """The one fit rule: the modelled peak plus the headroom within the GPU, and host memory within the node's."""
-    return est.fits and est.peak_memory_bytes + headroom_bytes <= est.gpu_memory_bytes
+def fits_in_memory(est: StepEstimate, headroom_bytes: float, high_fraction: float = 0.0) -> bool:
+    """The one fit rule: the modelled peak, raised by `high_fraction` (the memory band's high end when `plan`
+    keeps its default --memory-margin band-high), plus the headroom within the GPU, and host memory within the
+    node's."""
+    return est.fits and est.peak_memory_bytes * (1 + high_fraction) + headroom_bytes <= est.gpu_memory_bytes
 
 
 def assumptions_json(problem: Problem, layout: LayoutSpec, est: StepEstimate) -> list[dict]:

@@ -74,6 +74,7 @@ class PlanRequest:
     sensitivity: bool = False
     figures: Path | None = None
     command: str = ""  # the plan command as typed (for the short-list hint)
+    memory_margin: str = "band-high"  # planner.search.MEMORY_MARGINS
 
     def check(self) -> None:
         from cluster_specs.limits import finite_option
@@ -82,6 +83,10 @@ class PlanRequest:
         problems = []
         if self.objective not in OBJECTIVES:
             problems.append(f"--objective: {self.objective!r} -> allowed: {', '.join(OBJECTIVES)}")
+        from planner.search import MEMORY_MARGINS
+
+        if self.memory_margin not in MEMORY_MARGINS:
+            problems.append(f"--memory-margin: {self.memory_margin!r} -> allowed: {', '.join(MEMORY_MARGINS)}")
         if self.top < 0:
             problems.append(f"--top: {self.top} -> must be >= 0")
         t = self.target_tokens_per_second
@@ -116,15 +121,20 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
     from planner.decisions.plan_extras import PlanExtras, extend
     from planner.estimate import layout_from_arg
     from planner.frameworks.restriction import build_restriction
-    from planner.search import PlanOptions, add_compared, plan_min_gpus
-    from planner.search import plan as make_plan
+    from planner.search import (
+        PlanOptions,
+        add_compared,
+        plan_min_gpus,
+        plan_within_memory_margin,
+        with_memory_margin,
+    )
 
     plan.check()
     extras = PlanExtras(tokens=plan.tokens, price_per_gpu_hour=plan.gpu_hour_price, pue=plan.pue,
                         objective=plan.objective, sensitivity=plan.sensitivity, command=plan.command,
                         figures=plan.figures)
     extras.check()
-    problem = req.problem(framework=plan.framework)
+    problem = with_memory_margin(req.problem(framework=plan.framework), plan.memory_margin)
     restriction = build_restriction(plan.framework, problem.model.vocab_size, plan.fix, plan.schedules)
     opts = PlanOptions(top_k=plan.top, objective="throughput" if plan.objective == "min-gpus" else plan.objective,
                        allow_tp_across_nodes=plan.allow_tp_across_nodes, allow_async=plan.allow_async,
@@ -136,9 +146,10 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
         problem, note = plan_min_gpus(problem, opts, plan.target_tokens_per_second)
         notes.append(note)
     compared = [layout_from_arg(text, problem, "--compare") for text in plan.compare]
-    result = add_compared(problem, make_plan(problem, opts), compared)
+    problem, result, relaxed = plan_within_memory_margin(problem, opts)
+    result = add_compared(problem, result, compared)
     doc = PlanDocument.from_result(problem, result, objective=plan.objective, framework=restriction.caps.framework,
-                                   notes=notes)
+                                   notes=notes, memory_margin_relaxed=relaxed)
     extend(doc, problem, result, extras, opts)
     return doc, extras.lines
 

@@ -96,7 +96,14 @@ def divisors(n: int) -> list[int]:
 
 
 def _fits(problem: Problem, est: StepEstimate) -> bool:
-    return fits_in_memory(est, problem.knobs.memory_headroom_bytes)
+    return fits_in_memory(est, problem.knobs.memory_headroom_bytes, problem.knobs.memory_high_fraction)
+
+
+def _capacity_bytes(problem: Problem) -> float:
+    """What a layout's predicted peak may reach: the GPU minus the headroom, shrunk by the memory margin (a peak
+    p fits when p (1 + f) + headroom <= GPU)."""
+    k = problem.knobs
+    return (problem.hardware.gpu_memory_bytes - k.memory_headroom_bytes) / (1 + k.memory_high_fraction)
 
 
 def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero: int, offload: str, cp: int = 1,
@@ -197,7 +204,7 @@ def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: 
     """All fitting candidates, and the least peak memory seen (for the infeasibility message)."""
     fitting: list[Candidate] = []
     least_peak = math.inf
-    cap = problem.hardware.gpu_memory_bytes - problem.knobs.memory_headroom_bytes
+    cap = _capacity_bytes(problem)
     cm_model, cm_training, hw, knobs = problem.cm_model, problem.cm_training, problem.hardware, problem.knobs
     bases = list(enumerate_bases(problem, opts, offload=offload))
     progress = None
@@ -262,7 +269,7 @@ def _stage_coefficients(problem: Problem, layout: LayoutSpec, base_policy: Recom
     cm_layout = replace(layout.to_cost_model(), recompute=base_policy, layers_per_stage=None,
                         recompute_layers_per_stage=None)
     sm = stage_model(problem.cm_model, problem.cm_training, problem.hardware, cm_layout, problem.knobs)
-    cap = problem.hardware.gpu_memory_bytes - problem.knobs.memory_headroom_bytes
+    cap = _capacity_bytes(problem)
     return [StageCoefficients.of(sm.linear(i), cap) for i in range(layout.pp)]
 
 
@@ -441,6 +448,37 @@ def plan(problem: Problem, opts: PlanOptions | None = None) -> PlanResult:
     decision = decide(problem, ranked, pick)
     stats.total_seconds = time.perf_counter() - start
     return PlanResult(pick, alternatives, ranked, decision, reasons, stats)
+
+
+MEMORY_MARGINS = ("band-high", "estimate")
+"""--memory-margin: band-high (default) requires a layout's predicted peak raised to the memory band's high end to
+fit the GPU minus the headroom; estimate requires only the point estimate to (the error band's 'tight' verdict)."""
+
+
+def with_memory_margin(problem: Problem, margin: str) -> Problem:
+    """The problem whose fit rule keeps `margin` (MEMORY_MARGINS): the knob memory_high_fraction is set to the
+    memory band's high end (planner/data/error_bands.json) or to 0."""
+    from planner.bands import memory_high_fraction
+
+    if margin not in MEMORY_MARGINS:
+        from cluster_specs import SpecError
+
+        raise SpecError(f"--memory-margin: {margin!r} -> allowed: {', '.join(MEMORY_MARGINS)}")
+    fraction = memory_high_fraction() if margin == "band-high" else 0.0
+    return replace(problem, knobs=replace(problem.knobs, memory_high_fraction=fraction))
+
+
+def plan_within_memory_margin(problem: Problem, opts: PlanOptions) -> tuple[Problem, PlanResult, bool]:
+    """`plan` under the problem's memory margin; when nothing fits at the band's high end but something fits at
+    the point estimate, that plan (the pick may run out of memory: the plan output says so). Returns (the problem
+    the plan was made under, the plan, whether the margin was relaxed to the estimate)."""
+    try:
+        return problem, plan(problem, opts), False
+    except InfeasibleError:
+        if problem.knobs.memory_high_fraction <= 0:
+            raise
+        relaxed = replace(problem, knobs=replace(problem.knobs, memory_high_fraction=0.0))
+        return relaxed, plan(relaxed, opts), True
 
 
 def _distinct(cands: list[Candidate], pick: Candidate, k: int) -> list[Candidate]:

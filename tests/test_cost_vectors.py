@@ -79,6 +79,27 @@ def test_activation_per_layer_korthikanti(tp, sp, recompute, expected):
     assert got == expected
 
 
+def test_attention_score_bytes_and_their_kernel_traffic():
+    # Korthikanti et al. 2022 Table 2: the a s^2 terms of a GPT-3 175B layer are 5 a s^2 b / t bytes (softmax output
+    # 2, dropout mask 1, dropout output 2); independently, they are what selective recompute drops (rows above:
+    # 578,813,952 - 327,155,712 at tp 8).
+    m = gpt_shape()
+    kept = memory.attention_score_bytes(m, seq_length=2048, micro_batch_size=1, tp=8)
+    assert kept == 5 * 96 * 2048**2 / 8 == 578_813_952 - 327_155_712
+    # traffic forward + backward per score element: softmax 2 + 3 tensor passes, dropout 2 + 2 passes and the
+    # 1-byte mask twice: 9 x 2 + 2 = 20 B, i.e. 4 B moved per byte kept
+    moved = memory.attention_score_traffic_bytes(m, seq_length=2048, micro_batch_size=1, tp=8)
+    assert moved == 20 * 96 * 2048**2 / 8 == 4 * kept
+    # without dropout only the softmax output is kept (2 B) and its kernels move 10 B per element
+    nodrop = gpt_shape(dropout=False)
+    assert memory.attention_score_bytes(nodrop, seq_length=2048, micro_batch_size=1) == 2 * 96 * 2048**2
+    assert memory.attention_score_traffic_bytes(nodrop, seq_length=2048, micro_batch_size=1) == 10 * 96 * 2048**2
+    # flash attention keeps no score matrix
+    flash = gpt_shape(flash_attention=True)
+    assert memory.attention_score_bytes(flash, seq_length=2048, micro_batch_size=1) == 0.0
+    assert memory.attention_score_traffic_bytes(flash, seq_length=2048, micro_batch_size=1) == 0.0
+
+
 def test_llama70b_layer_coefficient():
     # cost-models.md §2.6 [D]: Llama-3-70B, TP+SP, flash, fused SwiGLU: 33.5 s b h / t = 281,018,368 B at s=8192, t=8
     shape = gpt_shape(hidden_size=8192, num_attention_heads=64, num_kv_heads=8, ffn_hidden_size=28672, swiglu=True,

@@ -86,6 +86,10 @@ def plan(
                                                                                   "cost (with --tokens).")] = None,
     pue: Annotated[float | None, typer.Option("--pue", help="Power usage effectiveness, to add facility energy "
                                                             "(with --tokens).")] = None,
+    memory_margin: Annotated[str, typer.Option("--memory-margin", help="band-high (default): a layout fits when its "
+                                                                      "predicted peak raised to the memory band's high "
+                                                                      "end still fits; estimate: the point estimate "
+                                                                      "only (may run out of memory).")] = "band-high",
     as_json: JsonOpt = False,
 ) -> None:
     """Choose the layout to run: search, solve, explain."""
@@ -98,7 +102,8 @@ def plan(
         allow_tp_across_nodes=allow_tp_across_nodes, allow_async=allow_async, use_solver=not no_solver,
         solver_time_limit_seconds=solver_time_limit, framework=framework, fix=fix, schedules=schedules,
         tokens=tokens, gpu_hour_price=gpu_hour_price, pue=pue, sensitivity=sensitivity, figures=figures,
-        command=plan_command(sys.argv[1:])), progress=not as_json and sys.stderr.isatty())
+        command=plan_command(sys.argv[1:]), memory_margin=memory_margin),
+        progress=not as_json and sys.stderr.isatty())
     write_file(output, doc.model_dump_json(indent=2) + "\n")
     if as_json:
         return emit_json(doc)

@@ -154,7 +154,7 @@ _BF16_OPTIMIZER_RECIPE = MemoryRecipe(
     "Megatron's distributed optimizer (bf16_optimizer.py L141-210, frameworks.md §3.5; BigScience tr11: 'bf16 must "
     "use z0! it implements its own zero stage 1 equivalent')")
 
-FSDP_HOPPER_KERNEL_EFFICIENCY = 0.775
+FSDP_HOPPER_KERNEL_EFFICIENCY = 0.85
 _FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
                 "README and torchtitan's performance page print lower MFU on H100 for the same models); the factor is "
                 "fitted leave-one-source-out with the global efficiency (docs/validation.md)")
