@@ -80,6 +80,20 @@ def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float
     return hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop) * knobs.end_to_end_efficiency
 
 
+def elementwise_forward_seconds(model: Transformer, hw: Hardware, knobs: Knobs, *, act_none_bytes: float,
+                                seq_length: int, micro_batch_size: int, tp: int, activation_bytes: int) -> float:
+    """Forward share of a layer's memory-bound kernels (norms, softmax, activation functions, dropout, residual
+    adds). The s b h-sized activations move `elementwise_traffic_factor` bytes per byte kept (their HBM traffic
+    scales with s b h, not h^2, so it weighs most on small models) [fit: validation]; unfused attention's a s^2
+    score tensors are charged their fused softmax and dropout kernels' own traffic, a fixed few passes per element
+    (cost_models/memory.py `attention_score_traffic_bytes`), far fewer bytes per byte kept."""
+    kw = dict(seq_length=seq_length, micro_batch_size=micro_batch_size, tp=tp, activation_bytes=activation_bytes)
+    kept = attention_score_bytes(model, **kw)
+    moved = attention_score_traffic_bytes(model, **kw)
+    traffic = knobs.elementwise_traffic_factor * (act_none_bytes - kept) + moved
+    return traffic / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS
+
+
 @dataclass(frozen=True, slots=True)
 class LayerCosts:
     """Per-layer, per-micro-batch, per-GPU quantities of a layout."""
@@ -132,15 +146,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
                                           recompute=rec, activation_bytes=act_b, fused_swiglu=fused_swiglu)
         return base if rec == Recompute.FULL else base + ext.activation_delta_bytes
     act_none = act(Recompute.NONE)
-    # memory-bound kernels (norms, softmax, activation functions, dropout, residual adds): their HBM traffic scales
-    # with the layer's activations (s b h), not with h^2, so they weigh most on small models [fit: validation]
-    # (unfused attention's a s^2 score tensors are counted by their kernels' own traffic: a fused softmax and a
-    # dropout move each element a fixed few times, far fewer bytes per byte kept than the s b h activations)
-    score_kept = attention_score_bytes(model, seq_length=s_l, micro_batch_size=b, tp=t, activation_bytes=act_b)
-    score_moved = attention_score_traffic_bytes(model, seq_length=s_l, micro_batch_size=b, tp=t,
-                                                activation_bytes=act_b)
-    t_layer_mem = ((knobs.elementwise_traffic_factor * (act_none - score_kept) + score_moved)
-                   / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS)
+    t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=act_none, seq_length=s_l,
+                                              micro_batch_size=b, tp=t, activation_bytes=act_b)
     tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t,
                                                    activation_bytes=act_b)
     t_ar = 0.0
