@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from cluster_specs import ClusterSpec, SpecError, load_cluster
 from cost_models import compute
@@ -111,6 +112,7 @@ def _gpu_and_cluster(row) -> tuple[str, dict] | str:
         base, over = "dgx2", {}
     else:
         return f"GPU {gpu!r} not in the catalog"
+    spec: dict[str, Any]
     if base == "dgx2":
         spec = {
             "name": "dgx-2", "gpu": "V100-SXM2-32GB", "num_nodes": 1, "gpus_per_node": 16,
@@ -176,22 +178,21 @@ def family_knobs(family: str, precision: str = "bf16") -> Knobs:
     return knobs
 
 
-def build_case(row: dict) -> Case | str:
-    """A case, or the reason the row cannot be represented."""
+def _unrepresentable(row: dict) -> str | None:
+    """Why a row cannot become a case before its cluster is looked at (None: it can)."""
     if row.get("record_type") != "throughput_run":
         return f"record_type {row.get('record_type')}"
-    precision_text = (row.get("precision") or "").lower()
     if row.get("moe") or (row.get("ep") or 1) > 1:
         return "MoE model: the row carries no expert shapes (num_experts, top_k, expert FFN width) to rebuild it"
     needed = ["num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length", "global_batch_size"]
     missing = [k for k in needed if not row.get(k)]
     if missing:
         return f"missing {', '.join(missing)}"
-    cl = _gpu_and_cluster(row)
-    if isinstance(cl, str):
-        return cl
-    base, cluster_data = cl
-    family = _framework_family(row)
+    return None
+
+
+def _model_fields(row: dict, family: str) -> dict:
+    """The ModelSpec fields a row implies (architecture family from the model name and head counts)."""
     name = (row.get("model_name") or "") + " " + (row.get("model_family") or "")
     heads = row["num_attention_heads"]
     kv = row.get("num_kv_heads") or heads
@@ -213,6 +214,12 @@ def build_case(row: dict) -> Case | str:
                      dropout=family in ("megatron-classic", "deepspeed"))
     if "bloom" in name.lower() or "bs-" in row["id"]:
         model["position_embedding"] = "alibi"
+    return model
+
+
+def _precision(row: dict, family: str) -> tuple[str, str]:
+    """(precision, fp8 recipe) of a row."""
+    precision_text = (row.get("precision") or "").lower()
     precision = "fp16" if ("fp16" in precision_text and "bf16" not in precision_text) or "v100" in (row.get("gpu_type") or "").lower() else "bf16"
     # FP8 rows (modern-training.md §1.1): torchtitan's float8 of 2024-12 is torchao tensorwise; TE-based stacks
     # (NeMo/Megatron-Core recipes of 2024, llm-foundry's TE AMP) use TE's default, delayed scaling; NeMo/Bridge's FP8
@@ -220,14 +227,11 @@ def build_case(row: dict) -> Case | str:
     fp8_recipe = "tensorwise" if family == "fsdp" and "torchtitan" in (row.get("framework") or "").lower() else "delayed"
     if "fp8" in precision_text:
         precision = "fp8"
-    try:
-        model_spec = ModelSpec.model_validate(model)
-        training = TrainingSpec(global_batch_size=row["global_batch_size"], seq_length=row["seq_length"], precision=precision,
-                                fp8_recipe=fp8_recipe, fp8_param_gather=family == "mcore")
-        cluster = ClusterSpec.model_validate(cluster_data)
-    except Exception as exc:  # a row whose shape the specs reject
-        return f"not representable: {str(exc).splitlines()[0][:120]}"
-    n = row["total_gpus"]
+    return precision, fp8_recipe
+
+
+def _layout_fields(row: dict, family: str, n: int) -> dict | str:
+    """The layout the row reports (degrees, schedule, ZeRO stage, sequence parallelism), or why it does not add up."""
     tp, pp, cp = row.get("tp") or 1, row.get("pp") or 1, row.get("cp") or 1
     dp = row.get("dp") or n // (tp * pp * cp)
     if tp * pp * dp * cp != n:
@@ -241,6 +245,11 @@ def build_case(row: dict) -> Case | str:
     fields["zero_stage"] = zero
     sp = row.get("sequence_parallel")
     fields["sequence_parallel"] = bool(sp) if sp is not None else (family == "mcore" and tp > 1)
+    return fields
+
+
+def _searched_fields(row: dict, fields: dict) -> list[str]:
+    """Fill the recompute policy and micro-batch the row reports into `fields`; return those it leaves to search."""
     searched = []
     rec = (row.get("activation_recomputation") or "").lower()
     if "(op)" in rec:
@@ -257,6 +266,33 @@ def build_case(row: dict) -> Case | str:
         fields["micro_batch_size"] = row["micro_batch_size"]
     else:
         searched.append("micro_batch_size")
+    return searched
+
+
+def build_case(row: dict) -> Case | str:
+    """A case, or the reason the row cannot be represented."""
+    reason = _unrepresentable(row)
+    if reason is not None:
+        return reason
+    cl = _gpu_and_cluster(row)
+    if isinstance(cl, str):
+        return cl
+    base, cluster_data = cl
+    family = _framework_family(row)
+    model = _model_fields(row, family)
+    precision, fp8_recipe = _precision(row, family)
+    try:
+        model_spec = ModelSpec.model_validate(model)
+        training = TrainingSpec(global_batch_size=row["global_batch_size"], seq_length=row["seq_length"], precision=precision,
+                                fp8_recipe=fp8_recipe, fp8_param_gather=family == "mcore")
+        cluster = ClusterSpec.model_validate(cluster_data)
+    except Exception as exc:  # a row whose shape the specs reject
+        return f"not representable: {str(exc).splitlines()[0][:120]}"
+    n = row["total_gpus"]
+    fields = _layout_fields(row, family, n)
+    if isinstance(fields, str):
+        return fields
+    searched = _searched_fields(row, fields)
     knobs = family_knobs(family, precision)
     measured, basis = _measured_step(row, model_spec, training, n)
     if measured is None:
@@ -377,7 +413,7 @@ def factor_name(family: str, generation: str) -> str:
 
 def case_knobs(case: Case, fitted: dict[str, float]) -> Knobs:
     """The case's profile knobs with the fitted values (a kernel factor scales the end-to-end efficiency)."""
-    own = {k: v for k, v in fitted.items() if not k.startswith("kernel_efficiency[")}
+    own: dict[str, Any] = {k: v for k, v in fitted.items() if not k.startswith("kernel_efficiency[")}
     knobs = replace(case.knobs, **own)
     factor = fitted.get(factor_name(case.family, case.gpu_generation), 1.0)
     return replace(knobs, end_to_end_efficiency=knobs.end_to_end_efficiency * factor)
@@ -594,9 +630,14 @@ def _memory_section(report: Report) -> list[str]:
            "|---|---|---|---|---|---|"]
     for r, e in mem:
         out.append(f"| {r.case.row_id} | {r.layout.short() if r.layout else '-'} | {r.case.measured_memory_gib} | "
-                   f"{r.predicted_allocated_gib * GIB / 1e9:.1f} | {r.predicted_memory_gib * GIB / 1e9:.1f} | "
+                   f"{_gb(r.predicted_allocated_gib)} | {_gb(r.predicted_memory_gib)} | "
                    f"{e * 100:+.1f}% |")
     return out
+
+
+def _gb(gib: float | None) -> str:
+    """GiB printed as GB with one decimal ("-" when not predicted)."""
+    return "-" if gib is None else f"{gib * GIB / 1e9:.1f}"
 
 
 def _vtrain_section(vt) -> list[str]:
@@ -655,17 +696,20 @@ def render_markdown(report: Report, *, runs_path: str, planner_section: str = ""
     out += _group_table("GPU generation", s["by_gpu_generation"]) + [""]
     out += _group_table("source", s["by_source"]) + [""]
     out += ["## Knobs chosen in each fold", "", "| held-out source | knobs chosen without it |", "|---|---|"]
-    out += [f"| {src} | {', '.join(f'{k} = {v:g}' for k, v in report.loso.points[i].items())} |"
-            for src, i in report.loso.fold_choice.items()] + [""]
+    loso = report.loso
+    if loso is not None:
+        out += [f"| {src} | {', '.join(f'{k} = {v:g}' for k, v in loso.points[i].items())} |"
+                for src, i in loso.fold_choice.items()]
+    out += [""]
     if vtrain is not None:
         out += _vtrain_section(vtrain) + [""]
     out += _memory_section(report)
     out += ["", "## Assumptions for fields a source did not print", ""]
     out += [f"- {a}" for a in ASSUMPTIONS]
-    bad = sorted((r for r in report.results if r.loso_error is not None and abs(r.loso_error) > 0.25),
-                 key=lambda r: r.loso_error)
+    bad = sorted(((r.loso_error, r.case.row_id) for r in report.results
+                  if r.loso_error is not None and abs(r.loso_error) > 0.25), key=lambda pair: pair[0])
     out += ["", "## Rows off by more than 25% (LOSO)", ""]
-    out += [f"- `{r.case.row_id}`: {r.loso_error * 100:+.1f}%" for r in bad] or ["- none"]
+    out += [f"- `{row_id}`: {e * 100:+.1f}%" for e, row_id in bad] or ["- none"]
     if planner_section:
         out += ["", planner_section]
     from planner.validation_modern import modern_section

@@ -439,6 +439,22 @@ def _memory_report(cuda: bool) -> dict:
     }
 
 
+def _device_report(device) -> dict:
+    """The memory the allocator saw and what ran it (device, its name, torch's version)."""
+    cuda = device.type == "cuda"
+    return {**_memory_report(cuda), "device": device.type,
+            "device_name": torch.cuda.get_device_name(device) if cuda else None, "torch_version": torch.__version__}
+
+
+def average_gradients(params: list, dp_group, dp: int) -> None:
+    """All-reduce each local gradient over the data-parallel group and divide by its size (ZeRO <= 1 over DP)."""
+    for p in params:
+        if p.grad is not None:
+            g = local_grad(p)
+            dist.all_reduce(g, group=dp_group)
+            g.div_(dp)
+
+
 def build_optimizer(cfg: BenchConfig, params: list, dp_group):
     """ZeRO-1 over DP > 1: the sharded optimizer; else one optimizer over this rank's (possibly FSDP-sharded)
     parameters."""
@@ -483,11 +499,7 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
                     loss_fn(modules[0](x[i * mbs:(i + 1) * mbs]), y[i * mbs:(i + 1) * mbs]).backward()
         sync_tied_gradients(modules, tied_group)
         if zero <= 1 and dp > 1:
-            for p in params:
-                if p.grad is not None:
-                    g = local_grad(p)
-                    dist.all_reduce(g, group=dp_group)
-                    g.div_(dp)
+            average_gradients(params, dp_group, dp)
         if measure:
             measured["gradient_bytes"] = _nbytes([p.grad for p in params])
         opt.step()
@@ -500,8 +512,7 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
         "step_seconds": step_times, "median_step_seconds": statistics.median(step_times),
         "parameter_bytes": _nbytes(params), "gradient_bytes": measured["gradient_bytes"],
         "optimizer_state_bytes": optimizer_state_bytes(opt), "optimizer": cfg.optimizer,
-        "saved_activation_peak_bytes": meter.peak, **_memory_report(cuda), "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if cuda else None, "torch_version": torch.__version__,
+        "saved_activation_peak_bytes": meter.peak, **_device_report(device),
     }
     if cfg.measure_collectives:
         report["collectives"] = measure_collectives(mesh, cfg.transformer(), cfg, device, getattr(torch, cfg.dtype))
@@ -641,6 +652,46 @@ def _child(rank: int, world: int, fn, args, init_method: str, out_dir: str) -> N
         os._exit(code)
 
 
+def _first_failure(procs: list, deadline: float) -> tuple[int, int] | None:
+    """Wait until every rank has exited, one exits non-zero (its (rank, exit code)) or the deadline passes."""
+    failed = None
+    while any(p.is_alive() for p in procs):
+        for r, p in enumerate(procs):
+            if not p.is_alive() and p.exitcode not in (0, None) and failed is None:
+                failed = (r, p.exitcode)
+        if failed or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return failed
+
+
+def _stop_all(procs: list) -> None:
+    """Terminate the ranks still running, then kill any that ignore it for 5 s."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _rank_failure(out_dir: str, rank: int, code: int) -> str:
+    """A failed rank's message, with the error it wrote before it exited."""
+    err = os.path.join(out_dir, f"rank{rank}.error")
+    detail = open(err).read() if os.path.exists(err) else ""
+    return f"rank {rank} failed (exit {code}){': ' + detail if detail else ''}; the other ranks were stopped"
+
+
+def _read_reports(out_dir: str, nproc: int) -> list[dict]:
+    reports = []
+    for r in range(nproc):
+        with open(os.path.join(out_dir, f"rank{r}.json")) as fh:
+            reports.append(json.load(fh))
+    return reports
+
+
 def run_ranks(fn, args, nproc: int, timeout_seconds: float) -> list[dict]:
     """Fork `nproc` ranks running fn(rank, world, args, init_method) from this process (torch already imported:
     ~2 s faster than spawn), rendezvous on 127.0.0.1. If a rank exits non-zero the others are stopped at once;
@@ -658,40 +709,17 @@ def run_ranks(fn, args, nproc: int, timeout_seconds: float) -> list[dict]:
         procs = [ctx.Process(target=_child, args=(r, nproc, fn, args, init, out_dir)) for r in range(nproc)]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + timeout_seconds * 2 + 30
-        failed = None
-        while any(p.is_alive() for p in procs):
-            for r, p in enumerate(procs):
-                if not p.is_alive() and p.exitcode not in (0, None) and failed is None:
-                    failed = (r, p.exitcode)
-            if failed or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        failed = _first_failure(procs, time.monotonic() + timeout_seconds * 2 + 30)
         timed_out = any(p.is_alive() for p in procs) and failed is None
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _stop_all(procs)
         if failed is None and not timed_out:
             bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
             failed = bad[0] if bad else None
         if timed_out:
             raise BenchmarkError(f"ranks still running after {timeout_seconds * 2 + 30:.0f} s; all were stopped")
         if failed is not None:
-            r, code = failed
-            err = os.path.join(out_dir, f"rank{r}.error")
-            detail = open(err).read() if os.path.exists(err) else ""
-            raise BenchmarkError(f"rank {r} failed (exit {code}){': ' + detail if detail else ''}; the other ranks "
-                                 "were stopped")
-        reports = []
-        for r in range(nproc):
-            with open(os.path.join(out_dir, f"rank{r}.json")) as fh:
-                reports.append(json.load(fh))
-    return reports
+            raise BenchmarkError(_rank_failure(out_dir, *failed))
+        return _read_reports(out_dir, nproc)
 
 
 def launch_local(cfg: BenchConfig, nproc: int) -> list[dict]:

@@ -152,37 +152,28 @@ def _ds_precision(doc: dict) -> str | None:
     return None
 
 
-def _ds_triad(doc: dict, dp: int, hf: bool, global_batch_size: int | None, view: ConfigView) -> tuple[int, int, int]:
-    """The batch triad derived as DeepSpeed derives it (runtime/config.py _set_batch_related_parameters, §3.2),
-    after the HF Trainer fills "auto" (§5.2: train = world x micro x GA)."""
-    train, micro, ga = (doc.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                              "gradient_accumulation_steps"))
-    view.triad = {"train_batch_size": train, "train_micro_batch_size_per_gpu": micro,
-                  "gradient_accumulation_steps": ga}
-    if hf:
-        if ga == "auto":
-            ga = None
-        if micro == "auto":
-            micro = None
-        if train == "auto":
-            train = global_batch_size
-        filled = [k for k, v in view.triad.items() if v == "auto"]
-        if filled:
-            view.notes.append(f"\"auto\" ({', '.join(filled)}): filled as the Hugging Face Trainer does, from -b "
-                              f"({global_batch_size}) and the cluster (data-parallel size {dp}); GA 1 when both GA and "
-                              "micro-batch are auto (TrainingArguments' default)")
-            if micro is None and ga is None and train:
-                ga = 1
-    for name, v in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
-                    ("gradient_accumulation_steps", ga)):
-        if v is not None and (not isinstance(v, int) or v <= 0):
-            raise SpecError(f"{name}: {v!r} -> must be a positive integer (DeepSpeed asserts all three > 0)")
-    if train is None and micro is None:
-        if global_batch_size:
-            train = global_batch_size
-        else:
-            raise SpecError("train_batch_size / train_micro_batch_size_per_gpu: both missing -> DeepSpeed asserts "
-                            "one of them is given (or pass -b)")
+def _ds_fill_auto(triad: tuple, dp: int, global_batch_size: int | None, view: ConfigView) -> tuple:
+    """(train, micro, GA) after the HF Trainer fills "auto" (§5.2: train = world x micro x GA)."""
+    train, micro, ga = triad
+    if ga == "auto":
+        ga = None
+    if micro == "auto":
+        micro = None
+    if train == "auto":
+        train = global_batch_size
+    filled = [k for k, v in view.triad.items() if v == "auto"]
+    if filled:
+        view.notes.append(f"\"auto\" ({', '.join(filled)}): filled as the Hugging Face Trainer does, from -b "
+                          f"({global_batch_size}) and the cluster (data-parallel size {dp}); GA 1 when both GA and "
+                          "micro-batch are auto (TrainingArguments' default)")
+        if micro is None and ga is None and train:
+            ga = 1
+    return train, micro, ga
+
+
+def _ds_derive(train: int | None, micro: int | None, ga: int | None, dp: int) -> tuple:
+    """The missing members of the triad by floor division over the data-parallel size (runtime/config.py
+    _set_batch_related_parameters, §3.2)."""
     if train is not None and micro is not None and ga is None:
         ga = train // micro // dp
     elif train is not None and ga is not None and micro is None:
@@ -193,6 +184,29 @@ def _ds_triad(doc: dict, dp: int, hf: bool, global_batch_size: int | None, view:
         ga, micro = 1, train // dp
     elif micro is not None and train is None:
         ga, train = 1, micro * dp
+    return train, micro, ga
+
+
+def _ds_triad(doc: dict, dp: int, hf: bool, global_batch_size: int | None, view: ConfigView) -> tuple[int, int, int]:
+    """The batch triad derived as DeepSpeed derives it (runtime/config.py _set_batch_related_parameters, §3.2),
+    after the HF Trainer fills "auto" (§5.2: train = world x micro x GA)."""
+    train, micro, ga = (doc.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                              "gradient_accumulation_steps"))
+    view.triad = {"train_batch_size": train, "train_micro_batch_size_per_gpu": micro,
+                  "gradient_accumulation_steps": ga}
+    if hf:
+        train, micro, ga = _ds_fill_auto((train, micro, ga), dp, global_batch_size, view)
+    for name, v in (("train_batch_size", train), ("train_micro_batch_size_per_gpu", micro),
+                    ("gradient_accumulation_steps", ga)):
+        if v is not None and (not isinstance(v, int) or v <= 0):
+            raise SpecError(f"{name}: {v!r} -> must be a positive integer (DeepSpeed asserts all three > 0)")
+    if train is None and micro is None:
+        if global_batch_size:
+            train = global_batch_size
+        else:
+            raise SpecError("train_batch_size / train_micro_batch_size_per_gpu: both missing -> DeepSpeed asserts "
+                            "one of them is given (or pass -b)")
+    train, micro, ga = _ds_derive(train, micro, ga, dp)
     if not micro or not ga or train != micro * ga * dp:
         view.errors.append(("global_batch_size",
                             f"global_batch_size: train_batch_size {train} != micro {micro} x GA {ga} x data-parallel "
@@ -292,11 +306,8 @@ def _require_ints(doc: dict) -> None:
                 raise SpecError(f"{section}.{name}: {v!r} -> must be {allowed}")
 
 
-def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView:
-    _require_ints(doc)
-    par, train = doc.get("parallelism", {}), doc.get("training", {})
-    era = "torchtitan <= 0.2 TOML" if legacy else "torchtitan 0.3 Python recipe"
-    view = ConfigView("torchtitan" if legacy else "torchtitan-python", Framework.TORCHTITAN, {})
+def _torchtitan_degrees(par: dict, gpus: int, view: ConfigView) -> tuple[int, int, int, int]:
+    """(tp, pp, dp, ZeRO stage) of a torchtitan parallelism section; notes what the planner does not model."""
     tp, pp = par.get("tensor_parallel_degree", 1), par.get("pipeline_parallel_degree", 1)
     rep, shard, cp = par.get("data_parallel_replicate_degree", 1), par.get("data_parallel_shard_degree", -1), \
         par.get("context_parallel_degree", 1)
@@ -315,13 +326,23 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
         zero = 1  # FSDP keeps parameters unsharded under PP (§1.6): optimizer and gradients sharded
     else:
         zero = 2 if reshard == "never" else 3  # never = gathered from forward to backward: not ZeRO-3 (§1.6)
+    return tp, pp, dp, zero
+
+
+def _torchtitan_schedule(par: dict, view: ConfigView) -> tuple[str, int]:
+    """(planner schedule, stages per rank) of torchtitan's pipeline_parallel_schedule."""
     name = str(par.get("pipeline_parallel_schedule", "1F1B"))
     schedule, stages_per_rank = TT_SCHEDULES.get(name.lower(), ("1f1b", 1))
     if name.lower() not in TT_SCHEDULES:
         view.notes.append(f"pipeline_parallel_schedule {name!r}: not modelled; checked as 1F1B")
     if name.lower() in ("loopedbfs", "dualpipev"):
         view.notes.append(f"{name}: modelled as {schedule} with {stages_per_rank} stages per rank")
-    # batch (frameworks.md §1.3): local 8, global -1 = local x dp, PP micro-batch 1 sequence, seq 2048
+    return schedule, stages_per_rank
+
+
+def _torchtitan_batch(train: dict, par: dict, pp: int, dp: int, view: ConfigView) -> tuple[int, int, int]:
+    """(global batch, micro-batch, micro-batches per step) as torchtitan derives them (frameworks.md §1.3: local 8,
+    global -1 = local x dp, PP micro-batch 1 sequence)."""
     local = train.get("local_batch_size", train.get("batch_size", 8))
     pp_mbs = par.get("pipeline_parallel_microbatch_size", 1)
     gbs = train.get("global_batch_size", -1)
@@ -331,17 +352,27 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
         view.errors.append(("global_batch_size", f"global_batch_size: {gbs} -> must be a multiple of local_batch_size "
                             f"{local} x data-parallel degree {dp} (torchtitan asserts it, frameworks.md §1.3)",
                             "set global_batch_size to a multiple of local_batch_size x dp"))
-    if pp > 1:
-        if local % pp_mbs:
-            view.errors.append(("num_micro_batches", f"local_batch_size {local} -> not divisible by "
-                                f"pipeline_parallel_microbatch_size {pp_mbs} (ValueError)",
-                                "use a local batch that the PP micro-batch divides"))
-        mbs, m = pp_mbs, max(1, local // pp_mbs) * ga
-        if ga > 1:
-            view.notes.append(f"gradient accumulation {ga} x a pipeline of {local // pp_mbs} micro-batches: modelled "
-                              f"as one pipeline of {m} (one bubble instead of {ga})")
-    else:
-        mbs, m = local, ga
+    if pp == 1:
+        return gbs, local, ga
+    if local % pp_mbs:
+        view.errors.append(("num_micro_batches", f"local_batch_size {local} -> not divisible by "
+                            f"pipeline_parallel_microbatch_size {pp_mbs} (ValueError)",
+                            "use a local batch that the PP micro-batch divides"))
+    m = max(1, local // pp_mbs) * ga
+    if ga > 1:
+        view.notes.append(f"gradient accumulation {ga} x a pipeline of {local // pp_mbs} micro-batches: modelled "
+                          f"as one pipeline of {m} (one bubble instead of {ga})")
+    return gbs, pp_mbs, m
+
+
+def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView:
+    _require_ints(doc)
+    par, train = doc.get("parallelism", {}), doc.get("training", {})
+    era = "torchtitan <= 0.2 TOML" if legacy else "torchtitan 0.3 Python recipe"
+    view = ConfigView("torchtitan" if legacy else "torchtitan-python", Framework.TORCHTITAN, {})
+    tp, pp, dp, zero = _torchtitan_degrees(par, gpus, view)
+    schedule, stages_per_rank = _torchtitan_schedule(par, view)
+    gbs, mbs, m = _torchtitan_batch(train, par, pp, dp, view)
     rec, every = _torchtitan_ac(doc.get("activation_checkpoint"), legacy, view)
     view.recompute_every = every
     view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero,
