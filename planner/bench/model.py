@@ -10,6 +10,7 @@ mask, as on GPU), an additive causal bias (saves no mask), the score scale appli
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,8 @@ def _norm(shape: Transformer) -> nn.Module:
 
 
 class Attention(nn.Module):
+    causal_bias: torch.Tensor  # a buffer, registered without flash attention
+
     def __init__(self, shape: Transformer, *, dropout_p: float, seq_length: int):
         super().__init__()
         h, d = shape.hidden_size, shape.head_dim
@@ -125,9 +128,9 @@ class Block(nn.Module):
         super().__init__()
         self.dropout_p = dropout_p if shape.dropout else 0.0
         self.norm1 = _norm(shape)
-        self.attn = Attention(shape, dropout_p=self.dropout_p, seq_length=seq_length)
+        self.attn: nn.Module = Attention(shape, dropout_p=self.dropout_p, seq_length=seq_length)  # or checkpointed
         self.norm2 = _norm(shape)
-        self.mlp = MLP(shape)
+        self.mlp: MLP = MLP(shape)
 
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and self.dropout_p > 0:
@@ -171,8 +174,8 @@ def build_model(shape: Transformer, *, seq_length: int, num_layers: int | None =
     return model.to(dtype=dtype)
 
 
-def saved_activation_bytes(fn, *args, exclude: tuple[torch.Tensor, ...] = ()) -> int:
-    """Bytes autograd saves for backward while running fn(*args), de-duplicated by storage.
+def saved_activation_bytes(fn, *args, exclude: tuple[torch.Tensor, ...] = ()) -> tuple[int, Any]:
+    """(bytes autograd saves for backward while running fn(*args), de-duplicated by storage; fn's result).
 
     Parameters, buffers and inputs passed in `exclude` do not count. Storages are told apart by their
     StorageImpl pointer (on the meta device every data pointer is 0).

@@ -31,6 +31,7 @@ import statistics
 import time
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,9 @@ from cost_models.inputs import Transformer
 from planner.bench.model import Block, _norm
 from planner.bench.optim import local_grad, make_optimizer, optimizer_state_bytes
 from planner.bench.timing import timed
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 
 @dataclass
@@ -183,7 +187,8 @@ def apply_tp(module: StageModule, tp_mesh, *, sequence_parallel: bool) -> None:
     if top:
         parallelize_module(module, tp_mesh, top)
         module.tie()
-    for block in module.layers.values():
+    for layer in module.layers.values():
+        block = cast(Block, layer)  # TP comes before recomputation wraps a layer (torchtitan's order)
         plan = {
             "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
             "attn.wo": RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel(),
@@ -219,7 +224,8 @@ def apply_recompute(module: StageModule, policy: str) -> None:
         if policy == "full":
             module.layers[key] = _Checkpointed(block)
         elif policy == "selective":
-            block.attn = _Checkpointed(block.attn)
+            layer = cast(Block, block)
+            layer.attn = _Checkpointed(layer.attn)
 
 
 def apply_fsdp(module: StageModule, dp_mesh, *, reshard: bool, compute_dtype) -> None:
@@ -319,7 +325,7 @@ def _start(rank: int, world: int, cfg: BenchConfig, init_method: str | None):
               if cuda else torch.device("cpu"))
     if cuda:
         torch.cuda.set_device(device)
-    kwargs = {"backend": "nccl" if cuda else "gloo", "timeout": timedelta(seconds=cfg.timeout_seconds)}
+    kwargs: dict[str, Any] = {"backend": "nccl" if cuda else "gloo", "timeout": timedelta(seconds=cfg.timeout_seconds)}
     if init_method:
         kwargs.update(init_method=init_method, rank=rank, world_size=world)
     dist.init_process_group(**kwargs)
@@ -416,7 +422,7 @@ def make_schedule(cfg: BenchConfig, plan: _Plan, modules, mesh, device, loss_fn)
     )
 
     m_count = cfg.layout["num_micro_batches"]
-    stages = [PipelineStage(mod, idx, plan.n_stages, device, group=mesh["pp"].get_group())
+    stages: list[_PipelineStageBase] = [PipelineStage(mod, idx, plan.n_stages, device, group=mesh["pp"].get_group())
               for mod, idx in zip(modules, plan.my_stages, strict=True)]
     if plan.schedule in ("gpipe", "naive"):
         return ScheduleGPipe(stages[0], m_count, loss_fn=loss_fn, scale_grads=False)
@@ -652,7 +658,7 @@ def _child(rank: int, world: int, fn, args, init_method: str, out_dir: str) -> N
         os._exit(code)
 
 
-def _first_failure(procs: list, deadline: float) -> tuple[int, int] | None:
+def _first_failure(procs: list, deadline: float) -> tuple[int, int | None] | None:
     """Wait until every rank has exited, one exits non-zero (its (rank, exit code)) or the deadline passes."""
     failed = None
     while any(p.is_alive() for p in procs):
@@ -677,7 +683,7 @@ def _stop_all(procs: list) -> None:
             p.join()
 
 
-def _rank_failure(out_dir: str, rank: int, code: int) -> str:
+def _rank_failure(out_dir: str, rank: int, code: int | None) -> str:
     """A failed rank's message, with the error it wrote before it exited."""
     err = os.path.join(out_dir, f"rank{rank}.error")
     detail = open(err).read() if os.path.exists(err) else ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cost_models.communication import all_reduce_seconds, group_link, p2p_seconds, pp_neighbour_link
 from planner.bench.runner import BenchConfig, launch_local, worker
@@ -107,7 +107,7 @@ def run(cfg: BenchConfig, *, nproc: int | None) -> list[dict]:
     if world == 1 and "RANK" not in os.environ:
         return launch_local(cfg, 1)
     report = worker(rank, world, cfg, None)
-    gathered = [None] * world
+    gathered: list[Any] = [None] * world  # every rank's report once gathered
     dist.all_gather_object(gathered, report)
     dist.destroy_process_group()
     return gathered

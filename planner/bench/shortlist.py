@@ -98,8 +98,8 @@ def run_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opts,
 
     entries, rule = shortlist(plan, top)
     entries, layouts, skipped = fit_shortlist(entries, opts)  # refuse or skip before running anything
-    docs = [bench_one(md, lay, seq, cl, knobs_kw, opts) for lay in layouts]
-    if docs[0] is None:
+    docs = [d for d in (bench_one(md, lay, seq, cl, knobs_kw, opts) for lay in layouts) if d is not None]
+    if len(docs) < len(layouts):  # ranks other than 0 of torchrun report nothing
         return None
     results = [{"layout_short": LayoutSpec.model_validate(e["layout"]).short(), "role": e["role"],
                 "plan_predicted_step_seconds": e["predicted_step_seconds"],

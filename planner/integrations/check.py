@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster_specs import SpecError
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec
+
+if TYPE_CHECKING:
+    from cost_models.step import StepEstimate
+    from planner.problem import Problem
 from planner.integrations.exports import with_fields
 from planner.integrations.readers import (  # noqa: F401  (megatron_parser: the option names, for tests and exports)
     ConfigView,
@@ -59,9 +64,9 @@ def hint_for(problem: str) -> str:
 class Outcome:
     layout: LayoutSpec | None
     violations: list[dict]
-    estimate: object
+    estimate: StepEstimate | None
     notes: list[str]
-    problem: object
+    problem: Problem
 
 
 def resolve(view: ConfigView, num_layers: int, overrides: dict) -> dict:

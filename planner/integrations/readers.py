@@ -457,8 +457,8 @@ def torchtitan_resolve(view: ConfigView, num_layers: int) -> None:
         if len(set(per_rank)) > 1 or sum(per_rank) != num_layers or per_rank != list(stage_split(num_layers, pp)):
             f["layers_per_stage"] = per_rank
     if view.recompute_every:
-        lps = f.get("layers_per_stage") or list(stage_split(num_layers, pp))
-        f["recompute_layers_per_stage"] = [n // view.recompute_every for n in lps]
+        per_stage = f.get("layers_per_stage") or list(stage_split(num_layers, pp))
+        f["recompute_layers_per_stage"] = [n // view.recompute_every for n in per_stage]
 
 
 # ---- Megatron-LM / Megatron-DeepSpeed ------------------------------------------------------------------------
