@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from cost_models.attention import attention_extra_count, attention_weight_count, core_attention_forward_flops
 from cost_models.inputs import Transformer
+from cost_models.memo import per_model
 from cost_models.moe import mlp_forward_flops_per_token, mlp_parameter_counts
 
 
@@ -47,6 +48,7 @@ def layer_parameter_count(model: Transformer) -> tuple[int, int]:
     return attention + (mlp.moe_layer_total if model.moe else mlp.dense_layer) + norms, norms
 
 
+@per_model
 def parameter_counts(model: Transformer) -> ParameterCounts:
     """Exact parameter count of the model as built (GPT-3 175B: 174,615,846,912 incl. the final LayerNorm;
     Mixtral-8x7B 46,702,792,704; DeepSeek-V3 671,026,419,200: tests/test_model_families.py)."""
@@ -86,9 +88,13 @@ def layer_forward_flops(model: Transformer, *, tokens: int, seq_length: int) -> 
     Attention core: Q K^T and P V, 2 x 2 T s q (Narayanan et al. 2021 Appendix: 4 B s^2 h for MHA), scaled by the
     window for sliding-window layers (cost_models/attention.py).
     """
-    gemm = 2.0 * tokens * attention_weight_count(model) + tokens * mlp_forward_flops_per_token(model)
+    gemm = 2.0 * tokens * _attention_weights(model) + tokens * _mlp_flops_per_token(model)
     core = core_attention_forward_flops(model, tokens=tokens, seq_length=seq_length)
     return float(gemm), float(core)
+
+
+_attention_weights = per_model(attention_weight_count)
+_mlp_flops_per_token = per_model(mlp_forward_flops_per_token)
 
 
 def logits_forward_flops(*, tokens: int, hidden_size: int, vocab_size: int) -> float:
@@ -106,7 +112,12 @@ def recompute_extra_forward_flops(model: Transformer, *, tokens: int, seq_length
     comment: "flash attention does 1 more matmul recomputation in the backward").
     """
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
-    flash_extra = core / 2 if model.flash_attention else 0.0
+    return recompute_extra_of(gemm, core, flash_attention=model.flash_attention, recompute=recompute)
+
+
+def recompute_extra_of(gemm: float, core: float, *, flash_attention: bool, recompute: str) -> float:
+    """recompute_extra_forward_flops from a layer's forward (GEMM, attention core) FLOPs."""
+    flash_extra = core / 2 if flash_attention else 0.0
     if recompute == "full":
         return gemm + core + flash_extra
     if recompute == "selective":

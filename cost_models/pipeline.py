@@ -37,7 +37,7 @@ def pipeline_makespan(*, schedule: str, stage_seconds: Sequence[float], num_micr
     With equal stages these are the simulator's makespans (tests/test_pipeline.py).
     """
     t, m = stage_seconds, num_micro_batches
-    bottleneck = max(range(len(t)), key=lambda i: t[i])
+    bottleneck = max(range(len(t)), key=t.__getitem__)
     t_max, total = t[bottleneck], sum(t)
     if schedule == "naive":
         pipe = m * total

@@ -20,9 +20,10 @@ to `LayerCosts` and to `LayerCosts.comm_seconds`; every consumer above picks it 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from cost_models.communication import all_reduce_seconds, group_link, tp_bytes_per_layer_per_micro_batch
-from cost_models.compute import layer_forward_flops, parameter_counts, recompute_extra_forward_flops
+from cost_models.compute import layer_forward_flops, parameter_counts, recompute_extra_of
 from cost_models.extensions import LayerExtras, expert_data_parallel, layer_extras
 from cost_models.inputs import (
     Hardware,
@@ -156,12 +157,12 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     # per-layer dispatch cost of tensor parallelism (calibrated; 0 on GPUs), the forward's share of fwd + bwd
     t_tp_dispatch = knobs.tp_layer_overhead_seconds / FORWARD_PASSES_PER_TRAINING_PASS if t > 1 else 0.0
     logits_gemm = 2 * tokens * h * V / t
-    pc = parameter_counts(model)
+    pc, flash = parameter_counts(model), model.flash_attention
     return LayerCosts(
         t_layer_forward=(gemm * ext.gemm_time_factor + core) / t / rate + t_layer_mem + t_tp_dispatch
         + ext.extra_seconds / FORWARD_PASSES_PER_TRAINING_PASS,
-        t_recompute_policy=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute=policy) / t / rate,
-        t_recompute_full=recompute_extra_forward_flops(model, tokens=tokens, seq_length=s, recompute="full") / t / rate
+        t_recompute_policy=recompute_extra_of(gemm, core, flash_attention=flash, recompute=policy) / t / rate,
+        t_recompute_full=recompute_extra_of(gemm, core, flash_attention=flash, recompute="full") / t / rate
         + t_layer_mem,
         t_tp_all_reduce=t_ar,
         tp_expose=1 - knobs.tp_overlap_fraction,
@@ -203,9 +204,9 @@ def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int,
     return weights, grads, optim
 
 
-@dataclass(frozen=True, slots=True)
-class StageTime:
-    """One stage, one micro-batch."""
+class StageTime(NamedTuple):
+    """One stage, one micro-batch. (StageTime and StageMemory are built 2 x pp times per estimate: immutable
+    named tuples, which build several times faster than frozen dataclasses.)"""
 
     forward_seconds: float
     backward_seconds: float
@@ -224,8 +225,7 @@ class StageTime:
         return self.forward_seconds + self.backward_seconds + self.recompute_seconds + self.tp_comm_seconds
 
 
-@dataclass(frozen=True, slots=True)
-class StageMemory:
+class StageMemory(NamedTuple):
     stage: int
     layers: int
     params: float  # parameters held by one GPU of this stage before ZeRO sharding
@@ -269,6 +269,9 @@ class StageLinear:
     fixed_bytes: float  # embedding/output states and activations, buckets, overhead, one recomputed layer
 
 
+_StateBytes = tuple[float, float, float, int, float | None]
+
+
 @dataclass(frozen=True, slots=True)
 class StageModel:
     """Every stage of one layout: `time(i)`, `memory(i)` at the layout's split, `linear(i)` for any split."""
@@ -287,7 +290,7 @@ class StageModel:
         return self.layout.pp
 
     def extra_forward_seconds(self, i: int) -> float:
-        return self.lc.t_logits_forward if i == self.pp - 1 else 0.0
+        return self.lc.t_logits_forward if i == self.layout.pp - 1 else 0.0
 
     def params(self, i: int, layers: int | None = None) -> float:
         """Parameters one GPU of stage i holds (before ZeRO sharding)."""
@@ -296,7 +299,7 @@ class StageModel:
         params = n * lc.layer_params
         if i == 0:
             params += lc.embedding_params
-        if i == self.pp - 1:
+        if i == self.layout.pp - 1:
             params += lc.output_params + lc.final_norm_params
         return params
 
@@ -316,6 +319,19 @@ class StageModel:
             ep_comm_total_seconds=n * lc.extras.ep_total_seconds,
         )
 
+    def times(self) -> tuple[StageTime, ...]:
+        """time(i) of every stage; stages alike in layers, recomputed layers and role share one result."""
+        last = self.pp - 1
+        known: dict[tuple[int, int, bool], StageTime] = {}
+        out = []
+        for i, (n, r) in enumerate(zip(self.split, self.full_layers, strict=True)):
+            key = (n, r, i == last)
+            t = known.get(key)
+            if t is None:
+                t = known[key] = self.time(i)
+            out.append(t)
+        return tuple(out)
+
     def in_flight(self, i: int) -> float:
         """Micro-batches whose activations stage i holds at its peak (the whole local batch without micro-batching)."""
         lay = self.layout
@@ -329,7 +345,7 @@ class StageModel:
         per_mb = (n - r) * lc.act_policy_bytes + r * lc.act_full_bytes
         if i == 0:
             per_mb += lc.embedding_act_bytes
-        if i == self.pp - 1:
+        if i == self.layout.pp - 1:
             per_mb += lc.output_act_bytes
         return per_mb
 
@@ -353,25 +369,40 @@ class StageModel:
         return transient
 
     def memory(self, i: int) -> StageMemory:
-        lay, ext = self.layout, self.lc.extras
-        P = self.params(i)
+        return self._memory(i, self._states())
+
+    def memories(self) -> tuple[StageMemory, ...]:
+        """memory(i) of every stage."""
+        states = self._states()
+        return tuple(self._memory(i, states) for i in range(self.pp))
+
+    def _states(self) -> _StateBytes:
+        """What every stage's model states share: bytes per parameter (weight, gradient, optimizer state) over
+        DP x CP, the divisor of the FP8 weight copies, and the optimizer bytes per expert parameter over EDP."""
+        lay = self.layout
         dc = lay.dp * lay.cp  # states shard over DP x CP (Megatron: CP piggybacks on the DP group)
         w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=dc, offload=lay.offload)
+        o_expert = self.training.optimizer_bytes / expert_data_parallel(lay) if lay.zero_stage >= 1 and o > 0 else None
+        return w, g, o, dc if lay.zero_stage >= 3 else 1, o_expert
+
+    def _memory(self, i: int, states: _StateBytes) -> StageMemory:
+        w, g, o, fp8_shards, o_expert = states
+        ext = self.lc.extras
+        P = self.params(i)
         flight = self.in_flight(i)
         n = self.split[i]
-        weights = P * w + n * ext.fp8_weight_bytes / (dc if lay.zero_stage >= 3 else 1)
-        experts = n * ext.expert_params  # their optimizer state shards over EDP instead of DP x CP
-        if lay.zero_stage >= 1 and o > 0:
-            o_expert = self.training.optimizer_bytes / expert_data_parallel(lay)
+        weights = P * w + n * ext.fp8_weight_bytes / fp8_shards
+        if o_expert is not None:
+            experts = n * ext.expert_params  # their optimizer state shards over EDP instead of DP x CP
             o_total = P * o + experts * (o_expert - o)
         else:
             o_total = P * o
         if self.schedule == Schedule.PIPEDREAM_ASYNC:
             weights += max(0.0, flight - 1) * P * self.training.param_bytes  # stashed weight versions
         acts, transient = self.activations_per_micro_batch(i) * flight, self.transient_bytes(i, P)
-        return StageMemory(i, self.split[i], P, weights, P * g, o_total, acts, transient,
-                           self.knobs.per_process_overhead_bytes, flight,
-                           self.knobs.allocator_reserve_fraction * (acts + transient))
+        knobs = self.knobs
+        return StageMemory(i, n, P, weights, P * g, o_total, acts, transient, knobs.per_process_overhead_bytes,
+                           flight, knobs.allocator_reserve_fraction * (acts + transient))
 
     def linear(self, i: int) -> StageLinear:
         """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from cost_models.communication import group_link, p2p_seconds, pp_neighbour_link
 from cost_models.compute import hardware_flops_per_step, model_flops_per_step, recompute_extra_forward_flops
 from cost_models.data_parallel import embedding_sync_seconds, overlap_window_seconds, zero_comm_seconds
-from cost_models.inputs import Hardware, Knobs, Layout, Offload, Schedule, Training, Transformer
+from cost_models.inputs import Hardware, Knobs, Layout, Link, Offload, Schedule, Training, Transformer
 from cost_models.pipeline import Makespan, pipeline_makespan
 from cost_models.stage import (
     TP_ALL_REDUCES_PER_LAYER,
@@ -114,27 +115,43 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
                     times: Sequence[StageTime], params: Sequence[float]) -> tuple[float, float]:
     """(total, exposed) data-parallel traffic of the slowest stage."""
     lay = sm.layout
-    p, d, m = lay.pp, lay.dp * lay.cp, lay.num_micro_batches  # gradients reduce over DP x CP
+    p, d = lay.pp, lay.dp * lay.cp  # gradients reduce over DP x CP
     link = group_link(hw, group_size=d, stride=lay.tp).link
+    # stages alike in parameters, layers and compute move the same traffic: computed once per kind of stage
+    known: dict[tuple[float, int, float, float], tuple[float, float]] = {}
     total = exposed = 0.0
     for i in range(p):
-        comm = window = 0.0
-        if d > 1:
-            comm = zero_comm_seconds(zero_stage=lay.zero_stage, params=params[i], dp=d, layers=sm.split[i],
-                                     grad_reduce_bytes=training.grad_reduce_bytes, param_bytes=training.param_bytes,
-                                     num_micro_batches=m, link=link,
-                                     modules_per_layer=ZERO3_MODULES_PER_LAYER if knobs.zero3_gather == "module" else 1)
-            window = overlap_window_seconds(zero_stage=lay.zero_stage, forward_seconds=times[i].forward_seconds,
-                                            backward_seconds=times[i].backward_seconds, num_micro_batches=m)
-        # the overlap knob is the share of this traffic hidden; it cannot hide behind more compute than there is
-        share = knobs.zero3_overlap_fraction if lay.zero_stage >= 3 else knobs.dp_overlap_fraction
-        hidden = comm - min(share * comm, window)  # (the exposed part)
+        t = times[i]
+        key = (params[i], sm.split[i], t.forward_seconds, t.backward_seconds)
+        traffic = known.get(key)
+        if traffic is None:
+            traffic = known[key] = _stage_dp_traffic(training, knobs, lay, link, key)
+        comm, hidden = traffic
         if p > 1 and model.tied_embeddings and i in (0, p - 1):  # embedding-gradient sync, first <-> last stage
             sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
                                           * model.hidden_size / lay.tp * training.grad_reduce_bytes)
             comm, hidden = comm + sync, hidden + sync  # not overlapped: it runs after the last backward
         total, exposed = max(total, comm), max(exposed, hidden)
     return total, exposed
+
+
+def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, link: Link,
+                      stage: tuple[float, int, float, float]) -> tuple[float, float]:
+    """(traffic, exposed traffic) of one stage of (parameters, layers, forward and backward seconds per
+    micro-batch) under the layout's ZeRO stage."""
+    params, layers, forward_seconds, backward_seconds = stage
+    d, m = lay.dp * lay.cp, lay.num_micro_batches
+    comm = window = 0.0
+    if d > 1:
+        comm = zero_comm_seconds(zero_stage=lay.zero_stage, params=params, dp=d, layers=layers,
+                                 grad_reduce_bytes=training.grad_reduce_bytes, param_bytes=training.param_bytes,
+                                 num_micro_batches=m, link=link,
+                                 modules_per_layer=ZERO3_MODULES_PER_LAYER if knobs.zero3_gather == "module" else 1)
+        window = overlap_window_seconds(zero_stage=lay.zero_stage, forward_seconds=forward_seconds,
+                                        backward_seconds=backward_seconds, num_micro_batches=m)
+    # the overlap knob is the share of this traffic hidden; it cannot hide behind more compute than there is
+    share = knobs.zero3_overlap_fraction if lay.zero_stage >= 3 else knobs.dp_overlap_fraction
+    return comm, comm - min(share * comm, window)  # (the exposed part)
 
 
 def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, knobs: Knobs, max_params: float,
@@ -206,21 +223,25 @@ def time_breakdown(sm: StageModel, times: Sequence[StageTime], span: Makespan, p
     )
 
 
+_TOTAL_BYTES = attrgetter("total_bytes")
+
+
 def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs | None = None,
                   *, fused_swiglu: bool = False) -> StepEstimate:
     knobs = knobs or Knobs()
     sm = stage_model(model, training, hw, layout, knobs, fused_swiglu=fused_swiglu)
     p = layout.pp
-    times = [sm.time(i) for i in range(p)]
+    times = sm.times()
     params = [sm.params(i) for i in range(p)]
-    span = pipeline_makespan(schedule=sm.schedule, stage_seconds=[t.total_seconds for t in times],
+    stage_seconds = tuple(t.total_seconds for t in times)
+    span = pipeline_makespan(schedule=sm.schedule, stage_seconds=stage_seconds,
                              num_micro_batches=layout.num_micro_batches, virtual_stages=sm.virtual_stages,
                              weight_grad_seconds=[t.weight_grad_seconds for t in times])
     p2p = pp_p2p_seconds(hw, training, layout, model, knobs, sm.schedule, sm.virtual_stages)
     dp = dp_comm_seconds(hw, training, model, knobs, sm, times, params)
     optimizer, offload = optimizer_offload_seconds(hw, training, layout, knobs, max(params), times)
-    stages = tuple(sm.memory(i) for i in range(p))
-    peak = max(stages, key=lambda st: st.total_bytes)
+    stages = sm.memories()
+    peak = max(stages, key=_TOTAL_BYTES)
     host = host_memory_bytes(hw, training, layout, max(params))
     time = time_breakdown(sm, times, span, p2p, dp, optimizer, offload)
     step = span.seconds + p2p + dp[1] + optimizer + offload
@@ -237,6 +258,6 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
         host_memory_bytes_per_node=host, host_memory_capacity_bytes=hw.host_memory_bytes_per_node,
         fits=(peak.total_bytes + knobs.memory_headroom_bytes <= hw.gpu_memory_bytes
               and host <= hw.host_memory_bytes_per_node),
-        stages=stages, time=time, stage_seconds=tuple(t.total_seconds for t in times),
+        stages=stages, time=time, stage_seconds=stage_seconds,
         matmul_efficiency=sm.lc.matmul_efficiency, padded_vocab_size=sm.lc.padded_vocab,
     )

@@ -2,8 +2,9 @@
 
 Plans with the CLI's defaults (`default_knobs()`: 2 GiB headroom), so its picks are `planner plan`'s. Prints,
 per case, candidates considered, candidates fully evaluated, solver time and total planning time (medians of
-several runs), then `planner plan` end to end as a process (start-up included), and the median
-time of one `estimate_step`. Speed is measured here, never asserted in tests (the machines are shared).
+several runs), then `planner plan` end to end as a process (start-up included), and the time of one
+`estimate_step` (median and best; see estimate_speed). Speed is measured here, never asserted in tests (the
+machines are shared).
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ REPEATS = 5
 
 def main() -> None:
     from cluster_specs import load_cluster
-    from cost_models.step import estimate_step
     from planner.inputs.models import load_model
-    from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.inputs.specs import TrainingSpec
     from planner.problem import Problem, default_knobs
     from planner.search import PlanOptions, plan
 
@@ -60,13 +60,30 @@ def main() -> None:
 
     decisions_speed()
 
+    estimate_speed()
+
+
+def estimate_speed(repeats: int = 200, number: int = 50) -> None:
+    """One `estimate_step` (405B, tp8 pp16 dp128): the median of `repeats` timings of `number` calls, and the best
+    one, which is what an idle machine gives when other processes share the cores (the median then measures
+    the load as much as the code). The load average is printed with it."""
+    import os
+
+    from cluster_specs import load_cluster
+    from cost_models.step import estimate_step
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.problem import Problem, default_knobs
+
     problem = Problem(load_model("llama3-405b"), TrainingSpec(global_batch_size=2048, seq_length=8192),
                       load_cluster("dgx-h100", nodes=2048), default_knobs())
     layout = LayoutSpec(tp=8, pp=16, dp=128, micro_batch_size=1, num_micro_batches=16,
                         sequence_parallel=True).to_cost_model()
-    runs = [timeit.timeit(lambda: estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout,
-                                                problem.knobs), number=500) / 500 for _ in range(REPEATS)]
-    print(f"one estimate (405B, tp8 pp16 dp128): median {statistics.median(runs) * 1e6:.0f} µs")
+    runs = timeit.repeat(lambda: estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout,
+                                               problem.knobs), number=number, repeat=repeats)
+    per_call = [r / number * 1e6 for r in runs]
+    print(f"one estimate (405B, tp8 pp16 dp128): median {statistics.median(per_call):.0f} µs, best "
+          f"{min(per_call):.0f} µs over {repeats} x {number} calls (load average {os.getloadavg()[0]:.1f})")
 
 
 def decisions_speed(repeats: int = 3) -> None:
