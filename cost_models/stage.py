@@ -19,6 +19,7 @@ to `LayerCosts` and to `LayerCosts.comm_seconds`; every consumer above picks it 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -369,12 +370,13 @@ class StageModel:
         return transient
 
     def memory(self, i: int) -> StageMemory:
-        return self._memory(i, self._states())
+        return self._memory(i, self._states(), self.params(i))
 
-    def memories(self) -> tuple[StageMemory, ...]:
-        """memory(i) of every stage."""
+    def memories(self, params: Sequence[float] | None = None) -> tuple[StageMemory, ...]:
+        """memory(i) of every stage (`params`: params(i) of every stage, when the caller has them already)."""
         states = self._states()
-        return tuple(self._memory(i, states) for i in range(self.pp))
+        params = params or [self.params(i) for i in range(self.layout.pp)]
+        return tuple(self._memory(i, states, P) for i, P in enumerate(params))
 
     def _states(self) -> _StateBytes:
         """What every stage's model states share: bytes per parameter (weight, gradient, optimizer state) over
@@ -385,10 +387,9 @@ class StageModel:
         o_expert = self.training.optimizer_bytes / expert_data_parallel(lay) if lay.zero_stage >= 1 and o > 0 else None
         return w, g, o, dc if lay.zero_stage >= 3 else 1, o_expert
 
-    def _memory(self, i: int, states: _StateBytes) -> StageMemory:
+    def _memory(self, i: int, states: _StateBytes, P: float) -> StageMemory:
         w, g, o, fp8_shards, o_expert = states
         ext = self.lc.extras
-        P = self.params(i)
         flight = self.in_flight(i)
         n = self.split[i]
         weights = P * w + n * ext.fp8_weight_bytes / fp8_shards

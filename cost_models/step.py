@@ -239,10 +239,11 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
                              weight_grad_seconds=[t.weight_grad_seconds for t in times])
     p2p = pp_p2p_seconds(hw, training, layout, model, knobs, sm.schedule, sm.virtual_stages)
     dp = dp_comm_seconds(hw, training, model, knobs, sm, times, params)
-    optimizer, offload = optimizer_offload_seconds(hw, training, layout, knobs, max(params), times)
-    stages = sm.memories()
+    max_params = max(params)
+    optimizer, offload = optimizer_offload_seconds(hw, training, layout, knobs, max_params, times)
+    stages = sm.memories(params)
     peak = max(stages, key=_TOTAL_BYTES)
-    host = host_memory_bytes(hw, training, layout, max(params))
+    host = host_memory_bytes(hw, training, layout, max_params)
     time = time_breakdown(sm, times, span, p2p, dp, optimizer, offload)
     step = span.seconds + p2p + dp[1] + optimizer + offload
     n_gpus = layout.tp * layout.pp * layout.dp * layout.cp
