@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from cost_models.inputs import Link
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def ring_attention(cfg: CpEpConfig, rank: int, cp: int) -> tuple[torch.Tensor, t
         pending = []
         if step < cp - 1:  # post the next block's transfer before computing on this one (TE's double buffer)
             recv = torch.empty_like(kv)
-            pending = [dist.isend(kv.contiguous(), dst), dist.irecv(recv, src)]
+            pending = _started(dist.isend(kv.contiguous(), dst), dist.irecv(recv, src))
             sent += kv.numel() * kv.element_size()
         out, lse = _merge(out, lse, *_block(q, kv[0], kv[1], pos, kv_pos))
         if pending:
@@ -118,6 +122,11 @@ def ring_attention(cfg: CpEpConfig, rank: int, cp: int) -> tuple[torch.Tensor, t
     return out, pos, comm, sent
 
 
+def _started(*works: dist.Work | None) -> list[dist.Work]:
+    """The requests isend/irecv started (they return None only on a rank outside the group, never here)."""
+    return [w for w in works if w is not None]
+
+
 def ring_transfer_seconds(cfg: CpEpConfig, rank: int, cp: int) -> float:
     """Seconds of the ring's cp-1 K/V transfers alone (no attention to hide behind), after a barrier."""
     import time
@@ -127,7 +136,7 @@ def ring_transfer_seconds(cfg: CpEpConfig, rank: int, cp: int) -> float:
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(cp - 1):
-        reqs = [dist.isend(kv, (rank + 1) % cp), dist.irecv(recv, (rank - 1) % cp)]
+        reqs = _started(dist.isend(kv, (rank + 1) % cp), dist.irecv(recv, (rank - 1) % cp))
         for req in reqs:
             req.wait()
         kv, recv = recv, kv
@@ -229,7 +238,7 @@ def _exchange(rank: int, nbytes: int, repeats: int) -> float:
         dist.barrier()
         t0 = time.perf_counter()
         if rank in (0, 1):
-            for req in (dist.isend(buf, 1 - rank), dist.irecv(recv, 1 - rank)):
+            for req in _started(dist.isend(buf, 1 - rank), dist.irecv(recv, 1 - rank)):
                 req.wait()
         times.append(time.perf_counter() - t0)
     return sorted(times[1:])[len(times[1:]) // 2]
@@ -265,7 +274,7 @@ def worker(rank: int, world: int, cfg: CpEpConfig, init_method: str) -> dict:
 PING_BYTES = (8, 2**16, 2**19, 2**21)  # spans the ring's and the all-to-all's messages (0.25-1 MB here)
 
 
-def _fit_link(points: list) -> object:
+def _fit_link(points: list) -> Link:
     """Latency and bandwidth of the rank-0 <-> rank-1 link: t = latency + bytes / bandwidth fitted to the ping
     sizes (planner/bench/calibrate.py fit_gemm_line: least squares on the relative error)."""
     from cost_models.inputs import Link
