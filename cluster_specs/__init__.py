@@ -35,9 +35,14 @@ def load_gpu(name: str) -> GPUSpec:
     return GPUSpec.model_validate({"name": key, **catalog[key]})
 
 
-def cluster_names() -> list[str]:
+@functools.cache
+def _names() -> tuple[str, ...]:
     folder = resources.files("cluster_specs").joinpath("clusters")
-    return sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml"))
+    return tuple(sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml")))
+
+
+def cluster_names() -> list[str]:
+    return list(_names())
 
 
 def _validate_cluster(data, source: str) -> ClusterSpec:
@@ -55,14 +60,21 @@ def _validate_cluster(data, source: str) -> ClusterSpec:
     return spec
 
 
+@functools.cache
+def _preset(name: str) -> ClusterSpec:
+    """A built-in preset, parsed and validated once per process (the spec is frozen, so sharing it is safe; a
+    `compare` or `check` of several files loads the same presets again and again)."""
+    import yaml
+
+    text = resources.files("cluster_specs").joinpath("clusters", f"{name}.yaml").read_text("utf-8")
+    return _validate_cluster(yaml.safe_load(text), f"cluster preset {name}")
+
+
 def load_cluster(name_or_path: str, *, nodes: int | None = None) -> ClusterSpec:
     """A preset by name, or a YAML/JSON file by path; `nodes` scales it."""
     path = Path(name_or_path)
     if name_or_path in cluster_names():
-        text = resources.files("cluster_specs").joinpath("clusters", f"{name_or_path}.yaml").read_text("utf-8")
-        import yaml
-
-        spec = _validate_cluster(yaml.safe_load(text), f"cluster preset {name_or_path}")
+        spec = _preset(name_or_path)
     elif path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
         spec = _validate_cluster(read_structured_file(path), str(path))
     else:

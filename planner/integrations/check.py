@@ -106,9 +106,9 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
 
     caps = capabilities(framework or view.framework)
     problem = _config_knobs(view, problem)
+    fields = resolve(view, problem.model.num_layers, overrides or {})  # may add the framework's split refusals
     violations = [{"rule": r, "message": m, "hint": h} for r, m, h in view.errors]
     violations += _model_mismatch(view, problem.model)
-    fields = resolve(view, problem.model.num_layers, overrides or {})
     try:
         layout = LayoutSpec.model_validate(fields)
     except ValidationError as exc:

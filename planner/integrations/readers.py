@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -433,10 +434,19 @@ def torchtitan_resolve(view: ConfigView, num_layers: int) -> None:
     f = view.fields
     pp = f["pp"]
     stages = view.stage_layers
+    if pp > num_layers:  # said before any per-stage list is built (a degree of 2**63 must not build one)
+        view.errors.append(("pp*virtual_stages", f"pipeline_parallel_degree: {pp} -> at most the model's "
+                            f"{num_layers} layers", "use fewer pipeline stages"))
+        return
     if pp > 1 and stages is None:
         first, last = view.model.get("first_less", 1), view.model.get("last_less", 1)
         lps = view.layers_per_chunk
         count = -(-(num_layers + first + last) // lps) if lps else pp * view.model.get("stages_per_rank", 1)
+        if count > num_layers + first + last or count < pp:
+            view.errors.append(("layers_per_stage", f"torchtitan split: {count} stages for {num_layers} layers -> "
+                                "torchtitan refuses more stages than effective layers (ValueError)",
+                                "use more layers per stage"))
+            return
         if count % pp:
             view.errors.append(("pp*virtual_stages", f"pipeline stages: {count} -> must be a multiple of pp ({pp})",
                                 "choose pipeline_parallel_layers_per_stage so the stage count divides by pp"))
@@ -464,8 +474,10 @@ def torchtitan_resolve(view: ConfigView, num_layers: int) -> None:
 # ---- Megatron-LM / Megatron-DeepSpeed ------------------------------------------------------------------------
 
 
+@functools.cache
 def megatron_parser() -> argparse.ArgumentParser:
-    """The Megatron-LM (and Megatron-DeepSpeed) options the planner reads or writes, as their arguments.py names them."""
+    """The Megatron-LM (and Megatron-DeepSpeed) options the planner reads or writes, as their arguments.py names them.
+    Built once per process (parsing does not change it)."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     ints = ["--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
             "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--ffn-hidden-size",
@@ -489,6 +501,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-sharding-strategy",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     for name in ["--normalization", "--position-embedding-type", "--deepspeed_config", "--deepspeed-config",
+                 "--pp-partition-method",
                  "--ckpt-format", "--tokenizer-type", "--make-vocab-size-divisible-by"]:
         p.add_argument(name)
     p.add_argument("--optimizer-offload-fraction", type=float)
@@ -626,6 +639,7 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
                                      ("num_kv_heads", args.num_query_groups if args.group_query_attention else None),
                                      ("ffn_hidden_size", args.ffn_hidden_size)) if v})
     if ds:
+        view.model["partition_method"] = args.pp_partition_method or "type:transformer"
         _megatron_ds_config(args, view, source)
     else:
         _megatron_overlap(args, view)
@@ -748,6 +762,13 @@ def megatron_resolve(view: ConfigView, num_layers: int) -> None:
         else:
             mid = rest // middle_stages if middle_stages else 0
             f["layers_per_stage"] = ([first] if first else []) + [mid] * middle_stages + ([last] if last else [])
+    elif pp > 1 and view.framework is Framework.MEGATRON_DEEPSPEED:
+        # DeepSpeed's PipelineModule partitions any count (no even-split assert); with 'type:transformer|embedding'
+        # (BLOOM's --pp-partition-method) the embedding and the output count as a layer each (type:<regex> balances the matching layers, frameworks.md §3 "Layer split")
+        if "embedding" in str(view.model.get("partition_method", "")):
+            split = torchtitan_default_split(num_layers, pp, 1, 1)
+            if min(split) >= 1 and split != list(stage_split(num_layers, pp)):
+                f["layers_per_stage"] = split
     elif pp > 1 and num_layers % pp:
         view.errors.append(("num_layers", f"num_layers: {num_layers} -> not divisible by pp ({pp}) and no "
                             "--decoder-first/last-pipeline-num-layers (Megatron asserts an even split)",
