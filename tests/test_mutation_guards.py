@@ -490,3 +490,35 @@ def test_stage_coefficients_of_a_stage_linear_keep_every_term_in_place():
 
     st = StageLinear(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0)
     assert StageCoefficients.of(st, 8.0) == StageCoefficients(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+
+
+def test_group_link_small_groups_fast_networks_and_no_intra_link():
+    """The corners of cost-models.md §4.6's placement: a 2-rank group inside a node holds both ranks on it; one rank
+    per node (stride 5 on 8-GPU nodes) gets the node's NICs shared by all 8 GPUs (4 x 50 / 8 = 25), not 2 ranks'
+    worth; a network faster than NVLink is capped by the intra link only when a node holds 2 or more of the group's
+    ranks (4 x 2000 x 2 / 8 = 2000 -> 400), while one rank per node uses the network alone (4 x 2000 / 8 = 1000);
+    nodes of one GPU (no intra link) have an infinitely fast, zero-latency local "link"."""
+    hw = _hw()
+    pair = comm.group_link(hw, group_size=2, stride=1)
+    assert (pair.group_size, pair.ranks_per_node, pair.nodes_spanned, pair.link) == (2, 2, 1, hw.intra_node)
+    one_per_node = comm.group_link(hw, group_size=2, stride=5)
+    assert (one_per_node.group_size, one_per_node.ranks_per_node, one_per_node.nodes_spanned) == (2, 1, 2)
+    assert one_per_node.link == Link(25.0, 2.0)
+    fast = _hw(nic=Link(2000.0, 0.1))
+    assert comm.group_link(fast, group_size=3, stride=3).link == Link(400.0, 0.5)
+    assert comm.group_link(fast, group_size=4, stride=8).link == Link(1000.0, 0.5)
+    single = _hw(gpus_per_node=1, intra=None, nic=Link(50.0, 0.25))
+    alone = comm.group_link(single, group_size=1, stride=1)
+    assert (alone.group_size, alone.link) == (1, Link(float("inf"), 0.0))
+    spread = comm.group_link(single, group_size=4, stride=1)
+    assert (spread.group_size, spread.ranks_per_node, spread.nodes_spanned) == (4, 1, 4)
+    assert spread.link == Link(4 * 50.0, 0.25)  # the intra "link" adds no latency
+
+
+def test_swiglu_activations_in_fp32():
+    """SwiGLU's 8 s b f (2-byte) doubles with 4-byte activations, like every other tensor."""
+    f = 2816
+    llama = gpt_shape(num_layers=2, hidden_size=H, num_attention_heads=A, num_kv_heads=4, ffn_hidden_size=f,
+                      swiglu=True, dropout=False, flash_attention=True, rms_norm=True, bias=False)
+    assert _act(llama, recompute="selective", activation_bytes=4) == pytest.approx(2 * (S * B * H * 13 + S * B * 8 * f),
+                                                                                  rel=1e-12)
