@@ -485,3 +485,18 @@ def test_torchtitan_pipeline_degree_beyond_the_layers_is_refused_before_any_spli
     assert out.estimate is None
     assert any(v["message"] == f"pipeline_parallel_degree: {2**62} -> at most the model's 32 layers"
                for v in out.violations), out.violations
+
+
+def test_plan_json_with_a_context_degree_beyond_the_sequence_is_a_violation_not_a_crash(plan_doc, tmp):
+    """Found by this suite at full scale: a plan JSON with layout.cp = 2**31 reached the estimate (the degree-product
+    and CP-split violations did not stop it) and divided by zero. `check` now reports the violations only."""
+    from planner.estimate import build_problem
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    doc = json.loads(json.dumps(plan_doc))
+    doc["layout"]["cp"] = 2**31
+    view = read_config(write(tmp, "cp.json", doc), gpus=8)
+    out = check(view, build_problem("dgx-a100-80gb", 1, "llama2-7b", 64, 2048))
+    assert out.estimate is None
+    assert {"dp*tp*pp*cp", "cp"} <= {v["rule"] for v in out.violations}, out.violations

@@ -50,6 +50,11 @@ HINTS = [
     ("layers_per_stage", "list one layer count per stage, summing to the layers"),
     ("vocab", "pick a tp that divides the vocabulary, or a framework that pads it (Megatron: 128 x tp)"),
 ]
+# violations after which a layout has no meaningful prediction (the degrees, the split or the chunks do not hold):
+# the estimate is skipped rather than run on a layout the cost model's preconditions exclude
+STRUCTURAL = frozenset({"dp*tp*pp", "dp*tp*pp*cp", "tp", "cp", "cp_comm", "ep", "etp", "ep*etp", "pp*virtual_stages",
+                        "virtual_stages", "num_layers", "num_micro_batches", "schedule", "field", "layers_per_stage",
+                        "recompute_layers_per_stage"})
 MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size")
 
 
@@ -129,7 +134,7 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     if why and caps.framework is not view.framework:
         violations.append({"rule": "framework", "message": why, "hint": f"plan with --framework {caps.framework.value}"})
     est = None
-    if not any(v["rule"] in ("dp*tp*pp", "tp", "pp*virtual_stages", "field", "layers_per_stage") for v in violations):
+    if not any(v["rule"] in STRUCTURAL for v in violations):
         est, run_problem = _estimate(problem, layout, violations)
         _memory(run_problem, layout, est, violations)
     return Outcome(layout, violations, est, view.notes, problem)

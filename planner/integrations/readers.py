@@ -76,7 +76,11 @@ def _plan(doc: dict) -> ConfigView:
             raise SpecError(f"{name}: {part!r} -> must be a JSON object (a plan written by `planner plan --json`)")
     assert isinstance(training, dict)
     lay = dict(doc["layout"])
-    fw = Framework(doc.get("framework", "generic"))
+    name = doc.get("framework", "generic")
+    if not isinstance(name, str) or name not in {f.value for f in Framework}:
+        raise SpecError(f"framework: {name!r} -> one of {', '.join(f.value for f in Framework)} (a plan written by "
+                        "`planner plan --json`)")
+    fw = Framework(name)
     return ConfigView("plan", fw, lay, training.get("global_batch_size"), training.get("seq_length"),
                       training.get("precision"))
 
