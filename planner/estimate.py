@@ -51,15 +51,23 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
     recipe = fp8_recipe_for(framework, tr.precision, fp8_recipe)
     if recipe is not None:
         tr = tr.model_copy(update={"fp8_recipe": recipe})
+    return Problem(md, tr, cl, problem_knobs(cl, precision, framework, headroom * GIB, knobs_kw))
+
+
+def problem_knobs(cluster: ClusterSpec, precision: str, framework: str | None, headroom_bytes: float,
+                  calibrated: dict) -> Knobs:
+    """The knobs of a problem: the framework's execution profile (the same one `validate` uses) on the cluster's
+    GPU generation, then what a calibration measured. `build_problem` and a plan file's problem (exports) both
+    use it."""
     from dataclasses import replace
 
     from planner.bands import gpu_generation
     from planner.frameworks.profiles import profile_knobs
 
-    # the framework's execution profile (the same one `validate` uses), then what a calibration measured
-    profiled = profile_knobs(framework, Knobs(memory_headroom_bytes=headroom * GIB),
-                             gpu_generation=gpu_generation(cl.gpu_spec().name or str(cl.gpu)), precision=precision)
-    return Problem(md, tr, cl, replace(profiled, **knobs_kw))
+    profiled = profile_knobs(framework, Knobs(memory_headroom_bytes=headroom_bytes),
+                             gpu_generation=gpu_generation(cluster.gpu_spec().name or str(cluster.gpu)),
+                             precision=precision)
+    return replace(profiled, **calibrated)
 
 
 def complete_layout(fields: dict, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> LayoutSpec:

@@ -45,21 +45,14 @@ class PlanParts:
     def problem(self):
         """The plan's problem again: its framework's execution profile (as `plan --framework` used it), then what
         the cluster's calibration measured, so a nearest layout is predicted as the plan was."""
-        from dataclasses import replace
-
-        from cost_models.inputs import Knobs
-        from planner.bands import gpu_generation
         from planner.calibration import calibration_knobs
-        from planner.estimate import Problem
-        from planner.frameworks.profiles import profile_knobs
+        from planner.estimate import Problem, problem_knobs
 
         if self.cluster is None:
             raise SpecError("plan JSON: inputs.cluster missing -> needed to predict the nearest expressible layout")
-        gpu = self.cluster.gpu_spec()
-        profiled = profile_knobs(self.framework, Knobs(memory_headroom_bytes=self.headroom_bytes),
-                                 gpu_generation=gpu_generation(gpu.name or str(self.cluster.gpu)),
-                                 precision=self.training.precision)
-        return Problem(self.model, self.training, self.cluster, replace(profiled, **calibration_knobs(self.cluster)))
+        knobs = problem_knobs(self.cluster, self.training.precision, self.framework, self.headroom_bytes,
+                              calibration_knobs(self.cluster))
+        return Problem(self.model, self.training, self.cluster, knobs)
 
 
 @dataclass
