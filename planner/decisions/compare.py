@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.decisions.report import DecisionReport
+from planner.decisions.report import DecisionReport, Planned
 from planner.decisions.train import StepTimeBand, TrainingRun, for_problem
 from planner.defaults import DEFAULT_HEADROOM_GIB
 
@@ -73,7 +73,7 @@ def parse_clusters(text: str, default_price: float | None = None) -> list[Cluste
 
 
 @dataclass
-class Entry:
+class Entry(Planned):
     choice: ClusterChoice
     problem: Problem
     result: PlanResult | None
@@ -81,21 +81,14 @@ class Entry:
     error: str | None
 
     @property
-    def feasible(self) -> bool:
-        return self.result is not None
-
-    @property
-    def pick(self) -> Candidate:
-        """The plan's pick (only for a feasible entry)."""
-        if self.result is None:
-            raise ValueError(f"{self.choice.label}: no layout fits")
-        return self.result.pick
+    def label(self) -> str:
+        return self.choice.label
 
     @property
     def training(self) -> TrainingRun:
         """The training run of the pick (only for a feasible entry)."""
         if self.run is None:
-            raise ValueError(f"{self.choice.label}: no layout fits")
+            raise ValueError(f"{self.label}: no layout fits")
         return self.run
 
     def per_million_tokens(self) -> dict[str, float | None]:

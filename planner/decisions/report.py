@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from planner.search import Candidate, PlanResult
 
 
 @dataclass
@@ -44,3 +47,25 @@ def parse_counts(text: str | None, option: str, limit: int = 1_000_000) -> list[
     if not values or any(not 1 <= v <= limit for v in values) or len(values) > 32:
         raise SpecError(f"{option}: {text!r} -> 1 to 32 integers, each between 1 and {limit:,}")
     return values
+
+
+class Planned:
+    """A plan that may have found no layout (a compare entry, a scaling point): `result` is None when none fits.
+    Subclasses say what they are in `label`."""
+
+    result: PlanResult | None
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def feasible(self) -> bool:
+        return self.result is not None
+
+    @property
+    def pick(self) -> Candidate:
+        """The plan's pick (only when feasible)."""
+        if self.result is None:
+            raise ValueError(f"{self.label}: no layout fits")
+        return self.result.pick

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.decisions.report import DecisionReport
+from planner.decisions.report import DecisionReport, Planned
 from planner.defaults import DEFAULT_HEADROOM_GIB
 
 if TYPE_CHECKING:
     from planner.problem import Problem
-    from planner.search import Candidate, PlanOptions, PlanResult
+    from planner.search import PlanOptions, PlanResult
 
 STOP_EFFICIENCY = 0.70
 DEFAULT_POINTS = 8
@@ -33,7 +33,7 @@ def default_node_counts(nodes: int, points: int = DEFAULT_POINTS) -> list[int]:
 
 
 @dataclass
-class Point:
+class Point(Planned):
     nodes: int
     num_gpus: int
     global_batch_size: int
@@ -43,15 +43,8 @@ class Point:
     efficiency: float | None = None
 
     @property
-    def feasible(self) -> bool:
-        return self.result is not None
-
-    @property
-    def pick(self) -> Candidate:
-        """The plan's pick (only for a feasible point)."""
-        if self.result is None:
-            raise ValueError(f"{self.nodes} nodes: no layout fits")
-        return self.result.pick
+    def label(self) -> str:
+        return f"{self.nodes} nodes"
 
     @property
     def tokens_per_second(self) -> float | None:
