@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from cost_models.inputs import Transformer
 from planner.bench.model import Block, _norm
@@ -279,8 +280,23 @@ class ShardedOptimizer:
 # ---- measurement helpers -----------------------------------------------------------------------------------
 
 
+def storage_key(t) -> tuple[int, int] | None:
+    """(storage id, bytes) of the memory behind t: a DTensor's local shard, not its global shape (a DTensor's own
+    storage is a wrapper sized like the global tensor); None for a tensor on the meta device, which holds none."""
+    if isinstance(t, DTensor):
+        t = t._local_tensor
+    if t.device.type == "meta":
+        return None
+    st = t.untyped_storage()
+    return st._cdata, st.nbytes()
+
+
 class SavedActivationMeter:
-    """Peak bytes of tensors autograd keeps alive for backward (de-duplicated by storage), on CPU."""
+    """Peak bytes of tensors autograd keeps alive for backward (de-duplicated by storage), on CPU.
+
+    A weight (or its transposed view) that a linear saves is parameter memory, not an activation: parameters
+    are told by their storage (`exclude` holds the parameters' `storage_key` ids) and, for the unsharded
+    parameters FSDP2 gathers for the duration of a layer, by being (a view of) an `nn.Parameter`."""
 
     def __init__(self, exclude: set[int]):
         self.exclude = exclude
@@ -288,14 +304,16 @@ class SavedActivationMeter:
         self.peak = 0
 
     def pack(self, t):
-        st = t.untyped_storage()
-        key = st._cdata
+        found = storage_key(t)
+        if found is None or isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return t
+        key, nbytes = found
         if key not in self.exclude and key not in self.live:
             try:
                 ref = weakref.ref(t)
             except TypeError:
                 return t
-            self.live[key] = (st.nbytes(), ref)
+            self.live[key] = (nbytes, ref)
             self.live = {k: v for k, v in self.live.items() if v[1]() is not None}
             self.peak = max(self.peak, sum(v[0] for v in self.live.values()))
         return t
@@ -489,7 +507,7 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
         return F.cross_entropy(logits.reshape(-1, V).float(), target.reshape(-1))
 
     sched = make_schedule(cfg, plan, modules, mesh, device, loss_fn)
-    meter = SavedActivationMeter({p.untyped_storage()._cdata for p in params})
+    meter = SavedActivationMeter({k[0] for p in params if (k := storage_key(p)) is not None})
     measured: dict = {}
 
     def train_step(step: int, measure: bool):
@@ -552,21 +570,35 @@ def run_schedule(sched, plan: _Plan, x, y) -> None:
         sched.step()
 
 
+def step_plan(warmup: int, steps: int) -> list[tuple[bool, bool]]:
+    """(counts saved activations, timed) for each step the benchmark runs.
+
+    The first step initialises: torch.distributed.pipelining (torch 2.13) runs each stage once on real, empty
+    tensors to infer shapes, with grad enabled, and keeps the stage's outputs, and so that pass's saved tensors,
+    alive through the step (one micro-batch's activations more on the first stage). Steady-state memory is
+    therefore counted on an untimed step after the first (hooks cost time): the last warm-up step when there are
+    two or more, else one more untimed step after the only warm-up step. With no warm-up, the first timed step."""
+    if warmup == 0:
+        return [(i == 0, True) for i in range(steps)]
+    warm = max(warmup, 2)
+    return [(i == warm - 1, False) for i in range(warm)] + [(False, True)] * steps
+
+
 def timed_steps(cfg: BenchConfig, train_step, cuda: bool) -> list[float]:
-    """Run warm-up + measured steps; the first step also counts saved activations (hooks cost time, so it is a
-    warm-up step whenever there is one). CUDA peak statistics cover every step."""
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    """Run the steps of `step_plan`; the step times of the timed ones. CUDA peak statistics cover every step after
+    the first (the first initialises, see `step_plan`), the same steady state as the saved-activation count."""
     times = []
-    for step in range(cfg.warmup + cfg.steps):
+    for step, (measure, is_timed) in enumerate(step_plan(cfg.warmup, cfg.steps)):
+        if cuda and step == min(1, cfg.warmup):
+            torch.cuda.reset_peak_memory_stats()
         dist.barrier()
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        train_step(step, measure=step == 0)
+        train_step(step, measure=measure)
         if cuda:
             torch.cuda.synchronize()
-        if step >= cfg.warmup:
+        if is_timed:
             times.append(time.perf_counter() - t0)
     return times
 
@@ -741,7 +773,7 @@ def reference_params(cfg: BenchConfig) -> dict[str, list]:
     model = StageModule(shape, cfg.seq_length, list(range(shape.num_layers)), first=True, last=True, seed=cfg.seed).to(dtype)
     opt = make_optimizer(cfg.optimizer, list(model.parameters()), lr=cfg.learning_rate, eps=cfg.adam_eps)
     dp, m_count, mbs, V = lay["dp"], lay["num_micro_batches"], lay["micro_batch_size"], shape.vocab_size
-    for step in range(cfg.warmup + cfg.steps):
+    for step in range(len(step_plan(cfg.warmup, cfg.steps))):
         g = torch.Generator().manual_seed(cfg.seed * 1000 + step)
         tokens = torch.randint(0, V, (dp * m_count * mbs, cfg.seq_length), generator=g)
         targets = torch.randint(0, V, (dp * m_count * mbs, cfg.seq_length), generator=g)

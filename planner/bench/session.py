@@ -123,8 +123,9 @@ def _row(quantity: str, pred: float, meas: float, unit: float) -> dict:
 
 def memory_rows(est, reports: list[dict]) -> list[dict]:
     """Per pipeline stage (its first rank; all TP/DP ranks of a stage hold the same): on CUDA the allocator's peak
-    allocated and peak reserved against the predicted bytes the allocator holds (the estimate less the process
-    overhead outside it: context, NCCL); everywhere, the state tensors counted one by one."""
+    allocated against the predicted live bytes, and its peak reserved against those plus the profile's allocator
+    reserve (the estimate less the process overhead outside the allocator: context, NCCL); everywhere, the state
+    tensors counted one by one."""
     rows = []
     for r in sorted(reports, key=lambda r: r["rank"]):
         if r["dp_rank"] or r["tp_rank"]:
@@ -140,18 +141,12 @@ def memory_rows(est, reports: list[dict]) -> list[dict]:
             conf = r.get("allocator_config") or "default"
             rows.append(_row(f"{tag}: peak allocated (GiB, CUDA)", allocated, r["cuda_max_allocated_bytes"], GIB))
             rows.append(_row(f"{tag}: peak reserved (GiB, CUDA, PYTORCH_CUDA_ALLOC_CONF={conf})",
-                             allocated + predicted_reserve_bytes(stage), r["cuda_max_reserved_bytes"], GIB))
+                             stage.reserved_bytes, r["cuda_max_reserved_bytes"], GIB))
         else:
             rows.append(_row(f"{tag}: state + saved activations (MiB, tensor accounting)",
                              sum(p for _, p, _ in parts), sum(m for _, _, m in parts), 2**20))
         rows.extend(_row(f"{tag}: {name} (MiB)", pred, meas, 2**20) for name, pred, meas in parts)
     return rows
-
-
-def predicted_reserve_bytes(stage) -> float:
-    """Bytes the caching allocator reserves beyond the peak allocated: not modelled yet (0), so reserved is
-    compared with the allocated prediction."""
-    return 0.0
 
 
 def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
