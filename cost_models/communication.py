@@ -7,7 +7,7 @@ Rank order is Megatron-LM's and torchtitan's: TP innermost, then DP, then PP (co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cost_models.inputs import Hardware, Link
 
@@ -44,8 +44,7 @@ def p2p_seconds(*, message_bytes: float, link: Link) -> float:
     return link.latency_seconds + message_bytes / link.bandwidth_bytes_per_second
 
 
-@dataclass(frozen=True, slots=True)
-class GroupPlacement:
+class GroupPlacement(NamedTuple):
     """Where a communication group's ranks sit, and the bottleneck link it sees."""
 
     group_size: int

@@ -130,19 +130,29 @@ def model_flops_per_step(model: Transformer, *, global_batch_size: int, seq_leng
 
     For GPT (MHA, f = 4h) this equals Korthikanti et al. 2022 Eq. 7: 72 B s L h^2 (1 + s/(6h) + V/(12 h L)).
     """
-    tokens = global_batch_size * seq_length
-    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
-    v = vocab_size or model.vocab_size
-    return 3 * (model.num_layers * (gemm + core) + logits_forward_flops(tokens=tokens, hidden_size=model.hidden_size, vocab_size=v))
+    return step_flops(model, global_batch_size=global_batch_size, seq_length=seq_length, vocab_size=vocab_size)[0]
 
 
 def hardware_flops_per_step(
     model: Transformer, *, global_batch_size: int, seq_length: int, recompute: str, vocab_size: int | None = None
 ) -> float:
     """Model FLOPs plus recomputation (full recompute of a GPT equals Narayanan Eq. 3, the 96 coefficient)."""
+    return step_flops(model, global_batch_size=global_batch_size, seq_length=seq_length, vocab_size=vocab_size,
+                      recompute=recompute)[1]
+
+
+def step_flops(model: Transformer, *, global_batch_size: int, seq_length: int, vocab_size: int | None = None,
+               recompute: str = "none") -> tuple[float, float, float]:
+    """(model FLOPs, hardware FLOPs, one layer's recompute extra) of one step, from one layer_forward_flops:
+    model FLOPs = 3 x (L x layer forward + logits), hardware FLOPs = model FLOPs + L x the extra forward FLOPs
+    recomputation adds per layer (recompute_extra_forward_flops)."""
     tokens = global_batch_size * seq_length
-    extra = recompute_extra_forward_flops(model, tokens=tokens, seq_length=seq_length, recompute=recompute)
-    return model_flops_per_step(model, global_batch_size=global_batch_size, seq_length=seq_length, vocab_size=vocab_size) + model.num_layers * extra
+    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
+    v = vocab_size or model.vocab_size
+    model_flops = 3 * (model.num_layers * (gemm + core)
+                       + logits_forward_flops(tokens=tokens, hidden_size=model.hidden_size, vocab_size=v))
+    extra = recompute_extra_of(gemm, core, flash_attention=model.flash_attention, recompute=recompute)
+    return model_flops, model_flops + model.num_layers * extra, extra
 
 
 def flops_narayanan_eq3(*, global_batch_size: int, seq_length: int, num_layers: int, hidden_size: int, vocab_size: int) -> float:

@@ -8,7 +8,7 @@ tp-cp-ep-dp-pp: TP innermost, then CP; the expert grid is etp-ep-edp-pp (paralle
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cost_models.communication import group_link
 from cost_models.compute import parameter_counts
@@ -31,8 +31,7 @@ from cost_models.moe import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class LayerExtras:
+class LayerExtras(NamedTuple):
     """Per layer, per micro-batch, per GPU, averaged over the layers (MoE and dense layers differ)."""
 
     tokens_per_rank: float  # b·s/cp: what every non-attention kernel processes

@@ -9,6 +9,7 @@ tests against the bytes torch saves for backward.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from cost_models.inputs import Transformer
 
@@ -113,13 +114,21 @@ def in_flight_micro_batches(*, schedule: str, stage: int, pp: int, num_micro_bat
     interleaved: Megatron's warm-up count ((p - stage - 1) * 2 + (v - 1) * p + 1) chunk passes, each 1/v
     of the stage; on stage 0 that is p (1 + (p-1)/(p v)) (Korthikanti §4.2.3), capped at m.
     """
+    return in_flight_per_stage(schedule=schedule, pp=pp, num_micro_batches=num_micro_batches,
+                               virtual_stages=virtual_stages, stages=(stage,))[0]
+
+
+def in_flight_per_stage(*, schedule: str, pp: int, num_micro_batches: int, virtual_stages: int = 1,
+                        stages: Sequence[int] | None = None) -> list[float]:
+    """in_flight_micro_batches of the given stages (all p by default), in one call."""
     m, p, v = num_micro_batches, pp, virtual_stages
+    stages = range(p) if stages is None else stages
     if schedule in ("naive", "gpipe"):
-        return float(m)
+        return [float(m)] * len(stages)
     if schedule == "interleaved_1f1b" and v > 1:
-        chunks = min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
-        return chunks / v
-    return float(min(m, p - stage))
+        warmup = (v - 1) * p + 1
+        return [min((p - i - 1) * 2 + warmup, m * v) / v for i in stages]
+    return [float(min(m, p - i)) for i in stages]
 
 
 def vocab_padded(vocab_size: int, *, tp: int, divisible_by: int = 128) -> int:

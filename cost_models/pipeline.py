@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # ---------------------------------------------------------------------------------------------------
 # The makespan the estimator uses (uneven stages by the bottleneck form; tests hold it to the simulator)
 # ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Makespan:
+class Makespan(NamedTuple):
     seconds: float  # first forward to last backward, all micro-batches
     busy_seconds: float  # the bottleneck stage's own work, m x its time per micro-batch
     bottleneck_stage: int

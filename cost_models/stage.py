@@ -19,6 +19,7 @@ to `LayerCosts` and to `LayerCosts.comm_seconds`; every consumer above picks it 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -42,7 +43,7 @@ from cost_models.memory import (
     attention_score_bytes,
     attention_score_traffic_bytes,
     embedding_activation_bytes,
-    in_flight_micro_batches,
+    in_flight_per_stage,
     output_activation_bytes,
     vocab_padded,
 )
@@ -60,6 +61,18 @@ TP_ALL_REDUCES_PER_RECOMPUTED_LAYER = 2
 OFFLOAD_REDUCE_BUCKET_ELEMENTS = 5e8
 ZERO3_MAX_LIVE_PARAMETERS = 1e9  # DeepSpeed stage3_max_live_parameters default (frameworks.md §3.5)
 
+# Enum members as module constants: on Python 3.11 reading `Schedule.NAIVE` off the class costs several hundred ns
+# (EnumType's attribute lookup), paid per stage on the hot path; a module global costs tens.
+_NAIVE, _PIPEDREAM_ASYNC, _INTERLEAVED, _ONE_F_ONE_B = (Schedule.NAIVE, Schedule.PIPEDREAM_ASYNC,
+                                                        Schedule.INTERLEAVED_1F1B, Schedule.ONE_F_ONE_B)
+_REC_NONE, _REC_FULL = Recompute.NONE, Recompute.FULL
+_OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
+_GATHER_MODULE = Zero3Gather.MODULE
+# StageMemory(...) of the fields in order, without the named tuple's Python-level __new__ (16 stages per estimate)
+_new_tuple = tuple.__new__
+_RECOMPUTES = {r.value: r for r in Recompute}  # value -> member: a dict lookup instead of EnumType.__call__
+_SCHEDULES = {sc.value: sc for sc in Schedule}
+
 
 def stage_split(num_layers: int, pp: int) -> tuple[int, ...]:
     """THE split: as even as possible, the remainder to the inner stages first (the outer ones carry the embedding
@@ -70,6 +83,9 @@ def stage_split(num_layers: int, pp: int) -> tuple[int, ...]:
     for i in order[:extra]:
         counts[i] += 1
     return tuple(counts)
+
+
+_stage_split = functools.cache(stage_split)  # pure in two ints; a search asks for the same few (layers, pp) pairs
 
 
 def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float:
@@ -96,8 +112,7 @@ def elementwise_forward_seconds(model: Transformer, hw: Hardware, knobs: Knobs, 
     return traffic / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS
 
 
-@dataclass(frozen=True, slots=True)
-class LayerCosts:
+class LayerCosts(NamedTuple):
     """Per-layer, per-micro-batch, per-GPU quantities of a layout."""
 
     t_layer_forward: float  # seconds, GEMMs + memory-bound kernels
@@ -129,12 +144,17 @@ class LayerCosts:
         return count * self.t_tp_all_reduce * self.tp_expose
 
 
+def _policy(recompute: str) -> Recompute:
+    """The per-layer policy of the layers that are not fully recomputed."""
+    return _REC_NONE if recompute == _REC_FULL else _RECOMPUTES.get(recompute) or Recompute(recompute)
+
+
 def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs,
                 *, fused_swiglu: bool = False) -> LayerCosts:
     h, t, act_b = model.hidden_size, layout.tp, training.activation_bytes
     b, s = layout.micro_batch_size, training.seq_length
     V = vocab_padded(model.vocab_size, tp=t)
-    policy = Recompute.NONE if layout.recompute == Recompute.FULL else Recompute(layout.recompute)
+    policy = _policy(layout.recompute)
     s_l = s // layout.cp  # tokens of each sequence on this rank (context parallelism)
     tokens, sp = b * s_l, layout.sequence_parallel
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
@@ -146,8 +166,9 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     def act(rec: Recompute) -> float:
         base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
                                           recompute=rec, activation_bytes=act_b, fused_swiglu=fused_swiglu)
-        return base if rec == Recompute.FULL else base + ext.activation_delta_bytes
-    act_none = act(Recompute.NONE)
+        return base if rec == _REC_FULL else base + ext.activation_delta_bytes
+    act_none = act(_REC_NONE)
+    act_policy = act_none if policy == _REC_NONE else act(policy)
     t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=act_none, seq_length=s_l,
                                               micro_batch_size=b, tp=t, activation_bytes=act_b)
     tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t,
@@ -170,8 +191,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         t_logits_forward=logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm)),
         gemm_flops_per_gpu=gemm / t,
         rate_flops_per_second=rate,
-        act_policy_bytes=act(policy),
-        act_full_bytes=act(Recompute.FULL),
+        act_policy_bytes=act_policy,
+        act_full_bytes=act(_REC_FULL),
         act_none_bytes=act_none,
         embedding_act_bytes=embedding_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t,
                                                        sequence_parallel=sp, dropout=model.dropout),
@@ -198,8 +219,8 @@ def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int,
     parameters too. Offload keeps gradients and optimizer state on the host (ZeRO-Offload) and, with
     optimizer+params, the parameters too (ZeRO-Infinity).
     """
-    offloaded = offload != Offload.NONE
-    weights = 0.0 if offload == Offload.OPTIMIZER_PARAMS else training.param_bytes / (dp if zero_stage >= 3 else 1)
+    offloaded = offload != _OFFLOAD_NONE
+    weights = 0.0 if offload == _OFFLOAD_PARAMS else training.param_bytes / (dp if zero_stage >= 3 else 1)
     grads = 0.0 if offloaded else training.grad_bytes / (dp if zero_stage >= 2 else 1)
     optim = 0.0 if offloaded else training.optimizer_bytes / (dp if zero_stage >= 1 else 1)
     return weights, grads, optim
@@ -273,8 +294,7 @@ class StageLinear:
 _StateBytes = tuple[float, float, float, int, float | None]
 
 
-@dataclass(frozen=True, slots=True)
-class StageModel:
+class StageModel(NamedTuple):
     """Every stage of one layout: `time(i)`, `memory(i)` at the layout's split, `linear(i)` for any split."""
 
     layout: Layout
@@ -293,15 +313,18 @@ class StageModel:
     def extra_forward_seconds(self, i: int) -> float:
         return self.lc.t_logits_forward if i == self.layout.pp - 1 else 0.0
 
-    def params(self, i: int, layers: int | None = None) -> float:
+    def params(self, i: int) -> float:
         """Parameters one GPU of stage i holds (before ZeRO sharding)."""
+        return self.params_per_stage()[i]
+
+    def params_per_stage(self) -> list[float]:
+        """params(i) of every stage: its layers', the embedding's on the first stage, the output layer's and the
+        final norm's on the last."""
         lc = self.lc
-        n = self.split[i] if layers is None else layers
-        params = n * lc.layer_params
-        if i == 0:
-            params += lc.embedding_params
-        if i == self.layout.pp - 1:
-            params += lc.output_params + lc.final_norm_params
+        lp = lc.layer_params
+        params = [n * lp for n in self.split]
+        params[0] += lc.embedding_params
+        params[-1] += lc.output_params + lc.final_norm_params
         return params
 
     def time(self, i: int) -> StageTime:
@@ -335,48 +358,82 @@ class StageModel:
 
     def in_flight(self, i: int) -> float:
         """Micro-batches whose activations stage i holds at its peak (the whole local batch without micro-batching)."""
+        return self.in_flights(stages=(i,))[0]
+
+    def in_flights(self, stages: Sequence[int] | None = None) -> list[float]:
+        """in_flight(i) of the given stages (all by default)."""
         lay = self.layout
-        if self.schedule == Schedule.NAIVE:
-            return float(lay.num_micro_batches)
-        return in_flight_micro_batches(schedule=self.schedule, stage=i, pp=lay.pp,
-                                       num_micro_batches=lay.num_micro_batches, virtual_stages=self.virtual_stages)
+        stages = range(lay.pp) if stages is None else stages
+        if self.schedule == _NAIVE:
+            return [float(lay.num_micro_batches)] * len(stages)
+        return in_flight_per_stage(schedule=self.schedule, pp=lay.pp, num_micro_batches=lay.num_micro_batches,
+                                   virtual_stages=self.virtual_stages, stages=stages)
 
-    def activations_per_micro_batch(self, i: int) -> float:
-        lc, n, r = self.lc, self.split[i], self.full_layers[i]
-        per_mb = (n - r) * lc.act_policy_bytes + r * lc.act_full_bytes
-        if i == 0:
-            per_mb += lc.embedding_act_bytes
-        if i == self.layout.pp - 1:
-            per_mb += lc.output_act_bytes
-        return per_mb
+    def activations_per_micro_batch(self) -> list[float]:
+        """Activation bytes of one micro-batch, per stage: its layers under their policy, the embedding's on the
+        first stage and the output layer's on the last."""
+        lc, last = self.lc, self.layout.pp - 1
+        ap, af = lc.act_policy_bytes, lc.act_full_bytes
+        out = [(n - r) * ap + r * af for n, r in zip(self.split, self.full_layers, strict=True)]
+        out[0] += lc.embedding_act_bytes
+        out[last] += lc.output_act_bytes
+        return out
 
-    def transient_bytes(self, i: int, params: float) -> float:
-        """Buffers alive only for part of the step: gradient buckets, the layer being recomputed, ZeRO-3's gathered
-        unit, the offload bucket."""
+    def transient_bytes(self, params: Sequence[float]) -> list[float]:
+        """Buffers alive only for part of the step, per stage (`params`: params(i) of every stage): gradient
+        buckets, the layer being recomputed, ZeRO-3's gathered unit, the offload bucket."""
         lay, tr, lc = self.layout, self.training, self.lc
-        transient = self.knobs.bucket_bytes + lc.extras.transient_bytes
-        if self.full_layers[i] > 0:
-            transient += lc.act_none_bytes  # the layer being recomputed is materialised whole during backward
-        if lay.zero_stage >= 3 or lay.offload == Offload.OPTIMIZER_PARAMS:
+        base = self.knobs.bucket_bytes + lc.extras.transient_bytes
+        recomputing = base + lc.act_none_bytes  # the layer being recomputed is materialised whole during backward
+        out = [recomputing if r > 0 else base for r in self.full_layers]
+        if lay.zero_stage >= 3 or lay.offload == _OFFLOAD_PARAMS:
             # the gathered unit (and the prefetched next one) plus its unsharded gradient before reduce-scatter
-            module = self.knobs.zero3_gather == Zero3Gather.MODULE
+            module = self.knobs.zero3_gather == _GATHER_MODULE
             unit = lc.largest_module_params if module else lc.layer_params
             # the next unit is prefetched unless two would exceed DeepSpeed's stage3_max_live_parameters
             live = 1 if module and 2 * unit * lay.tp > ZERO3_MAX_LIVE_PARAMETERS else 2
-            transient += unit * (live * tr.param_bytes + tr.grad_bytes)
-        if lay.offload != Offload.NONE:
+            gathered = unit * (live * tr.param_bytes + tr.grad_bytes)
+            out = [x + gathered for x in out]
+        if lay.offload != _OFFLOAD_NONE:
             shard = lay.dp * lay.cp if lay.zero_stage >= 1 else 1
-            transient += min(params / shard, OFFLOAD_REDUCE_BUCKET_ELEMENTS) * tr.grad_bytes  # one reduce bucket
-        return transient
+            grad = tr.grad_bytes  # one reduce bucket
+            out = [x + min(P / shard, OFFLOAD_REDUCE_BUCKET_ELEMENTS) * grad for x, P in zip(out, params, strict=True)]
+        return out
 
     def memory(self, i: int) -> StageMemory:
-        return self._memory(i, self._states(), self.params(i))
+        return self.memories()[i]
 
     def memories(self, params: Sequence[float] | None = None) -> tuple[StageMemory, ...]:
         """memory(i) of every stage (`params`: params(i) of every stage, when the caller has them already)."""
-        states = self._states()
-        params = params or [self.params(i) for i in range(self.layout.pp)]
-        return tuple(self._memory(i, states, P) for i, P in enumerate(params))
+        return self.memories_and_peak(params)[0]
+
+    def memories_and_peak(self, params: Sequence[float] | None = None) -> tuple[tuple[StageMemory, ...], int]:
+        """memories() and the index of the first stage with the most device memory (`StageMemory.total_bytes`)."""
+        params = params or self.params_per_stage()
+        w, g, o, fp8_shards, o_expert = self._states()
+        ext, knobs, param_bytes = self.lc.extras, self.knobs, self.training.param_bytes
+        fp8_w, expert_p = ext.fp8_weight_bytes, ext.expert_params
+        overhead, reserve = knobs.per_process_overhead_bytes, knobs.allocator_reserve_fraction
+        stash = self.schedule == _PIPEDREAM_ASYNC
+        stages, totals = [], []
+        rows = zip(self.split, params, self.in_flights(), self.activations_per_micro_batch(),
+                   self.transient_bytes(params), strict=True)
+        for i, (n, P, flight, per_mb, transient) in enumerate(rows):
+            weights = P * w + n * fp8_w / fp8_shards
+            # routed experts' optimizer state shards over EDP instead of DP x CP
+            opt = P * o if o_expert is None else P * o + n * expert_p * (o_expert - o)
+            if stash:
+                weights += max(0.0, flight - 1) * P * param_bytes  # stashed weight versions
+            acts, grads = per_mb * flight, P * g
+            spare = reserve * (acts + transient)
+            stages.append(_new_tuple(StageMemory, (i, n, P, weights, grads, opt, acts, transient, overhead, flight,
+                                                   spare)))
+            totals.append(weights + grads + opt + acts + transient + spare + overhead)  # = StageMemory.total_bytes
+        peak = 0
+        for i, total in enumerate(totals):
+            if total > totals[peak]:
+                peak = i
+        return tuple(stages), peak
 
     def _states(self) -> _StateBytes:
         """What every stage's model states share: bytes per parameter (weight, gradient, optimizer state) over
@@ -386,24 +443,6 @@ class StageModel:
         w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=dc, offload=lay.offload)
         o_expert = self.training.optimizer_bytes / expert_data_parallel(lay) if lay.zero_stage >= 1 and o > 0 else None
         return w, g, o, dc if lay.zero_stage >= 3 else 1, o_expert
-
-    def _memory(self, i: int, states: _StateBytes, P: float) -> StageMemory:
-        w, g, o, fp8_shards, o_expert = states
-        ext = self.lc.extras
-        flight = self.in_flight(i)
-        n = self.split[i]
-        weights = P * w + n * ext.fp8_weight_bytes / fp8_shards
-        if o_expert is not None:
-            experts = n * ext.expert_params  # their optimizer state shards over EDP instead of DP x CP
-            o_total = P * o + experts * (o_expert - o)
-        else:
-            o_total = P * o
-        if self.schedule == Schedule.PIPEDREAM_ASYNC:
-            weights += max(0.0, flight - 1) * P * self.training.param_bytes  # stashed weight versions
-        acts, transient = self.activations_per_micro_batch(i) * flight, self.transient_bytes(i, P)
-        knobs = self.knobs
-        return StageMemory(i, n, P, weights, P * g, o_total, acts, transient, knobs.per_process_overhead_bytes,
-                           flight, knobs.allocator_reserve_fraction * (acts + transient))
 
     def linear(self, i: int) -> StageLinear:
         """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the
@@ -435,9 +474,9 @@ def stage_model(model: Transformer, training: Training, hw: Hardware, layout: La
                 *, fused_swiglu: bool = False) -> StageModel:
     """The stages of `layout`: its split (or THE split), its full-recompute counts, its schedule as run."""
     p = layout.pp
-    split = layout.layers_per_stage or stage_split(model.num_layers, p)
-    full = layout.recompute_layers_per_stage or (split if layout.recompute == Recompute.FULL else (0,) * p)
-    schedule = Schedule(layout.schedule) if p > 1 else Schedule.ONE_F_ONE_B
-    v = layout.virtual_stages if schedule == Schedule.INTERLEAVED_1F1B else 1
+    split = layout.layers_per_stage or _stage_split(model.num_layers, p)
+    full = layout.recompute_layers_per_stage or (split if layout.recompute == _REC_FULL else (0,) * p)
+    schedule = (_SCHEDULES.get(layout.schedule) or Schedule(layout.schedule)) if p > 1 else _ONE_F_ONE_B
+    v = layout.virtual_stages if schedule == _INTERLEAVED else 1
     lc = layer_costs(model, training, hw, layout, knobs, fused_swiglu=fused_swiglu)
     return StageModel(layout, training, knobs, lc, tuple(split), tuple(full), schedule, v)

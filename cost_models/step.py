@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 
 from cost_models.communication import group_link, p2p_seconds, pp_neighbour_link
-from cost_models.compute import hardware_flops_per_step, model_flops_per_step, recompute_extra_forward_flops
+from cost_models.compute import recompute_extra_forward_flops, step_flops
 from cost_models.data_parallel import embedding_sync_seconds, overlap_window_seconds, zero_comm_seconds
 from cost_models.inputs import Hardware, Knobs, Layout, Link, Offload, Schedule, Training, Transformer
 from cost_models.pipeline import Makespan, pipeline_makespan
@@ -39,6 +38,8 @@ CPU_ADAM_PARAMS_PER_SECOND_PER_NODE = 2e9  # DeepSpeedCPUAdam order of magnitude
 # (ZeRO-Offload, Ren et al. 2021 §4.1; DeepSpeed stage_1_and_2.py keeps single_partition_of_fp32_groups).
 HOST_GRAD_BYTES = 4
 ZERO3_MODULES_PER_LAYER = 4  # Linear modules DeepSpeed ZeRO-3 fetches one by one: QKV, proj, FC1, FC2 (GPT/Llama)
+# enum members as module constants (reading them off the class is slow on Python 3.11; cost_models/stage.py)
+_NAIVE, _OFFLOAD_NONE, _OFFLOAD_PARAMS = Schedule.NAIVE, Offload.NONE, Offload.OPTIMIZER_PARAMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ def pp_p2p_seconds(hw: Hardware, training: Training, layout: Layout, model: Tran
         return 0.0
     pp_link, _ = pp_neighbour_link(hw, tp=layout.tp, dp=layout.dp * layout.cp)
     msg = layout.micro_batch_size * training.seq_length // layout.cp * model.hidden_size * training.activation_bytes / layout.tp
-    naive = schedule == Schedule.NAIVE
+    naive = schedule == _NAIVE
     one = p2p_seconds(message_bytes=msg * (m if naive else 1), link=pp_link)
     steady = 0.0 if naive else (1 - knobs.pp_overlap_fraction) * 2 * m * virtual_stages * one
     return 2 * (p - 1) * one + steady
@@ -117,21 +118,26 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     lay = sm.layout
     p, d = lay.pp, lay.dp * lay.cp  # gradients reduce over DP x CP
     link = group_link(hw, group_size=d, stride=lay.tp).link
+    tied, sync = p > 1 and model.tied_embeddings, 0.0
+    if tied:  # embedding-gradient sync, first <-> last stage: not overlapped, it runs after the last backward
+        sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
+                                      * model.hidden_size / lay.tp * training.grad_reduce_bytes)
     # stages alike in parameters, layers and compute move the same traffic: computed once per kind of stage
     known: dict[tuple[float, int, float, float], tuple[float, float]] = {}
     total = exposed = 0.0
-    for i in range(p):
-        t = times[i]
-        key = (params[i], sm.split[i], t.forward_seconds, t.backward_seconds)
-        traffic = known.get(key)
-        if traffic is None:
-            traffic = known[key] = _stage_dp_traffic(training, knobs, lay, link, key)
+    traffic = (0.0, 0.0)
+    seen: tuple[float, int, StageTime | None] = (-1.0, -1, None)
+    for i, (P, n, t) in enumerate(zip(params, sm.split, times, strict=True)):
+        if t is not seen[2] or P != seen[0] or n != seen[1]:  # a run of alike stages shares one StageTime object
+            seen, key = (P, n, t), (P, n, t.forward_seconds, t.backward_seconds)
+            traffic = known.get(key) or known.setdefault(key, _stage_dp_traffic(training, knobs, lay, link, key))
         comm, hidden = traffic
-        if p > 1 and model.tied_embeddings and i in (0, p - 1):  # embedding-gradient sync, first <-> last stage
-            sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
-                                          * model.hidden_size / lay.tp * training.grad_reduce_bytes)
-            comm, hidden = comm + sync, hidden + sync  # not overlapped: it runs after the last backward
-        total, exposed = max(total, comm), max(exposed, hidden)
+        if tied and (i == 0 or i == p - 1):
+            comm, hidden = comm + sync, hidden + sync
+        if comm > total:  # max(total, comm), without the call
+            total = comm
+        if hidden > exposed:
+            exposed = hidden
     return total, exposed
 
 
@@ -161,12 +167,12 @@ def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, 
     hidden behind compute."""
     shard = layout.dp * layout.cp if layout.zero_stage >= 1 else 1
     local = max_params / shard
-    if layout.offload == Offload.NONE:
+    if layout.offload == _OFFLOAD_NONE:
         return local * OPTIMIZER_STEP_BYTES_PER_PARAM / hw.hbm_bytes_per_second, 0.0
     h2d = hw.host_to_device.bandwidth_bytes_per_second
     optimizer = local * hw.gpus_per_node / CPU_ADAM_PARAMS_PER_SECOND_PER_NODE
     offload = local * (training.grad_bytes + training.param_bytes) / h2d
-    if layout.offload == Offload.OPTIMIZER_PARAMS:
+    if layout.offload == _OFFLOAD_PARAMS:
         m = layout.num_micro_batches
         stream = m * 2 * local * training.param_bytes / h2d
         window = m * (max(t.forward_seconds for t in times) + max(t.backward_seconds for t in times))
@@ -176,27 +182,26 @@ def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, 
 
 def host_memory_bytes(hw: Hardware, training: Training, layout: Layout, max_params: float) -> float:
     """Host memory per node under offload: optimizer state and fp32 gradients (and parameters) of every GPU."""
-    if layout.offload == Offload.NONE:
+    if layout.offload == _OFFLOAD_NONE:
         return 0.0
     local = max_params / (layout.dp * layout.cp if layout.zero_stage >= 1 else 1)
     host = local * (training.optimizer_bytes + HOST_GRAD_BYTES) * hw.gpus_per_node
-    if layout.offload == Offload.OPTIMIZER_PARAMS:
+    if layout.offload == _OFFLOAD_PARAMS:
         host += local * training.param_bytes * hw.gpus_per_node
     return host
 
 
-def hardware_flops(model: Transformer, training: Training, layout: Layout, sm: StageModel) -> float:
-    """Model FLOPs plus recomputation; with per-stage recompute (the ILP's choice) the fully recomputed layers pay
-    a whole forward and the others the base policy's extra."""
+def step_flops_of(model: Transformer, training: Training, layout: Layout, sm: StageModel) -> tuple[float, float]:
+    """(model FLOPs, hardware FLOPs): model FLOPs plus recomputation; with per-stage recompute (the ILP's choice)
+    the fully recomputed layers pay a whole forward and the others the base policy's extra."""
     B, s, V = training.global_batch_size, training.seq_length, sm.lc.padded_vocab
-    if layout.recompute_layers_per_stage is None:
-        return hardware_flops_per_step(model, global_batch_size=B, seq_length=s, recompute=layout.recompute,
-                                       vocab_size=V)
-    policy = sm.lc.policy
-    base = hardware_flops_per_step(model, global_batch_size=B, seq_length=s, recompute=policy, vocab_size=V)
-    extra = (recompute_extra_forward_flops(model, tokens=B * s, seq_length=s, recompute="full")
-             - recompute_extra_forward_flops(model, tokens=B * s, seq_length=s, recompute=policy))
-    return base + sum(sm.full_layers) * extra
+    per_stage = layout.recompute_layers_per_stage is not None
+    mflops, hflops, policy_extra = step_flops(model, global_batch_size=B, seq_length=s, vocab_size=V,
+                                              recompute=sm.lc.policy if per_stage else layout.recompute)
+    if not per_stage:
+        return mflops, hflops
+    extra = recompute_extra_forward_flops(model, tokens=B * s, seq_length=s, recompute="full") - policy_extra
+    return mflops, hflops + sum(sm.full_layers) * extra
 
 
 def time_breakdown(sm: StageModel, times: Sequence[StageTime], span: Makespan, p2p: float, dp: tuple[float, float],
@@ -223,17 +228,23 @@ def time_breakdown(sm: StageModel, times: Sequence[StageTime], span: Makespan, p
     )
 
 
-_TOTAL_BYTES = attrgetter("total_bytes")
+def _stage_seconds(times: Sequence[StageTime]) -> tuple[float, ...]:
+    """`total_seconds` of every stage, once per run of stages that share one StageTime (StageModel.times)."""
+    out, last, total = [], None, 0.0
+    for t in times:
+        if t is not last:
+            last, total = t, t.total_seconds
+        out.append(total)
+    return tuple(out)
 
 
 def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs | None = None,
                   *, fused_swiglu: bool = False) -> StepEstimate:
     knobs = knobs or Knobs()
     sm = stage_model(model, training, hw, layout, knobs, fused_swiglu=fused_swiglu)
-    p = layout.pp
     times = sm.times()
-    params = [sm.params(i) for i in range(p)]
-    stage_seconds = tuple(t.total_seconds for t in times)
+    params = sm.params_per_stage()
+    stage_seconds = _stage_seconds(times)
     span = pipeline_makespan(schedule=sm.schedule, stage_seconds=stage_seconds,
                              num_micro_batches=layout.num_micro_batches, virtual_stages=sm.virtual_stages,
                              weight_grad_seconds=[t.weight_grad_seconds for t in times])
@@ -241,16 +252,14 @@ def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: 
     dp = dp_comm_seconds(hw, training, model, knobs, sm, times, params)
     max_params = max(params)
     optimizer, offload = optimizer_offload_seconds(hw, training, layout, knobs, max_params, times)
-    stages = sm.memories(params)
-    peak = max(stages, key=_TOTAL_BYTES)
+    stages, peak_index = sm.memories_and_peak(params)
+    peak = stages[peak_index]
     host = host_memory_bytes(hw, training, layout, max_params)
     time = time_breakdown(sm, times, span, p2p, dp, optimizer, offload)
     step = span.seconds + p2p + dp[1] + optimizer + offload
     n_gpus = layout.tp * layout.pp * layout.dp * layout.cp
     tokens = training.global_batch_size * training.seq_length
-    mflops = model_flops_per_step(model, global_batch_size=training.global_batch_size, seq_length=training.seq_length,
-                                  vocab_size=sm.lc.padded_vocab)
-    hflops = hardware_flops(model, training, layout, sm)
+    mflops, hflops = step_flops_of(model, training, layout, sm)
     return StepEstimate(
         step_seconds=step, tokens_per_second=tokens / step, tokens_per_second_per_gpu=tokens / step / n_gpus,
         model_flops_per_step=mflops, hardware_flops_per_step=hflops,
