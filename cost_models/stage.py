@@ -347,12 +347,12 @@ class StageModel(NamedTuple):
         """time(i) of every stage; stages alike in layers, recomputed layers and role share one result."""
         last = self.pp - 1
         known: dict[tuple[int, int, bool], StageTime] = {}
-        out = []
+        out: list[StageTime] = []
+        run = (-1, -1)  # (layers, recomputed layers) of the run of alike stages `t` belongs to
         for i, (n, r) in enumerate(zip(self.split, self.full_layers, strict=True)):
-            key = (n, r, i == last)
-            t = known.get(key)
-            if t is None:
-                t = known[key] = self.time(i)
+            if (n, r) != run or i == last:
+                run, key = (n, r), (n, r, i == last)
+                t = known.get(key) or known.setdefault(key, self.time(i))
             out.append(t)
         return tuple(out)
 
@@ -415,7 +415,7 @@ class StageModel(NamedTuple):
         fp8_w, expert_p = ext.fp8_weight_bytes, ext.expert_params
         overhead, reserve = knobs.per_process_overhead_bytes, knobs.allocator_reserve_fraction
         stash = self.schedule == _PIPEDREAM_ASYNC
-        stages, totals = [], []
+        stages, best, peak = [], 0.0, 0
         rows = zip(self.split, params, self.in_flights(), self.activations_per_micro_batch(),
                    self.transient_bytes(params), strict=True)
         for i, (n, P, flight, per_mb, transient) in enumerate(rows):
@@ -428,11 +428,9 @@ class StageModel(NamedTuple):
             spare = reserve * (acts + transient)
             stages.append(_new_tuple(StageMemory, (i, n, P, weights, grads, opt, acts, transient, overhead, flight,
                                                    spare)))
-            totals.append(weights + grads + opt + acts + transient + spare + overhead)  # = StageMemory.total_bytes
-        peak = 0
-        for i, total in enumerate(totals):
-            if total > totals[peak]:
-                peak = i
+            total = weights + grads + opt + acts + transient + spare + overhead  # = StageMemory.total_bytes
+            if i == 0 or total > best:  # the first of the largest, as max() picks
+                best, peak = total, i
         return tuple(stages), peak
 
     def _states(self) -> _StateBytes:

@@ -63,10 +63,11 @@ def main() -> None:
     estimate_speed()
 
 
-def estimate_speed(repeats: int = 200, number: int = 50) -> None:
+def estimate_speed(repeats: int = 300, number: int = 20) -> None:
     """One `estimate_step` (405B, tp8 pp16 dp128): the median of `repeats` timings of `number` calls, and the best
     one, which is what an idle machine gives when other processes share the cores (the median then measures
-    the load as much as the code). The load average is printed with it."""
+    the load as much as the code); wall clock and this thread's CPU time (which a busy machine inflates less).
+    The load average is printed with it. `python -m planner.speed_bench estimate` runs this part alone."""
     import os
 
     from cluster_specs import load_cluster
@@ -79,11 +80,14 @@ def estimate_speed(repeats: int = 200, number: int = 50) -> None:
                       load_cluster("dgx-h100", nodes=2048), default_knobs())
     layout = LayoutSpec(tp=8, pp=16, dp=128, micro_batch_size=1, num_micro_batches=16,
                         sequence_parallel=True).to_cost_model()
-    runs = timeit.repeat(lambda: estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout,
-                                               problem.knobs), number=number, repeat=repeats)
-    per_call = [r / number * 1e6 for r in runs]
-    print(f"one estimate (405B, tp8 pp16 dp128): median {statistics.median(per_call):.0f} µs, best "
-          f"{min(per_call):.0f} µs over {repeats} x {number} calls (load average {os.getloadavg()[0]:.1f})")
+
+    def one() -> None:
+        estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout, problem.knobs)
+
+    for label, timer in (("wall", time.perf_counter), ("CPU", time.thread_time)):
+        per_call = [r / number * 1e6 for r in timeit.repeat(one, number=number, repeat=repeats, timer=timer)]
+        print(f"one estimate (405B, tp8 pp16 dp128), {label}: median {statistics.median(per_call):.0f} µs, best "
+              f"{min(per_call):.0f} µs over {repeats} x {number} calls (load average {os.getloadavg()[0]:.1f})")
 
 
 def decisions_speed(repeats: int = 3) -> None:
@@ -129,4 +133,4 @@ def _cpu_seconds() -> float:
 
 
 if __name__ == "__main__":
-    main()
+    estimate_speed() if sys.argv[1:] == ["estimate"] else main()
