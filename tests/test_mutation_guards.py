@@ -522,3 +522,558 @@ def test_swiglu_activations_in_fp32():
                       swiglu=True, dropout=False, flash_attention=True, rms_norm=True, bias=False)
     assert _act(llama, recompute="selective", activation_bytes=4) == pytest.approx(2 * (S * B * H * 13 + S * B * 8 * f),
                                                                                   rel=1e-12)
+
+
+# ---- the search's enumeration rules (planner/search.py), each value by hand from the rule in its docstring ----------
+
+
+def _search_problem(model="llama3-8b", nodes=1, batch=64, seq=4096, cluster="dgx-h100"):
+    from cluster_specs import load_cluster
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import TrainingSpec
+    from planner.problem import Problem, default_knobs
+
+    return Problem(load_model(model), TrainingSpec(global_batch_size=batch, seq_length=seq),
+                   load_cluster(cluster, nodes=nodes), default_knobs())
+
+
+@pytest.mark.parametrize("pp, dp, offload, want", [
+    (1, 8, False, [(0, "none"), (1, "none"), (2, "none"), (3, "none")]),  # ZeRO 0-3 without pipelining
+    (2, 8, False, [(0, "none"), (1, "none")]),  # ZeRO-2/3 never with pp > 1
+    (1, 2, False, [(0, "none"), (1, "none"), (2, "none"), (3, "none")]),
+    (1, 1, False, [(0, "none")]),  # nothing to shard at dp 1
+    (1, 1, True, [(1, "optimizer"), (3, "optimizer"), (3, "optimizer+params")]),
+    (2, 1, True, [(1, "optimizer")]),
+    (1, 8, True, [(1, "optimizer"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")]),
+    (2, 8, True, [(1, "optimizer")]),  # offload needs ZeRO >= 1; parameters offload only with ZeRO-3
+])
+def test_state_options(pp, dp, offload, want):
+    from planner.search import _state_options
+
+    assert [(z, str(off)) for z, off in _state_options(pp, dp, offload)] == want
+
+
+def test_schedule_options():
+    """1F1B always; ZB-H1 (and async when allowed) with pipelining; interleaving v = 2..max where m % pp == 0 and
+    the layers divide pp x v."""
+    from planner.search import PlanOptions, _schedule_options
+
+    def names(*args, **kw):
+        return [(str(s), v) for s, v in _schedule_options(*args, PlanOptions(**kw))]
+
+    assert names(1, 8, 32) == [("1f1b", 1)]
+    assert names(2, 4, 16) == [("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4),
+                               ("interleaved_1f1b", 8)]  # 16 % (2 v): v = 2, 4, 8
+    assert names(2, 3, 16) == [("1f1b", 1), ("zero_bubble", 1)]  # m = 3 is not a multiple of pp = 2
+    assert names(2, 2, 8, allow_async=True, max_virtual_stages=3) == [
+        ("1f1b", 1), ("zero_bubble", 1), ("pipedream_async", 1), ("interleaved_1f1b", 2)]  # v = 4 is above the cap
+    assert names(2, 2, 8, max_virtual_stages=4) == [("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2),
+                                                    ("interleaved_1f1b", 4)]
+
+
+def test_tp_degrees():
+    """TP divides the node (8 GPUs), or is whole nodes when allowed, and divides heads, KV heads (or is a multiple of
+    them), FFN and width. GPT-3 175B: 96 heads, 12288 wide; Llama 3 70B: 64 heads, 8 KV heads."""
+    from planner.search import PlanOptions, _tp_degrees
+
+    gpt3 = _search_problem("gpt3-175b", nodes=3, batch=96, seq=2048)
+    assert _tp_degrees(gpt3, PlanOptions()) == [1, 2, 4, 8]  # 3 and 6 fit in the node but do not divide it
+    assert _tp_degrees(gpt3, PlanOptions(allow_tp_across_nodes=True)) == [1, 2, 4, 8, 24]
+    wide = _search_problem("gpt3-175b", nodes=8, batch=96, seq=2048)
+    assert _tp_degrees(wide, PlanOptions(allow_tp_across_nodes=True)) == [1, 2, 4, 8, 16, 32]  # 96 % 64 != 0
+    llama = _search_problem("llama3-70b", nodes=2)
+    assert _tp_degrees(llama, PlanOptions(allow_tp_across_nodes=True)) == [1, 2, 4, 8, 16]  # 16: a multiple of 8 KV
+
+
+def test_ep_degrees():
+    """Divisors of the experts that divide dp·cp·tp, up to 64 (DeepSeek-V3's EP 64)."""
+    from planner.inputs.models import load_model
+    from planner.search import _ep_degrees, divisors
+
+    assert _ep_degrees(load_model("llama3-8b"), 8) == [1]
+    assert _ep_degrees(load_model("mixtral-8x7b"), 4) == [1, 2, 4]
+    assert _ep_degrees(load_model("deepseek-v3"), 128) == [1, 2, 4, 8, 16, 32, 64]  # 256 experts, 128 not allowed
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+
+
+def test_degrees_cp_only_for_long_sequences():
+    """(tp, pp, dp, cp): pp <= layers, dp divides the batch; cp > 1 needs s divisible by 2 cp tp and s/cp >= 4096."""
+    from planner.search import PlanOptions, _degrees
+
+    short = list(_degrees(_search_problem(batch=8, seq=4096), PlanOptions()))
+    assert {cp for *_, cp in short} == {1}
+    assert (1, 1, 8, 1) in short and (8, 1, 1, 1) in short and (2, 2, 2, 1) in short
+    long_ = list(_degrees(_search_problem(batch=8, seq=16384), PlanOptions()))
+    assert {(tp, pp, dp, cp) for tp, pp, dp, cp in long_ if cp > 1} == {
+        (1, 1, 4, 2), (1, 2, 2, 2), (1, 4, 1, 2), (1, 1, 2, 4), (1, 2, 1, 4), (2, 1, 2, 2), (2, 2, 1, 2),
+        (2, 1, 1, 4), (4, 1, 1, 2)}  # s / cp >= 4096 and s % (2 cp tp) == 0
+    odd_batch = list(_degrees(_search_problem(batch=6, seq=4096), PlanOptions()))
+    assert sorted({dp for _, _, dp, _ in odd_batch}) == [1, 2]  # dp must divide 6
+    tiny = list(_degrees(_search_problem("llama3-8b", batch=8, seq=4096, cluster="dgx-h100", nodes=8), PlanOptions()))
+    assert max(pp for _, pp, _, _ in tiny) == 32  # pp <= 32 layers (64 divides 64 GPUs but not the layers)
+
+
+def test_states_lower_bound_bytes_by_hand():
+    """Llama 3 8B (8,030,261,248 parameters), bf16 with fp32 gradients and Adam: 2 + 4 + 12 B per parameter sharded by
+    ZeRO over dp·cp (over dp·cp·tp when that is more: the bound must stay below every stage), plus 1.3 GB overhead."""
+    from planner.search import _states_lower_bound_bytes as lb
+
+    p = _search_problem()
+    total = 8_030_261_248
+    assert p.total_params == total
+    assert lb(p, 2, 2, 2, 0, "none") == total / 4 * 18 + 1.3e9
+    assert lb(p, 1, 1, 8, 3, "none") == total * (2 / 8 + 4 / 8 + 12 / 8) + 1.3e9
+    assert lb(p, 1, 1, 4, 1, "none", cp=2) == total * (2 + 4 + 12 / 8) + 1.3e9
+    assert lb(p, 2, 1, 4, 3, "none") == total / 2 * (18 / 8) + 1.3e9  # dp·cp·tp = 8 shards
+    assert lb(p, 1, 1, 8, 2, "optimizer") == total * 2 + 1.3e9  # gradients and optimizer state on the host
+    assert lb(p, 1, 1, 8, 3, "optimizer+params") == 0.0
+    moe = _search_problem("mixtral-8x7b")
+    experts = 1_409_286_144 * 32  # routed experts per layer x MoE layers
+    assert moe.total_params == 46_702_792_704
+    assert lb(moe, 2, 1, 4, 1, "none", ep=4) == ((46_702_792_704 - experts) / 2 + experts / 4) * (2 + 4 + 12 / 4) + 1.3e9
+
+
+def test_simplicity_and_objective_key():
+    """Ties: no offload, lower ZeRO, fewer model-parallel GPUs, plain 1F1B, no recompute; step times bucketed by
+    0.1% (log base 1.001: 2 s -> bucket 693), memory objective bucketing the peak instead."""
+    from types import SimpleNamespace
+
+    from planner.inputs.specs import LayoutSpec
+    from planner.search import PlanOptions, _objective_key, _simplicity
+
+    a = LayoutSpec(tp=2, pp=4, dp=1, zero_stage=1, offload="optimizer", schedule="zero_bubble", recompute="full")
+    b = LayoutSpec(tp=1, pp=1, dp=8)
+    assert _simplicity(a) == (True, 1, 8, True, True)
+    assert _simplicity(b) == (False, 0, 1, False, False)
+    c = SimpleNamespace(layout=b, step_seconds=2.0, estimate=SimpleNamespace(peak_memory_bytes=1.0))
+    assert _objective_key(PlanOptions())(c) == (693, (False, 0, 1, False, False), 1.0)
+    assert _objective_key(PlanOptions(objective="memory"))(c) == (0, 2.0, (False, 0, 1, False, False))
+    zero = SimpleNamespace(layout=b, step_seconds=0.0, estimate=SimpleNamespace(peak_memory_bytes=2.0))
+    assert _objective_key(PlanOptions())(zero)[0] == 0
+    assert _objective_key(PlanOptions(objective="memory"))(zero)[0] == 693
+
+
+def test_plan_options_allows_asks_the_restriction():
+    from planner.search import PlanOptions
+
+    class Only1:
+        def adjust(self, f):
+            return None if f["tp"] > 1 else {**f, "sequence_parallel": False}
+
+    fields = {"tp": 1, "sequence_parallel": True}
+    assert PlanOptions().allows(fields) is fields
+    assert PlanOptions(restriction=Only1()).allows(fields) == {"tp": 1, "sequence_parallel": False}
+    assert PlanOptions(restriction=Only1()).allows({"tp": 2}) is None
+
+
+
+def _fake_candidate(layout=None, times=None, *, origin="search", step=1.0, peak_gib=40.0, stage=2):
+    """A candidate whose estimate is round numbers, so reason()'s text can be written by hand."""
+    from types import SimpleNamespace
+
+    from planner.inputs.specs import LayoutSpec
+    from planner.search import Candidate
+
+    t = {k: 0.0 for k in ("pipeline_bubble", "tp_comm", "dp_comm", "dp_comm_total", "recompute", "offload", "optimizer")}
+    t.update(times or {})
+    est = SimpleNamespace(step_seconds=step, time=SimpleNamespace(**{k + "_seconds": v for k, v in t.items()}),
+                          peak_memory_bytes=peak_gib * 2**30, gpu_memory_bytes=80 * 2**30, peak_stage=stage)
+    return Candidate(LayoutSpec(**{"tp": 1, "pp": 1, "dp": 1, **(layout or {})}), est, origin)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("layout, times, want", [
+    ({"pp": 4, "num_micro_batches": 8}, {"pipeline_bubble": 0.3, "tp_comm": 0.2, "dp_comm": 0.1},
+     "pp=4: bubble 30.0% with 8 micro-batches; m < 4p (8 < 16) leaves a large bubble"),
+    ({"pp": 4, "num_micro_batches": 16}, {"pipeline_bubble": 0.3}, "pp=4: bubble 30.0% with 16 micro-batches"),
+    ({"pp": 4, "num_micro_batches": 15}, {"pipeline_bubble": 0.3},
+     "pp=4: bubble 30.0% with 15 micro-batches; m < 4p (15 < 16) leaves a large bubble"),
+    ({"pp": 4, "num_micro_batches": 8, "schedule": "gpipe"}, {"pipeline_bubble": 0.3},
+     "pp=4: bubble 30.0% with 8 micro-batches (gpipe); m < 4p (8 < 16) leaves a large bubble"),
+    ({"pp": 4, "num_micro_batches": 8, "schedule": "interleaved_1f1b", "virtual_stages": 2}, {"pipeline_bubble": 0.3},
+     "pp=4: bubble 30.0% with 8 micro-batches (interleaved_1f1b, v=2)"),
+    ({"pp": 4, "num_micro_batches": 8, "schedule": "zero_bubble"}, {"pipeline_bubble": 0.3},
+     "pp=4: bubble 30.0% with 8 micro-batches (zero_bubble)"),
+    ({"tp": 8, "pp": 2}, {"pipeline_bubble": 0.1, "tp_comm": 0.25},
+     "tp=8 (inside the node): TP all-reduces 25.0% of the step"),
+    ({"tp": 16}, {"tp_comm": 0.25}, "tp=16 (crosses nodes): TP all-reduces 25.0% of the step"),
+    ({"dp": 4, "zero_stage": 1, "tp": 2}, {"dp_comm": 0.25, "dp_comm_total": 0.5, "tp_comm": 0.1},
+     "dp=4, zero=1: 0.5 s of gradient/parameter traffic, 0.25 s exposed"),
+    ({"recompute": "selective", "dp": 2}, {"recompute": 0.125, "dp_comm": 0.1},
+     "recompute=selective: +12.5% of the step recomputing activations"),
+    ({"dp": 2, "zero_stage": 1, "offload": "optimizer"}, {"offload": 0.25, "optimizer": 0.125, "dp_comm": 0.3},
+     "offload=optimizer: CPU optimizer and PCIe traffic 0.375 s"),
+    ({"dp": 2, "zero_stage": 1, "offload": "optimizer"}, {"optimizer": 0.125, "dp_comm": 0.1},
+     "offload=optimizer: CPU optimizer and PCIe traffic 0.125 s"),
+])
+def test_reason_names_the_largest_cost_beyond_compute(layout, times, want):
+    """reason(): the largest of bubble, TP, DP, recompute and offload time, in words and numbers, then the peak."""
+    from planner.search import reason
+
+    problem = _search_problem()  # 8 GPUs per node
+    assert reason(problem, _fake_candidate(layout, times)) == f"{want}; 40.0/80 GiB on stage 2"
+
+
+def test_reason_without_facts_with_the_pick_and_the_refined_split():
+    from planner.search import reason
+
+    problem = _search_problem()
+    alone = _fake_candidate({}, {"tp_comm": 0.5, "pipeline_bubble": 0.5, "dp_comm": 0.5, "optimizer": 0.5})
+    assert reason(problem, alone) == "40.0/80 GiB on stage 2"  # tp = pp = dp = 1, no recompute, GPU optimizer
+    pick = _fake_candidate({}, step=0.8)
+    split = _fake_candidate({"pp": 4, "layers_per_stage": (7, 9, 9, 7)}, {"pipeline_bubble": 0.1}, origin="split",
+                            peak_gib=12.25, stage=0)
+    assert reason(problem, split, pick) == ("+25.0% step time vs the pick; pp=4: bubble 10.0% with 1 micro-batches; "
+                                            "m < 4p (1 < 16) leaves a large bubble; 12.2/80 GiB on stage 0; "
+                                            "layers per stage [7, 9, 9, 7] from the split")
+    assert reason(problem, pick, pick) == "40.0/80 GiB on stage 2"  # the pick is not compared with itself
+    compared = _fake_candidate({"pp": 4, "layers_per_stage": (7, 9, 9, 7)}, origin="compared")
+    assert reason(problem, compared).endswith("GiB on stage 2")
+
+
+# ---- layout rules (planner/rules.py): every rule's full violation, the numbers from each case's own degrees ---------
+
+# (model, training, cluster, nodes, layout fields, [(rule, field, value, allowed, fix), ...]); the texts are the
+# rules' own words (the CLI prints field: value -> allowed), the numbers follow from the case
+RULE_CASES = [('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  2,
+  {'dp': 4, 'micro_batch_size': 1, 'num_micro_batches': 16, 'pp': 1, 'sequence_parallel': True, 'tp': 3},
+  [('gpus_match_cluster',
+    'dp*tp*pp',
+    '4*3*1 = 12',
+    "must equal the cluster's 16 GPUs (2 nodes x 8)",
+    'choose degrees whose product is the number of GPUs'),
+   ('tp_divides_heads', 'tp', '3', 'must divide num_attention_heads (32)', 'use a tp that divides the heads'),
+   ('tp_fits_kv_heads',
+    'tp',
+    '3',
+    'num_kv_heads (8) must be divisible by tp, or tp by num_kv_heads (GQA replication)',
+    'use a tp that divides the KV heads, or a multiple of them'),
+   ('tp_divides_ffn', 'tp', '3', 'must divide ffn_hidden_size (14336)', 'use a tp that divides the FFN size'),
+   ('tp_divides_hidden', 'tp', '3', 'must divide hidden_size (4096)', 'use a tp that divides the hidden size'),
+   ('sp_divides_sequence',
+    'sequence_parallel',
+    'seq_length 4096',
+    'must be divisible by tp (3)',
+    'turn sequence parallelism off or use a tp that divides the sequence'),
+   ('tp_divides_node',
+    'tp',
+    '3',
+    'must divide gpus_per_node (8) so TP groups stay in one node',
+    'use a tp that divides the GPUs of a node')]),
+ ('llama3-70b',
+  {'global_batch_size': 64, 'seq_length': 4100},
+  'dgx-h100',
+  4,
+  {'dp': 1,
+   'micro_batch_size': 2,
+   'num_micro_batches': 3,
+   'offload': 'optimizer+params',
+   'pp': 2,
+   'sequence_parallel': True,
+   'tp': 16,
+   'zero_stage': 2},
+  [('sp_divides_sequence',
+    'sequence_parallel',
+    'seq_length 4100',
+    'must be divisible by tp (16)',
+    'turn sequence parallelism off or use a tp that divides the sequence'),
+   ('tp_within_node',
+    'tp',
+    '16',
+    'exceeds the 8 GPUs of a node: TP all-reduces would cross the network (allow with --allow-tp-across-nodes)',
+    'keep tp <= GPUs per node; add pp or dp instead'),
+   ('batch_product',
+    'global_batch_size',
+    '64',
+    'must equal micro_batch_size x num_micro_batches x dp = 2 x 3 x 1 = 6',
+    'set global batch = micro-batch x micro-batches (gradient accumulation) x dp'),
+   ('zero_with_pipelining',
+    'zero_stage',
+    '2',
+    'with pp > 1 only ZeRO-0/1 are supported (gradients and parameters are needed across micro-batches; DeepSpeed '
+    'and Megatron both refuse ZeRO-2/3 with pipelining)',
+    'use ZeRO-1 (distributed optimizer) with pipelining'),
+   ('param_offload_needs_zero3',
+    'offload',
+    'optimizer+params',
+    'needs zero_stage 3 (ZeRO-Infinity offloads partitioned parameters)',
+    'offload needs a ZeRO stage that shards what is offloaded')]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'single-rtx4090',
+  1,
+  {'dp': 1,
+   'micro_batch_size': 1,
+   'num_micro_batches': 64,
+   'offload': 'optimizer',
+   'pp': 1,
+   'schedule': 'zero_bubble',
+   'sequence_parallel': True,
+   'tp': 1,
+   'virtual_stages': 2},
+  [('sp_needs_tp',
+    'sequence_parallel',
+    'true',
+    'needs tp > 1',
+    'turn sequence parallelism off or use a tp that divides the sequence'),
+   ('schedule_needs_pp',
+    'schedule',
+    'zero_bubble',
+    'needs pp > 1 (use 1f1b with pp=1)',
+    'use 1f1b without pipelining'),
+   ('virtual_stages_need_interleaving',
+    'virtual_stages',
+    '2',
+    'only interleaved_1f1b uses virtual stages',
+    'use interleaved_1f1b with >= 2 virtual stages, or drop them'),
+   ('offload_needs_zero',
+    'offload',
+    'optimizer',
+    'needs zero_stage >= 1 (ZeRO-Offload shards the optimizer)',
+    'offload needs a ZeRO stage that shards what is offloaded')]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'dp': 2,
+   'micro_batch_size': 1,
+   'num_micro_batches': 30,
+   'pp': 4,
+   'schedule': 'interleaved_1f1b',
+   'tp': 1,
+   'virtual_stages': 1},
+  [('batch_product',
+    'global_batch_size',
+    '64',
+    'must equal micro_batch_size x num_micro_batches x dp = 1 x 30 x 2 = 60',
+    'set global batch = micro-batch x micro-batches (gradient accumulation) x dp'),
+   ('interleaving_needs_virtual_stages',
+    'virtual_stages',
+    '1',
+    'interleaved_1f1b needs >= 2',
+    'use interleaved_1f1b with >= 2 virtual stages, or drop them'),
+   ('interleaving_micro_batches',
+    'num_micro_batches',
+    '30',
+    'interleaved_1f1b needs a multiple of pp (4) (Narayanan et al. 2021 §2.2.2)',
+    'use a multiple of pp micro-batches')]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'dp': 2,
+   'micro_batch_size': 1,
+   'num_micro_batches': 32,
+   'pp': 3,
+   'schedule': 'interleaved_1f1b',
+   'tp': 1,
+   'virtual_stages': 3},
+  [('gpus_match_cluster',
+    'dp*tp*pp',
+    '2*1*3 = 6',
+    "must equal the cluster's 8 GPUs (1 nodes x 8)",
+    'choose degrees whose product is the number of GPUs'),
+   ('interleaving_micro_batches',
+    'num_micro_batches',
+    '32',
+    'interleaved_1f1b needs a multiple of pp (3) (Narayanan et al. 2021 §2.2.2)',
+    'use a multiple of pp micro-batches'),
+   ('interleaving_layers',
+    'num_layers',
+    '32',
+    'interleaved_1f1b needs a multiple of pp*virtual_stages (9)',
+    'use fewer pipeline stages (or virtual stages), or a layer count they divide')]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'dp': 2,
+   'layers_per_stage': [8, 8, 8, 9],
+   'micro_batch_size': 1,
+   'num_micro_batches': 32,
+   'pp': 4,
+   'recompute_layers_per_stage': [0, 9, 0, 0],
+   'tp': 1},
+  [('layers_per_stage',
+    'layers_per_stage',
+    '[8, 8, 8, 9]',
+    'needs pp (4) entries, each >= 1, summing to num_layers (32)',
+    'list one layer count per stage, summing to the layers'),
+   ('recompute_layers_per_stage',
+    'recompute_layers_per_stage',
+    '[0, 9, 0, 0]',
+    "needs pp entries, each between 0 and that stage's layers [8, 8, 8, 9]",
+    "list one recomputed-layer count per stage, at most that stage's layers")]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'dp': 4, 'micro_batch_size': 1, 'num_micro_batches': 16, 'pp': 2, 'recompute_layers_per_stage': [0, 17], 'tp': 1},
+  [('recompute_layers_per_stage',
+    'recompute_layers_per_stage',
+    '[0, 17]',
+    "needs pp entries, each between 0 and that stage's layers [16, 16]",
+    "list one recomputed-layer count per stage, at most that stage's layers")]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'dp': 4, 'ep': 2, 'micro_batch_size': 1, 'num_micro_batches': 16, 'pp': 1, 'tp': 2},
+  [('ep_needs_moe',
+    'ep',
+    '2',
+    'expert parallelism needs a mixture-of-experts model (llama3-8b is dense)',
+    'use ep=1')]),
+ ('mixtral-8x7b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'dp': 8, 'ep': 3, 'etp': 5, 'micro_batch_size': 1, 'num_micro_batches': 8, 'pp': 1, 'tp': 1},
+  [('ep_divides_experts',
+    'ep',
+    '3',
+    'must divide num_experts (8) (Megatron arguments.py L1657)',
+    'use an ep that divides the experts'),
+   ('etp_divides_expert_ffn',
+    'etp',
+    '5',
+    'must divide expert_ffn_hidden_size (14336)',
+    'use etp=1 (fine-grained experts) or a divisor'),
+   ('ep_folds_into_dp',
+    'ep*etp',
+    '3*5',
+    'must divide dp*cp*tp = 8 (the expert grid etp x ep x edp x pp covers the same GPUs: Megatron parallel folding, '
+    'torchtitan parallel_dims)',
+    'use an ep that divides dp*cp*tp')]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'precision': 'fp8', 'seq_length': 4096},
+  'dgx-a100-80gb',
+  1,
+  {'dp': 8, 'micro_batch_size': 1, 'num_micro_batches': 8, 'pp': 1, 'tp': 1},
+  [('fp8_needs_tensor_cores',
+    'precision',
+    'fp8',
+    'the A100-SXM4-80GB has no FP8 tensor cores (needs Ada, Hopper or Blackwell)',
+    'use --precision bf16')]),
+ ('llama3-8b',
+  {'fp8_recipe': 'mxfp8', 'global_batch_size': 64, 'precision': 'fp8', 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'dp': 8, 'micro_batch_size': 1, 'num_micro_batches': 8, 'pp': 1, 'tp': 1},
+  [('mxfp8_needs_blackwell',
+    'fp8_recipe',
+    'mxfp8',
+    'needs Blackwell (SM100) GPUs, not H100-SXM',
+    'use the tensorwise recipe')]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'cp': 3, 'dp': 2, 'micro_batch_size': 1, 'num_micro_batches': 32, 'pp': 1, 'tp': 1},
+  [('gpus_match_cluster',
+    'dp*tp*pp*cp',
+    '2*1*1*3 = 6',
+    "must equal the cluster's 8 GPUs (1 nodes x 8)",
+    'choose degrees whose product is the number of GPUs'),
+   ('cp_split',
+    'cp',
+    '3',
+    'seq_length (4096) must be divisible by 2 x cp x tp = 6 (load-balanced causal split of 2·cp chunks; Megatron '
+    'arguments.py L1336, torchtitan parallel_dims.py L664-671)',
+    'use a cp that splits the sequence into 2·cp equal chunks (and cp_comm p2p when heads do not divide)')]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'cp': 2, 'dp': 4, 'micro_batch_size': 1, 'num_micro_batches': 16, 'pp': 1, 'tp': 1},
+  []),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  8,
+  {'dp': 8,
+   'micro_batch_size': 1,
+   'num_micro_batches': 8,
+   'pp': 8,
+   'schedule': 'interleaved_1f1b',
+   'tp': 1,
+   'virtual_stages': 8},
+  [('chunks_within_layers',
+    'pp*virtual_stages',
+    '8*8',
+    'must not exceed num_layers (32)',
+    'use fewer pipeline stages (or virtual stages), or a layer count they divide'),
+   ('interleaving_layers',
+    'num_layers',
+    '32',
+    'interleaved_1f1b needs a multiple of pp*virtual_stages (64)',
+    'use fewer pipeline stages (or virtual stages), or a layer count they divide')]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  2,
+  {'dp': 4,
+   'layers_per_stage': [0, 32],
+   'micro_batch_size': 1,
+   'num_micro_batches': 16,
+   'pp': 2,
+   'recompute_layers_per_stage': [-1, 0],
+   'tp': 2},
+  [('layers_per_stage',
+    'layers_per_stage',
+    '[0, 32]',
+    'needs pp (2) entries, each >= 1, summing to num_layers (32)',
+    'list one layer count per stage, summing to the layers'),
+   ('recompute_layers_per_stage',
+    'recompute_layers_per_stage',
+    '[-1, 0]',
+    "needs pp entries, each between 0 and that stage's layers [0, 32]",
+    "list one recomputed-layer count per stage, at most that stage's layers")]),
+ ('llama3-8b',
+  {'global_batch_size': 64, 'seq_length': 4096},
+  'dgx-h100',
+  1,
+  {'dp': 4, 'layers_per_stage': [16, 16, 0], 'micro_batch_size': 1, 'num_micro_batches': 16, 'pp': 2, 'tp': 1},
+  [('layers_per_stage',
+    'layers_per_stage',
+    '[16, 16, 0]',
+    'needs pp (2) entries, each >= 1, summing to num_layers (32)',
+    'list one layer count per stage, summing to the layers')])]
+
+
+@pytest.mark.parametrize("model, training, cluster, nodes, layout, want", RULE_CASES)
+def test_layout_rules_name_rule_field_value_allowed_and_fix(model, training, cluster, nodes, layout, want):
+    from cluster_specs import load_cluster
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.rules import layout_violations
+
+    got = layout_violations(LayoutSpec.trusted(**layout), load_model(model), TrainingSpec(**training),
+                            load_cluster(cluster, nodes=nodes))
+    assert [(v.rule, v.field, v.value, v.allowed, v.fix) for v in got] == want
+    assert [str(v) for v in got] == [f"{f}: {v} -> {a}" for _, f, v, a, _ in want]
+
+
+def test_tp_across_nodes_when_allowed_and_validate_layout_raises_one_line_each():
+    from cluster_specs import load_cluster
+    from planner.errors import InputError
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.rules import layout_violations, validate_layout
+
+    model, training, cluster = load_model("llama3-70b"), TrainingSpec(seq_length=4096, global_batch_size=64), \
+        load_cluster("dgx-h100", nodes=4)
+    wide = LayoutSpec.trusted(tp=16, pp=1, dp=2, micro_batch_size=1, num_micro_batches=32)
+    assert layout_violations(wide, model, training, cluster, allow_tp_across_nodes=True) == []
+    validate_layout(wide, model, training, cluster, allow_tp_across_nodes=True)  # no error
+    assert [v.rule for v in layout_violations(wide, model, training, cluster)] == ["tp_within_node"]
+    with pytest.raises(InputError) as err:
+        validate_layout(LayoutSpec.trusted(tp=16, pp=1, dp=1, micro_batch_size=1, num_micro_batches=32), model,
+                        training, cluster)
+    assert str(err.value).splitlines() == [  # one line per violation, each named by its source
+        "layout: dp*tp*pp: 1*16*1 = 16 -> must equal the cluster's 32 GPUs (4 nodes x 8)",
+        "layout: tp: 16 -> exceeds the 8 GPUs of a node: TP all-reduces would cross the network (allow with "
+        "--allow-tp-across-nodes)",
+        "layout: global_batch_size: 64 -> must equal micro_batch_size x num_micro_batches x dp = 1 x 32 x 1 = 32"]
