@@ -1077,3 +1077,189 @@ def test_tp_across_nodes_when_allowed_and_validate_layout_raises_one_line_each()
         "layout: tp: 16 -> exceeds the 8 GPUs of a node: TP all-reduces would cross the network (allow with "
         "--allow-tp-across-nodes)",
         "layout: global_batch_size: 64 -> must equal micro_batch_size x num_micro_batches x dp = 1 x 32 x 1 = 32"]
+
+
+# ---- the plan's wrappers (planner/search.py), with plan() replaced by a stand-in whose answer is known -------------
+
+
+class _FakePlan:
+    """plan(problem, opts) standing in for the search: tokens/s = 1,000 per node; records the options it saw."""
+
+    def __init__(self, fail_above_fraction=None):
+        self.seen = []
+        self.fail_above_fraction = fail_above_fraction
+
+    def __call__(self, problem, opts=None):
+        from types import SimpleNamespace
+
+        from planner.errors import InfeasibleError
+
+        self.seen.append((problem, opts))
+        if self.fail_above_fraction is not None and problem.knobs.memory_high_fraction > self.fail_above_fraction:
+            raise InfeasibleError("nothing fits")
+        rate = 1000.0 * problem.cluster.num_nodes
+        return SimpleNamespace(pick=SimpleNamespace(estimate=SimpleNamespace(tokens_per_second=rate)))
+
+
+def test_with_memory_margin_sets_the_band_fraction_or_zero():
+    from cluster_specs import SpecError
+    from planner.bands import memory_high_fraction
+    from planner.search import MEMORY_MARGINS, with_memory_margin
+
+    p = _search_problem()
+    assert MEMORY_MARGINS == ("band-high", "estimate")
+    assert with_memory_margin(p, "band-high").knobs.memory_high_fraction == memory_high_fraction() > 0
+    assert with_memory_margin(p, "estimate").knobs.memory_high_fraction == 0.0
+    assert with_memory_margin(p, "estimate").knobs.memory_headroom_bytes == p.knobs.memory_headroom_bytes
+    with pytest.raises(SpecError, match=r"^--memory-margin: 'loose' -> allowed: band-high, estimate$"):
+        with_memory_margin(p, "loose")
+
+
+def test_plan_within_memory_margin_relaxes_only_when_nothing_fits(monkeypatch):
+    import planner.search as search
+    from planner.errors import InfeasibleError
+
+    p = search.with_memory_margin(_search_problem(), "band-high")
+    monkeypatch.setattr(search, "plan", _FakePlan())
+    used, _, relaxed = search.plan_within_memory_margin(p, search.PlanOptions())
+    assert used is p and relaxed is False
+    monkeypatch.setattr(search, "plan", _FakePlan(fail_above_fraction=0.0))
+    used, _, relaxed = search.plan_within_memory_margin(p, search.PlanOptions())
+    assert relaxed is True and used.knobs.memory_high_fraction == 0.0 and used.model is p.model
+    monkeypatch.setattr(search, "plan", _FakePlan(fail_above_fraction=-1.0))
+    with pytest.raises(InfeasibleError):  # already at the estimate: nothing to relax
+        search.plan_within_memory_margin(search.with_memory_margin(p, "estimate"), search.PlanOptions())
+
+
+def test_plan_min_gpus_binary_search(monkeypatch):
+    """With 1,000 tokens/s per node, the fewest of 8 nodes reaching 5,500 tokens/s is 6; the search plans without the
+    solver or a progress bar, and refuses a target the whole cluster misses."""
+    import planner.search as search
+    from planner.errors import InfeasibleError
+
+    fake = _FakePlan()
+    monkeypatch.setattr(search, "plan", fake)
+    p = _search_problem(nodes=8)
+    smaller, note = search.plan_min_gpus(p, search.PlanOptions(progress=True), 5500.0)
+    assert smaller.cluster.num_nodes == 6 and smaller.model is p.model and smaller.knobs is p.knobs
+    assert note == ("min-gpus: 6 nodes (48 GPUs) are the fewest that reach 5,500 tokens/s (binary search over 1..8 "
+                    "nodes, assuming the best throughput does not fall as nodes are added)")
+    assert all(opts.use_solver is False and opts.progress is False for _, opts in fake.seen)
+    assert [q.cluster.num_nodes for q, _ in fake.seen] == [8, 4, 6, 5]  # hi first, then the bisection
+    assert search.plan_min_gpus(p, search.PlanOptions(), 8000.0)[0].cluster.num_nodes == 8
+    assert search.plan_min_gpus(p, search.PlanOptions(), 1000.0)[0].cluster.num_nodes == 1
+    with pytest.raises(InfeasibleError, match=r"^even 8 nodes \(64 GPUs\) do not reach 8,001 tokens/s; raise --nodes$"):
+        search.plan_min_gpus(p, search.PlanOptions(), 8001.0)
+    monkeypatch.setattr(search, "plan", _FakePlan(fail_above_fraction=-1.0))  # every count infeasible: rate 0
+    with pytest.raises(InfeasibleError, match="even 8 nodes"):
+        search.plan_min_gpus(p, search.PlanOptions(), 1.0)
+
+
+def test_any_fits_tries_without_then_with_offload(monkeypatch):
+    import planner.search as search
+
+    calls = []
+
+    def fake_search(problem, opts, stats, *, offload):
+        calls.append((offload, opts.progress))
+        return (["fits"] if offload else []), 0.0
+
+    monkeypatch.setattr(search, "search", fake_search)
+    assert search._any_fits(_search_problem(), search.PlanOptions(progress=True)) is True
+    assert calls == [(False, False), (True, False)]
+    monkeypatch.setattr(search, "search", lambda *a, **k: ([], 0.0))
+    assert search._any_fits(_search_problem(), search.PlanOptions()) is False
+
+
+def test_median_and_infeasible(monkeypatch):
+    import math
+
+    import planner.explain.infeasible as infeasible
+    import planner.search as search
+
+    assert search._median([3.0, 1.0, 2.0]) == 2.0 and search._median([1.0, 2.0]) == 1.5
+    assert math.isnan(search._median([]))
+    seen = []
+    monkeypatch.setattr(infeasible, "explain_infeasible", lambda problem, opts: seen.append((problem, opts)) or "why")
+    p, opts = _search_problem(), search.PlanOptions()
+    assert search.infeasible(p, 1.0, opts) == "why" and seen == [(p, opts)]
+
+
+def test_published_layout_ranks_table(monkeypatch):
+    """Rank = 1 + the planner's candidates faster than the published layout beyond the 0.1% tie; one plan per
+    distinct case; rows without a layout or a prediction are left out; a planner failure is a row, not an error."""
+    from types import SimpleNamespace
+
+    import planner.search as search
+
+    class Spec:
+        def __init__(self, name):
+            self.name = name
+
+        def model_dump_json(self):
+            return self.name
+
+    class FakeProblem:
+        def __init__(self, model, training, cluster, knobs):
+            self.model = model
+
+        def estimate(self, layout):
+            return SimpleNamespace(step_seconds=layout.step)
+
+    plans = []
+
+    def fake_plan(problem, opts):
+        plans.append((problem.model.name, opts.use_solver, opts.top_k))
+        if problem.model.name == "broken":
+            raise ValueError("infeasible: no layout\nsecond line")
+        ranked = [SimpleNamespace(step_seconds=s) for s in (0.9, 0.95, 0.9995, 1.0, 1.2)]
+        return SimpleNamespace(ranked=ranked, pick=SimpleNamespace(step_seconds=0.9, layout=_short("tp8 pp4")))
+
+    def _short(text, step=1.0):
+        return SimpleNamespace(short=lambda: text, step=step)
+
+    def row(row_id, model, layout, predicted=1.0):
+        case = SimpleNamespace(row_id=row_id, model=Spec(model), cluster=Spec("c"), training=Spec("t"), knobs="k")
+        return SimpleNamespace(case=case, layout=layout, predicted_step_seconds=predicted)
+
+    monkeypatch.setattr(search, "Problem", FakeProblem)
+    monkeypatch.setattr(search, "plan", fake_plan)
+    report = SimpleNamespace(results=[row("a", "m", _short("tp2 pp8", 1.0)), row("b", "m", _short("tp4 pp4", 0.8)),
+                                      row("c", "m", None), row("d", "m", _short("tp1", 1.0), None),
+                                      row("e", "broken", _short("tp8", 1.0))])
+    text = search.published_layout_ranks(report)
+    assert plans == [("m", False, 3), ("broken", False, 3)]  # one plan per distinct case, without the solver
+    lines = text.splitlines()
+    assert lines[0] == "## The planner against published layouts" and lines[1] == "" and lines[3] == ""
+    assert lines[2].startswith("For every evaluated row the planner plans the same model, batch and cluster")
+    assert lines[4] == ("- rows: 3; published layout is the pick or ties it: 1; in the top 10: 2; median predicted "
+                        "gain of the pick +1.2%; rows where the pick is predicted slower than the published layout by "
+                        "more than the 0.1% tie tolerance: 1.")
+    assert lines[5:] == ["", "| row | published layout | rank | pick vs published | planner's pick |",
+                         "|---|---|---|---|---|",
+                         "| a | tp2 pp8 | 3 of 5 | -10.0% | tp8 pp4 |",  # 0.9 and 0.95 beat 1.0 by more than 0.1%
+                         "| b | tp4 pp4 | 1 of 5 | +12.5% | tp8 pp4 |",  # nothing beats 0.8
+                         "| e | tp8 | - | - | planner: infeasible: no layout |"]
+
+
+def test_add_compared_estimates_beside_the_pick(monkeypatch):
+    from types import SimpleNamespace
+
+    import planner.estimate as estimate
+    import planner.search as search
+
+    calls = []
+
+    def fake_estimate_layout(problem, lay, *, allow_tp_across_nodes=False):
+        calls.append((lay, allow_tp_across_nodes))
+        return _fake_candidate({"pp": 2}, {"pipeline_bubble": 0.5}).estimate
+
+    monkeypatch.setattr(estimate, "estimate_layout", fake_estimate_layout)
+    pick = _fake_candidate({}, step=0.5)
+    result = SimpleNamespace(pick=pick, compared=[], reasons={})
+    lay = _fake_candidate({"pp": 2}).layout
+    assert search.add_compared(_search_problem(), result, [lay]) is result
+    (cand,) = result.compared
+    assert calls == [(lay, True)] and cand.layout is lay and cand.origin == "compared"
+    assert result.reasons == {id(cand): "+100.0% step time vs the pick; pp=2: bubble 50.0% with 1 micro-batches; "
+                                        "m < 4p (1 < 8) leaves a large bubble; 40.0/80 GiB on stage 2"}
