@@ -219,6 +219,10 @@ class Knobs:
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
     tp_layer_overhead_seconds: float = 0.0  # per layer and micro-batch (fwd+bwd) under TP: framework dispatch
+    # Megatron-LM's async tensor-parallel all-reduce (on by default since 2021-09, commit 3f65246911; off with
+    # --no-async-tensor-model-parallel-allreduce and under Megatron-DeepSpeed's --deepspeed): in backward, each
+    # column-parallel linear's input-gradient all-reduce runs while its weight-gradient GEMM computes
+    tp_async_grad_allreduce: bool = False
     # of sharded operators (DTensor); 0 on GPUs, where launches overlap; `planner calibrate` measures it on CPU ranks
     moe_imbalance: float = 1.1  # max/mean tokens per EP rank (cost_models/moe.py DEFAULT_IMBALANCE, stated)
     ep_overlap_fraction: float = 0.0  # share of the EP all-to-all hidden (Megatron without a2a overlap: none)

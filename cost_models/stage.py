@@ -112,6 +112,35 @@ def elementwise_forward_seconds(model: Transformer, hw: Hardware, knobs: Knobs, 
     return traffic / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS
 
 
+def tp_all_reduce_seconds(hw: Hardware, *, micro_batch_size: int, seq_length: int, hidden_size: int, tp: int,
+                          activation_bytes: int) -> float:
+    """One Megatron TP all-reduce of b s h activations over the tp ranks of a node (0 without TP)."""
+    if tp <= 1:
+        return 0.0
+    msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=micro_batch_size, seq_length=seq_length,
+                                                hidden_size=hidden_size, tp=tp, activation_bytes=activation_bytes)
+    return all_reduce_seconds(message_bytes=msg, group_size=tp, link=group_link(hw, group_size=tp, stride=1).link)
+
+
+def tp_backward_hidden_seconds(model: Transformer, knobs: Knobs, *, tokens: int, tp: int,
+                               all_reduce_seconds: float, rate_flops_per_second: float) -> float:
+    """Seconds per layer and micro-batch of the backward TP all-reduces hidden by Megatron's async all-reduce.
+
+    Two of a layer's four all-reduces are the input gradients of its column-parallel linears (QKV and FC1);
+    Megatron-LM launches each asynchronously and computes that linear's weight gradient meanwhile
+    (megatron/mpu/layers.py ColumnParallelLinearWithAsyncAllreduce, commit 3f65246911, 2021-09). Each hides
+    behind its own weight-gradient GEMM (QKV: 2 T h (a + 2 kv) d; FC1: 2 T h f, x2 with SwiGLU's gate), at most
+    the all-reduce's exposed part (after `tp_overlap_fraction`). The forward and recompute all-reduces stay
+    exposed. 0 without the knob."""
+    exposed_all_reduce_seconds = all_reduce_seconds * (1 - knobs.tp_overlap_fraction)
+    if not knobs.tp_async_grad_allreduce or tp <= 1 or exposed_all_reduce_seconds <= 0:
+        return 0.0
+    h, d = model.hidden_size, model.head_dim
+    qkv = 2.0 * tokens * h * (model.num_attention_heads + 2 * model.num_kv_heads) * d / tp
+    fc1 = 2.0 * tokens * h * model.ffn_hidden_size * (2 if model.swiglu else 1) / tp
+    return sum(min(exposed_all_reduce_seconds, flops / rate_flops_per_second) for flops in (qkv, fc1))
+
+
 class LayerCosts(NamedTuple):
     """Per-layer, per-micro-batch, per-GPU quantities of a layout."""
 
@@ -120,6 +149,7 @@ class LayerCosts(NamedTuple):
     t_recompute_full: float  # extra seconds per layer under full recompute
     t_tp_all_reduce: float  # one TP all-reduce of b s h
     tp_expose: float  # share of TP traffic on the critical path
+    t_tp_backward_hidden: float  # per layer: exposed backward all-reduce time hidden under weight-gradient GEMMs
     t_logits_forward: float
     gemm_flops_per_gpu: float  # forward GEMM FLOPs of one layer on one GPU (weight-gradient work, ZB's W)
     rate_flops_per_second: float
@@ -141,7 +171,7 @@ class LayerCosts(NamedTuple):
     def comm_seconds(self, layers: int, recomputed: int) -> float:
         """Exposed per-layer model-parallel traffic of `layers` layers, `recomputed` of them fully recomputed."""
         count = layers * TP_ALL_REDUCES_PER_LAYER + recomputed * TP_ALL_REDUCES_PER_RECOMPUTED_LAYER
-        return count * self.t_tp_all_reduce * self.tp_expose
+        return count * self.t_tp_all_reduce * self.tp_expose - layers * self.t_tp_backward_hidden
 
 
 def _policy(recompute: str) -> Recompute:
@@ -171,11 +201,7 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     act_policy = act_none if policy == _REC_NONE else act(policy)
     t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=act_none, seq_length=s_l,
                                               micro_batch_size=b, tp=t, activation_bytes=act_b)
-    tp_msg, _ = tp_bytes_per_layer_per_micro_batch(micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t,
-                                                   activation_bytes=act_b)
-    t_ar = 0.0
-    if t > 1:
-        t_ar = all_reduce_seconds(message_bytes=tp_msg, group_size=t, link=group_link(hw, group_size=t, stride=1).link)
+    t_ar = tp_all_reduce_seconds(hw, micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t, activation_bytes=act_b)
     # per-layer dispatch cost of tensor parallelism (calibrated; 0 on GPUs), the forward's share of fwd + bwd
     t_tp_dispatch = knobs.tp_layer_overhead_seconds / FORWARD_PASSES_PER_TRAINING_PASS if t > 1 else 0.0
     logits_gemm = 2 * tokens * h * V / t
@@ -188,6 +214,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         + t_layer_mem,
         t_tp_all_reduce=t_ar,
         tp_expose=1 - knobs.tp_overlap_fraction,
+        t_tp_backward_hidden=tp_backward_hidden_seconds(model, knobs, tokens=tokens, tp=t, all_reduce_seconds=t_ar,
+                                                        rate_flops_per_second=rate),
         t_logits_forward=logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm)),
         gemm_flops_per_gpu=gemm / t,
         rate_flops_per_second=rate,
@@ -457,7 +485,7 @@ class StageModel(NamedTuple):
             fixed += (lc.output_params + lc.final_norm_params) * per_state + lc.output_act_bytes * flight * grow
         return StageLinear(
             layer_seconds=(1 + BACKWARD_OVER_FORWARD) * lc.t_layer_forward + lc.t_recompute_policy
-            + TP_ALL_REDUCES_PER_LAYER * exposed_ar,
+            + TP_ALL_REDUCES_PER_LAYER * exposed_ar - lc.t_tp_backward_hidden,
             recompute_seconds=lc.t_recompute_full - lc.t_recompute_policy
             + TP_ALL_REDUCES_PER_RECOMPUTED_LAYER * exposed_ar,
             extra_seconds=(1 + BACKWARD_OVER_FORWARD) * self.extra_forward_seconds(i),

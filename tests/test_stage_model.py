@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from cost_models import oracles
-from cost_models.inputs import Knobs, Layout, Training
+from cost_models.inputs import Knobs, Layout, Recompute, Training
 from cost_models.memory import activation_bytes_per_layer
 from cost_models.pipeline import pipeline_makespan, simulate
 from cost_models.stage import stage_model, stage_split, state_bytes_per_param
@@ -137,3 +137,47 @@ def test_interleaved_first_stage_activations_equal_korthikanti():
     assert layers_only == pytest.approx(want, rel=1e-12)
     assert sm.lc.act_policy_bytes == activation_bytes_per_layer(model, seq_length=2048, micro_batch_size=1, tp=t,
                                                                 sequence_parallel=True, recompute="selective")
+
+
+# ---- Megatron's async TP all-reduce (the backward input-gradient all-reduces under weight-gradient GEMMs) ------
+
+
+def test_async_tp_all_reduce_hides_at_most_each_wgrad_gemm():
+    from cost_models.stage import tp_backward_hidden_seconds
+
+    # GPT 18.4B shard (h 6144, 48 heads, f 4h) at tp 4, one micro-batch of 2 x 2048 tokens, 100 TFLOP/s: by hand,
+    # QKV's weight gradient is 2 * 4096 * 6144 * 18432 / 4 = 231.9 GFLOP = 2.319 ms, FC1's 309.2 GFLOP = 3.092 ms
+    model = gpt_shape(num_layers=40, hidden_size=6144, num_attention_heads=48, num_kv_heads=48,
+                      ffn_hidden_size=4 * 6144)
+    on = Knobs(tp_async_grad_allreduce=True)
+    kw = dict(tokens=4096, tp=4, rate_flops_per_second=100e12)
+    qkv, fc1 = 2 * 4096 * 6144 * 18432 / 4 / 100e12, 2 * 4096 * 6144 * 24576 / 4 / 100e12
+    assert (qkv, fc1) == pytest.approx((2.3193e-3, 3.0924e-3), rel=1e-4)
+    # a short all-reduce hides entirely behind each GEMM; a long one only for the GEMM's duration
+    assert tp_backward_hidden_seconds(model, on, exposed_all_reduce_seconds=1e-3, **kw) == pytest.approx(2e-3)
+    assert tp_backward_hidden_seconds(model, on, exposed_all_reduce_seconds=2.8e-3, **kw) == pytest.approx(
+        qkv + 2.8e-3)
+    assert tp_backward_hidden_seconds(model, on, exposed_all_reduce_seconds=1.0, **kw) == pytest.approx(qkv + fc1)
+    # off by default (the knob), and nothing to hide without TP
+    assert tp_backward_hidden_seconds(model, Knobs(), exposed_all_reduce_seconds=1e-3, **kw) == 0.0
+    assert tp_backward_hidden_seconds(model, on, exposed_all_reduce_seconds=1e-3, **{**kw, "tp": 1}) == 0.0
+
+
+def test_async_tp_all_reduce_shortens_the_step_by_the_hidden_time():
+    # pp 1: the step falls by exactly layers x micro-batches x the hidden time, and only the TP term moves; the
+    # linear form the ILP optimises carries the same saving
+    model = gpt_shape(num_layers=40, hidden_size=6144, num_attention_heads=48, num_kv_heads=48,
+                      ffn_hidden_size=4 * 6144)
+    lay = Layout(tp=8, pp=1, dp=32, micro_batch_size=8, num_micro_batches=4, recompute=Recompute.FULL)
+    training = replace(BF16, global_batch_size=1024)
+    hw = _hw()
+    off, on = Knobs(tp_overlap_fraction=0.0), Knobs(tp_overlap_fraction=0.0, tp_async_grad_allreduce=True)
+    a, b = estimate_step(model, training, hw, lay, off), estimate_step(model, training, hw, lay, on)
+    sm = stage_model(model, training, hw, lay, on)
+    hidden = sm.lc.t_tp_backward_hidden
+    assert 0 < hidden <= 2 * sm.lc.t_tp_all_reduce
+    assert a.step_seconds - b.step_seconds == pytest.approx(40 * 4 * hidden, rel=1e-9)
+    assert a.time.tp_comm_seconds - b.time.tp_comm_seconds == pytest.approx(40 * 4 * hidden, rel=1e-9)
+    assert a.time.compute_seconds == pytest.approx(b.time.compute_seconds, rel=1e-12)
+    lin_off, lin_on = stage_model(model, training, hw, lay, off).linear(0), sm.linear(0)
+    assert lin_off.layer_seconds - lin_on.layer_seconds == pytest.approx(hidden, rel=1e-9)
