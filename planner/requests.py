@@ -190,7 +190,8 @@ def validation_summary(runs: Path, *, with_planner: bool = True, write_tables: b
         write_table(table_from_results(vt.results))
     s = summary(report)
     s["vtrain"] = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias,
-                   "regret": vt.regret, "false_out_of_memory": vt.false_oom}
+                   "regret": vt.regret, "false_out_of_memory": vt.false_oom,
+                   "pairs_ordered_as_measured": vt.pair_accuracy}
     line = (f"{s['rows_evaluated']} rows: LOSO median |error| {s['loso_median_abs_error']:.1%}, 90th pct "
             f"{s['loso_p90_abs_error']:.1%}, false OOM {s['false_out_of_memory']}; vTrain mean |error| "
             f"{vt.mean_abs_error:.1%}, bias {vt.bias:+.1%}")

@@ -652,7 +652,11 @@ def _vtrain_section(vt) -> list[str]:
            f"- regret of the pick (the layout the model ranks fastest among each model's measured layouts; its "
            f"measured time over the best measured time): mean **{_pct(statistics.fmean(vt.regret.values()))}**, "
            f"worst **{_pct(max(vt.regret.values()))}**; "
-           + ", ".join(f"{k} {_pct(v)}" for k, v in vt.regret.items()) + ".", ""]
+           + ", ".join(f"{k} {_pct(v)}" for k, v in vt.regret.items()) + ".",
+           f"- pairs of layouts (one model, different measured times) the predictions order as measured: "
+           f"{vt.pairs_ordered[0]} of {vt.pairs_ordered[1]} ({_pct(vt.pair_accuracy)}); the regret judges the pick "
+           "alone, and a pick among layouts measured within a few percent of each other is close to a coin flip.",
+           ""]
     out += [f"- {a}" for a in VTRAIN_ASSUMPTIONS]
     return out
 

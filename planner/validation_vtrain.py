@@ -4,18 +4,20 @@ planner/data/vtrain_ground_truth_multi.csv (source and setup: planner/data/VTRAI
 on these rows: they are predicted with the knobs fitted on ../shared/validation (all sources), so every figure
 here is out of sample. Reported: mean |error|, bias (mean signed error), and per model the regret of the
 planner's pick among the measured layouts (measured time of the layout the model ranks fastest over the best
-measured time).
+measured time), and the share of each model's layout pairs the predictions order as measured.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 
 from cluster_specs import ClusterSpec
+from cost_models.inputs import Knobs
 from planner.inputs.specs import ModelSpec, TrainingSpec
 from planner.validation import Case, CaseResult, _cluster_json, case_knobs, evaluate, family_knobs
 
@@ -26,6 +28,10 @@ VTRAIN_ASSUMPTIONS = [
     "Activation checkpointing: full, every layer (use_checkpoint: true in every config/validation/multi file).",
     "No DP overlap: use_gradient_bucket false (the gradient all-reduce runs after backward): the megatron "
     "profile without its overlap flags.",
+    "Megatron-LM's defaults of 2022-23 (the runs used PyTorch 2.0.1, docker/Dockerfile; no sequence parallelism): "
+    "the backward input-gradient all-reduces of the column-parallel linears overlap their weight-gradient GEMMs "
+    "(async tensor-parallel all-reduce, default since commit 3f65246911, 2021-09); pipeline sends scatter/gather "
+    "b s h / t per rank (default until commit 3c92fa93b5, 2023-03) [U: the Megatron-LM commit is not printed].",
     "A100 SXM4 80 GB [U: the memory size is not printed], 8 per node, NVLink inside a node, 4 x 200 Gb/s "
     "(inter_node_bandwidth 800 Gb/s per node) between nodes; fp16 mixed precision [U: same tensor-core peak "
     "as bf16 on A100].",
@@ -38,6 +44,12 @@ def _cluster(num_gpus: int) -> ClusterSpec:
                           "latency_us": 10.0}
     spec["num_nodes"] = max(1, num_gpus // spec["gpus_per_node"])
     return ClusterSpec.model_validate(spec)
+
+
+def _knobs() -> Knobs:
+    """The megatron-classic family's knobs (no DP/TP/PP overlap flags) with the async TP all-reduce of the
+    Megatron-LM these runs used (VTRAIN_ASSUMPTIONS)."""
+    return replace(family_knobs("megatron-classic", "fp16"), tp_async_grad_allreduce=True)
 
 
 def _case(i: int, row: dict[str, str]) -> Case:
@@ -54,7 +66,7 @@ def _case(i: int, row: dict[str, str]) -> Case:
     fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": 0, "micro_batch_size": mbs,
               "num_micro_batches": gbs // (mbs * dp), "recompute": "full", "sequence_parallel": False}
     return Case(f"vtrain-{i:03d}-{name.split()[1]}-t{tp}d{dp}p{pp}-mbs{mbs}", VTRAIN_SOURCE, model, training,
-                _cluster(int(row["# GPUs"])), fields, family_knobs("megatron-classic", "fp16"),
+                _cluster(int(row["# GPUs"])), fields, _knobs(),
                 float(row["iteration time (ms)"]) / 1e3, "iteration time", None, family="megatron-classic")
 
 
@@ -70,6 +82,25 @@ class VTrainReport:
     bias: float  # mean signed error; negative: predicted too fast
     regret: dict[str, float]  # model -> measured(pick) / best measured - 1
     false_oom: int
+    pairs_ordered: tuple[int, int] = (0, 0)  # (layout pairs of one model ordered as measured, pairs compared)
+
+    @property
+    def pair_accuracy(self) -> float:
+        return self.pairs_ordered[0] / self.pairs_ordered[1] if self.pairs_ordered[1] else math.nan
+
+
+def ordered_pairs(rows: list[CaseResult]) -> tuple[int, int]:
+    """(pairs the predictions order as the measurements do, pairs compared) over every two layouts of one model
+    with different measured times: the whole ranking, where the regret looks at the pick only."""
+    good = total = 0
+    for a, b in itertools.combinations(rows, 2):
+        pa, pb = a.predicted_step_seconds, b.predicted_step_seconds
+        ma, mb = a.case.measured_step_seconds, b.case.measured_step_seconds
+        if pa is None or pb is None or ma == mb:
+            continue
+        total += 1
+        good += (pa < pb) == (ma < mb)
+    return good, total
 
 
 def run_vtrain(fitted: dict[str, float]) -> VTrainReport:
@@ -79,6 +110,7 @@ def run_vtrain(fitted: dict[str, float]) -> VTrainReport:
     for r in results:
         by_model.setdefault(r.case.model.name, []).append(r)
     regret = {}
+    pairs = [ordered_pairs(rows) for rows in by_model.values()]
     for name, rows in by_model.items():
         ok = [r for r in rows if r.predicted_step_seconds is not None]
         pick = min(ok, key=lambda r: r.predicted_step_seconds if r.predicted_step_seconds is not None else math.inf)
@@ -86,4 +118,5 @@ def run_vtrain(fitted: dict[str, float]) -> VTrainReport:
     from planner.bands import fit_verdict_of_result
 
     oom = sum(1 for r in results if fit_verdict_of_result(r) == "does not fit")
-    return VTrainReport(results, statistics.fmean(abs(e) for e in errs), statistics.fmean(errs), regret, oom)
+    return VTrainReport(results, statistics.fmean(abs(e) for e in errs), statistics.fmean(errs), regret, oom,
+                        (sum(p[0] for p in pairs), sum(p[1] for p in pairs)))
