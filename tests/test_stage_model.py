@@ -154,13 +154,13 @@ def test_async_tp_all_reduce_hides_at_most_each_wgrad_gemm():
     qkv, fc1 = 2 * 4096 * 6144 * 18432 / 4 / 100e12, 2 * 4096 * 6144 * 24576 / 4 / 100e12
     assert (qkv, fc1) == pytest.approx((2.3193e-3, 3.0924e-3), rel=1e-4)
     # a short all-reduce hides entirely behind each GEMM; a long one only for the GEMM's duration
-    assert tp_backward_hidden_seconds(model, on, exposed_all_reduce_seconds=1e-3, **kw) == pytest.approx(2e-3)
-    assert tp_backward_hidden_seconds(model, on, exposed_all_reduce_seconds=2.8e-3, **kw) == pytest.approx(
+    assert tp_backward_hidden_seconds(model, on, all_reduce_seconds=1e-3, **kw) == pytest.approx(2e-3)
+    assert tp_backward_hidden_seconds(model, on, all_reduce_seconds=2.8e-3, **kw) == pytest.approx(
         qkv + 2.8e-3)
-    assert tp_backward_hidden_seconds(model, on, exposed_all_reduce_seconds=1.0, **kw) == pytest.approx(qkv + fc1)
+    assert tp_backward_hidden_seconds(model, on, all_reduce_seconds=1.0, **kw) == pytest.approx(qkv + fc1)
     # off by default (the knob), and nothing to hide without TP
-    assert tp_backward_hidden_seconds(model, Knobs(), exposed_all_reduce_seconds=1e-3, **kw) == 0.0
-    assert tp_backward_hidden_seconds(model, on, exposed_all_reduce_seconds=1e-3, **{**kw, "tp": 1}) == 0.0
+    assert tp_backward_hidden_seconds(model, Knobs(), all_reduce_seconds=1e-3, **kw) == 0.0
+    assert tp_backward_hidden_seconds(model, on, all_reduce_seconds=1e-3, **{**kw, "tp": 1}) == 0.0
 
 
 def test_async_tp_all_reduce_shortens_the_step_by_the_hidden_time():
