@@ -1263,3 +1263,49 @@ def test_add_compared_estimates_beside_the_pick(monkeypatch):
     assert calls == [(lay, True)] and cand.layout is lay and cand.origin == "compared"
     assert result.reasons == {id(cand): "+100.0% step time vs the pick; pp=2: bubble 50.0% with 1 micro-batches; "
                                         "m < 4p (1 < 8) leaves a large bubble; 40.0/80 GiB on stage 2"}
+
+
+def test_search_counts_and_keeps_what_a_brute_force_ladder_keeps():
+    """search(): every base is considered with the whole recompute ladder (3 rungs); a base whose states lower bound
+    exceeds the capacity is not evaluated; otherwise rungs are evaluated until one fits. Checked against a plain
+    loop over the same bases, with non-default knobs (the search must estimate with the problem's knobs)."""
+    from dataclasses import replace
+
+    from cost_models.inputs import Recompute
+    from cost_models.step import estimate_step
+    from planner.contract import SearchStats
+    from planner.inputs.specs import LayoutSpec
+    from planner.search import (
+        PlanOptions,
+        _capacity_bytes,
+        _fits,
+        _states_lower_bound_bytes,
+        enumerate_bases,
+        search,
+    )
+
+    p = _search_problem("llama3-8b", batch=16, seq=8192)
+    p = replace(p, knobs=replace(p.knobs, dp_overlap_fraction=0.0, end_to_end_efficiency=0.5))
+    opts = PlanOptions()
+    bases = list(enumerate_bases(p, opts, offload=False))
+    evaluated, kept, least = 0, [], float("inf")
+    for base in bases:
+        lb = _states_lower_bound_bytes(p, base["tp"], base["pp"], base["dp"], base["zero_stage"], base["offload"],
+                                       base["cp"], base["ep"])
+        if lb > _capacity_bytes(p):
+            least = min(least, lb)
+            continue
+        for rec in Recompute:
+            lay = LayoutSpec.trusted(**base, recompute=rec)
+            est = estimate_step(p.cm_model, p.cm_training, p.hardware, lay.to_cost_model(), p.knobs)
+            evaluated += 1
+            least = min(least, est.peak_memory_bytes)
+            if _fits(p, est):
+                kept.append((lay, est))
+                break
+    stats = SearchStats()
+    fitting, got_least = search(p, opts, stats, offload=False)
+    assert stats.candidates_considered == 3 * len(bases) and stats.candidates_evaluated == evaluated
+    assert [(c.layout, c.estimate) for c in fitting] == kept and got_least == least
+    assert 0 < len(kept) < evaluated < 3 * len(bases)  # the case exercises pruning, the ladder and misses
+    assert any(lay.cp > 1 for lay, _ in kept)  # 8192 tokens: CP 2 is searched
