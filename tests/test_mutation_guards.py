@@ -1309,3 +1309,55 @@ def test_search_counts_and_keeps_what_a_brute_force_ladder_keeps():
     assert [(c.layout, c.estimate) for c in fitting] == kept and got_least == least
     assert 0 < len(kept) < evaluated < 3 * len(bases)  # the case exercises pruning, the ladder and misses
     assert any(lay.cp > 1 for lay, _ in kept)  # 8192 tokens: CP 2 is searched
+
+
+def test_refine_ilp_asks_the_solver_at_the_base_policy_and_keeps_a_faster_fitting_answer(monkeypatch):
+    """refine_ilp: only pipelined, non-interleaved layouts that recompute; full recompute refines from selective,
+    selective from none; the solver's time, runs and status are counted; its split comes back as the layout's
+    (origin "ilp", or flagged when the time limit stopped it); a split that breaks a layout rule, or is not faster,
+    is dropped. The solver is replaced by a stand-in whose answer is given."""
+    from types import SimpleNamespace
+
+    import planner.refine.ilp as ilp
+    from planner.contract import SearchStats
+    from planner.search import PlanOptions, refine_ilp
+
+    seen = []
+    answer = {"layers_per_stage": [16, 16], "recompute_layers_per_stage": [16, 8], "optimal": True}
+
+    def fake_solve(coeffs, num_layers, *, time_limit_seconds):
+        seen.append((len(coeffs), num_layers, time_limit_seconds, coeffs[0].recompute_seconds > 0))
+        return SimpleNamespace(seconds=0.25, solver="highs", status="optimal", **answer)
+
+    monkeypatch.setattr(ilp, "solve_stage_recompute", fake_solve)
+    p = _search_problem()  # Llama 3 8B, 32 layers, 64 x 4096 tokens on one 8-GPU H100 node
+    slow = {"step": 1e9}
+
+    def cand(**kw):
+        c = _fake_candidate({"pp": 2, "dp": 4, "zero_stage": 1, "num_micro_batches": 16, **kw}, step=slow["step"])
+        return c
+
+    stats, opts = SearchStats(), PlanOptions(solver_time_limit_seconds=7.0)
+    got = refine_ilp(p, cand(recompute="full"), opts, stats)
+    assert got is not None and got.origin == "ilp"
+    assert (got.layout.recompute, got.layout.layers_per_stage, got.layout.recompute_layers_per_stage) == (
+        "selective", [16, 16], [16, 8])
+    assert got.estimate.step_seconds == p.estimate(got.layout).step_seconds
+    assert seen == [(2, 32, 7.0, True)]
+    assert (stats.solver_runs, stats.solver_seconds, stats.solver_statuses) == (1, 0.25, ["highs: optimal"])
+    refine_ilp(p, cand(recompute="selective"), opts, stats)
+    assert (stats.solver_runs, stats.solver_seconds, stats.solver_statuses[-1]) == (2, 0.5, "highs: optimal")
+    answer["optimal"] = False
+    assert refine_ilp(p, cand(recompute="selective"), opts, stats).origin == (
+        "ilp (time limit: feasible, not proven optimal)")
+    assert refine_ilp(p, cand(recompute="selective"), opts, stats).layout.recompute == "none"
+    for skipped in (cand(recompute="none"), cand(recompute="full", pp=1, dp=8),
+                    cand(recompute="full", schedule="interleaved_1f1b", virtual_stages=2)):
+        runs = stats.solver_runs
+        assert refine_ilp(p, skipped, opts, stats) is None and stats.solver_runs == runs
+    answer["layers_per_stage"] = [16, 17]  # 33 layers: breaks the split rule
+    assert refine_ilp(p, cand(recompute="full"), opts, stats) is None
+    answer["layers_per_stage"] = None  # infeasible
+    assert refine_ilp(p, cand(recompute="full"), opts, stats) is None
+    answer["layers_per_stage"], slow["step"] = [16, 16], 1e-9  # fits, but not faster
+    assert refine_ilp(p, cand(recompute="full"), opts, stats) is None
