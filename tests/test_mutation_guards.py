@@ -1361,3 +1361,77 @@ def test_refine_ilp_asks_the_solver_at_the_base_policy_and_keeps_a_faster_fittin
     assert refine_ilp(p, cand(recompute="full"), opts, stats) is None
     answer["layers_per_stage"], slow["step"] = [16, 16], 1e-9  # fits, but not faster
     assert refine_ilp(p, cand(recompute="full"), opts, stats) is None
+
+
+# ---- pipeline send/receive and DP traffic of the step (cost_models/step.py), by hand on the _hw() links ------------
+
+
+def _tiny(hidden=4, tied=False):
+    from cost_models.inputs import Training, Transformer
+
+    model = Transformer(num_layers=4, hidden_size=hidden, num_attention_heads=2, num_kv_heads=2, ffn_hidden_size=16,
+                        vocab_size=64, swiglu=False, tied_embeddings=tied, rms_norm=False, flash_attention=True,
+                        learned_position_embeddings=False, max_position_embeddings=64, bias=False, dropout=False)
+    training = Training(global_batch_size=8, seq_length=8, activation_bytes=2, param_bytes=2, grad_bytes=4,
+                        optimizer_bytes=12, grad_reduce_bytes=4)
+    return model, training
+
+
+def test_pp_p2p_seconds_by_hand():
+    """Megatron sends b·s/cp·h·bytes/tp per hop: b 2, s 8, cp 2, h 4, 2 bytes, tp 2 -> 32 B. Neighbours 4 ranks apart sit
+    in the node (400 B/s, 0.5 s): one hop 0.5 + 32/400 = 0.58 s; fill and drain 2 (p-1) hops, and the steady state's
+    unhidden share (1 - 0.5) x 2 m v hops (m 3, v 2); naive sends the whole batch (m x 32 B) with no steady state;
+    16 ranks apart the NIC share 4 x 50 / 8 = 25 B/s, 2 s."""
+    from cost_models.inputs import Knobs, Layout, Schedule
+    from cost_models.step import pp_p2p_seconds
+
+    model, training = _tiny()
+    hw, knobs = _hw(), Knobs(pp_overlap_fraction=0.5)
+    lay = Layout(dp=1, tp=2, pp=4, cp=2, micro_batch_size=2, num_micro_batches=3)
+    one = 0.5 + 32 / 400
+    assert pp_p2p_seconds(hw, training, lay, model, knobs, Schedule.INTERLEAVED_1F1B, 2) == pytest.approx(
+        2 * 3 * one + 0.5 * 2 * 3 * 2 * one, rel=1e-12)
+    assert pp_p2p_seconds(hw, training, lay, model, knobs, Schedule.NAIVE, 1) == pytest.approx(
+        2 * 3 * (0.5 + 3 * 32 / 400), rel=1e-12)
+    far = Layout(dp=4, tp=2, pp=4, cp=2, micro_batch_size=2, num_micro_batches=3)
+    assert pp_p2p_seconds(hw, training, far, model, knobs, Schedule.ONE_F_ONE_B, 1) == pytest.approx(
+        2 * 3 * (2 + 32 / 25) + 0.5 * 2 * 3 * (2 + 32 / 25), rel=1e-12)
+    assert pp_p2p_seconds(hw, training, Layout(dp=8, tp=2, pp=1), model, knobs, Schedule.ONE_F_ONE_B, 1) == 0.0
+
+
+def test_dp_comm_reduces_over_dp_times_cp_and_ties_the_embeddings(monkeypatch):
+    """Gradients reduce over dp·cp (dp 2 x cp 2 moves what dp 4 does); with tied embeddings and pp > 1 the first and
+    last stages add the embedding-gradient all-reduce of V_padded·h/tp x 4 B (V 64 pads to 256 at tp 2) over dp·cp."""
+    from cost_models import step
+    from cost_models.inputs import Knobs, Layout
+    from cost_models.stage import stage_model
+
+    hw, knobs = _hw(), Knobs()
+
+    def total(model, training, lay):
+        sm = stage_model(model, training, hw, lay, knobs)
+        return step.dp_comm_seconds(hw, training, model, knobs, sm, sm.times(), sm.params_per_stage())
+
+    model, training = _tiny(tied=True)
+    a = total(model, training, Layout(dp=2, cp=2, tp=2, pp=2, zero_stage=1))
+    b = total(model, training, Layout(dp=4, tp=2, pp=2, zero_stage=1))
+    assert a[0] == b[0] > 0  # the traffic before overlap: the same group of 4
+    calls = []
+    real = step.embedding_sync_seconds
+
+    def spy(hw_, *, tp, dp, embedding_grad_bytes):
+        calls.append((tp, dp, embedding_grad_bytes))
+        return real(hw_, tp=tp, dp=dp, embedding_grad_bytes=embedding_grad_bytes)
+
+    monkeypatch.setattr(step, "embedding_sync_seconds", spy)
+    tied = total(model, training, Layout(dp=2, cp=2, tp=2, pp=2, zero_stage=1))
+    assert calls == [(2, 4, 256 * 4 / 2 * 4)]
+    monkeypatch.setattr(step, "embedding_sync_seconds", lambda *a, **k: 0.0)
+    bare = total(model, training, Layout(dp=2, cp=2, tp=2, pp=2, zero_stage=1))
+    sync = real(hw, tp=2, dp=4, embedding_grad_bytes=2048.0)
+    assert sync > 0 and tied[0] == pytest.approx(bare[0] + sync, rel=1e-12)
+    assert tied[1] == pytest.approx(bare[1] + sync, rel=1e-12)
+    calls.clear()
+    monkeypatch.setattr(step, "embedding_sync_seconds", spy)
+    total(model, training, Layout(dp=8, tp=2, pp=1, zero_stage=1))  # no pipeline: nothing to sync
+    assert calls == []
