@@ -226,3 +226,6 @@ class Knobs:
     # of sharded operators (DTensor); 0 on GPUs, where launches overlap; `planner calibrate` measures it on CPU ranks
     moe_imbalance: float = 1.1  # max/mean tokens per EP rank (cost_models/moe.py DEFAULT_IMBALANCE, stated)
     ep_overlap_fraction: float = 0.0  # share of the EP all-to-all hidden (Megatron without a2a overlap: none)
+    # sequence parallelism keeps the QKV and FC1 inputs all-gathered for the weight gradients (torch DTensor
+    # SequenceParallel + PrepareModuleInput, torchtitan), not sharded and re-gathered in backward (Megatron)
+    sp_saves_gathered_inputs: bool = False

@@ -60,6 +60,20 @@ def activation_bytes_per_layer(
                                              activation_bytes=activation_bytes)
 
 
+def sp_gathered_input_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, tp: int,
+                            sequence_parallel: bool, activation_bytes: int = 2) -> float:
+    """Bytes per layer and micro-batch that torch-native sequence parallelism saves beyond Megatron's.
+
+    Megatron's column-parallel linear under SP saves its input sharded (s b h / t) and all-gathers it again in
+    backward (Korthikanti et al. 2022 §4.2.2). torch's DTensor recipe (PrepareModuleInput Shard(1) -> Replicate,
+    then ColwiseParallel; torchtitan's TP plan) all-gathers in forward and autograd keeps that gathered input
+    for the weight gradient: the QKV and FC1 inputs are saved at s b h, i.e. 2 s b h (1 - 1/t) more. Measured
+    on the CPU benchmark (tests/test_bench.py): the saved (128, 256) fp32 inputs of wq/wk/wv and w1/w3."""
+    if not sequence_parallel or tp <= 1:
+        return 0.0
+    return 2 * seq_length * micro_batch_size * hidden_size * activation_bytes * (1 - 1 / tp)
+
+
 def attention_score_bytes(model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1,
                           activation_bytes: int = 2) -> float:
     """The a s^2 terms unfused attention keeps per layer and micro-batch on one GPU (0 with flash attention):

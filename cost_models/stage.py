@@ -45,6 +45,7 @@ from cost_models.memory import (
     embedding_activation_bytes,
     in_flight_per_stage,
     output_activation_bytes,
+    sp_gathered_input_bytes,
     vocab_padded,
 )
 
@@ -193,13 +194,17 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
     ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate)
 
+    gathered = sp_gathered_input_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t, sequence_parallel=sp,
+                                       activation_bytes=act_b) if knobs.sp_saves_gathered_inputs else 0.0
+
     def act(rec: Recompute) -> float:
         base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
                                           recompute=rec, activation_bytes=act_b, fused_swiglu=fused_swiglu)
-        return base if rec == _REC_FULL else base + ext.activation_delta_bytes
+        return base if rec == _REC_FULL else base + ext.activation_delta_bytes + gathered
     act_none = act(_REC_NONE)
     act_policy = act_none if policy == _REC_NONE else act(policy)
-    t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=act_none, seq_length=s_l,
+    # the gathered inputs are the all-gather's output, written anyway: no elementwise traffic of their own
+    t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=act_none - gathered, seq_length=s_l,
                                               micro_batch_size=b, tp=t, activation_bytes=act_b)
     t_ar = tp_all_reduce_seconds(hw, micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t, activation_bytes=act_b)
     # per-layer dispatch cost of tensor parallelism (calibrated; 0 on GPUs), the forward's share of fwd + bwd

@@ -173,8 +173,11 @@ def test_bench_builds_the_estimators_stages():
 # differences are torch's, stated per case:
 # - pp=2 1F1B, last stage: torch.distributed.pipelining keeps one receive buffer per micro-batch (4 x 128 KiB);
 #   the model counts the in-flight micro-batch's input only (observed +7.3%).
-# - tp=2 without SP: the bench gathers the logits and takes the loss on the full vocabulary (128 x 512 fp32 =
-#   256 KiB saved by log-softmax); the model counts vocabulary-parallel logits (observed +8.0%).
+# - tp=2: the bench gathers the logits and takes the loss on the full vocabulary (128 x 512 fp32 = 256 KiB saved
+#   by log-softmax); the model counts vocabulary-parallel logits (observed +8.0% without SP, +4.5% with SP).
+# - tp=2 + SP is predicted with torch's DTensor SP, which keeps the QKV/FC1 inputs all-gathered
+#   (cost_models.memory.sp_gathered_input_bytes; the torchtitan profile and the bench set it). Megatron's sharded
+#   count reads +15%; before the bench's RMSNorm ran its fused function on DTensor's local shard, +26%.
 # Before the meter counted DTensor's local shard (not the global shape), skipped torch's first-step shape inference
 # and FSDP2's gathered weights, these read +49% (tp=2: 4.83 vs 3.24 MiB), +33% (pp=2 stage 0: 12.57 vs 9.44 MiB)
 # and +126% (ZeRO-3: 11.77 vs 5.22 MiB).
@@ -182,6 +185,7 @@ SAVED = [
     ("tp1 pp2 1F1B", "tp=1,pp=2,dp=1,mbs=1", 2, {0: (0.0, 0.01), 1: (0.0, 0.10)}),
     ("dp2 ZeRO-3 (FSDP2)", "tp=1,pp=1,dp=2,mbs=1,zero=3", 2, {0: (0.0, 0.01)}),
     ("tp2, no SP", "tp=2,pp=1,dp=1,mbs=1,sp=0", 2, {0: (0.0, 0.10)}),
+    ("tp2 + SP", "tp=2,pp=1,dp=1,mbs=1", 2, {0: (0.0, 0.06)}),
 ]
 
 

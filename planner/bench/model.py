@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial
 
 from cost_models.inputs import Transformer
 
@@ -50,7 +51,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, torch.Tensor) and type(x) is not torch.Tensor:  # DTensor (sequence parallel): plain ops
+        if isinstance(x, DTensor):  # sequence or tensor parallel
+            # the fused function on this rank's tokens; over sequence shards the weight's gradient is a partial
+            # sum (Partial), reduced when the optimizer reads it (planner.bench.optim.local_grad)
+            w = self.weight
+            if isinstance(w, DTensor):
+                sharded = any(p.is_shard() for p in x.placements)
+                w = w.to_local(grad_placements=[Partial()] if sharded else None)
+            out = _RMSNormFunction.apply(x.to_local(), w, self.eps)
+            return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False)
+        if type(x) is not torch.Tensor:  # another tensor subclass (a functional collective's result): plain ops
             xf = x.float()
             return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
         return _RMSNormFunction.apply(x, self.weight, self.eps)

@@ -263,7 +263,9 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
     md = scale_model(model, layout, layers_per_stage=opts.layers_per_stage, hidden_size=opts.hidden_size,
                      vocab_size=opts.vocab_size)
     lay = bench_layout(layout, md)
-    problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, Knobs(**knobs_kw), opts.optimizer)
+    # the benchmark runs torch's DTensor sequence parallelism, which saves the gathered QKV/FC1 inputs
+    knobs = Knobs(**{**knobs_kw, "sp_saves_gathered_inputs": True})
+    problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer)
     validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
     cfg = make_config(md, lay, seq_length, steps=opts.steps, warmup=opts.warmup, dtype=opts.dtype,
                       timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer)

@@ -85,6 +85,9 @@ class Profile:
     memory_reported_as: str  # what the framework's own log prints (for comparing with its published runs)
     kernel_efficiency: dict[str, Sourced] = field(default_factory=dict)  # GPU generation -> factor on e2e efficiency
     memory_fp16: MemoryRecipe | None = None  # the recipe under fp16, where the framework runs another optimizer
+    # where sequence parallelism keeps the QKV/FC1 inputs all-gathered for backward (torch DTensor SP); None:
+    # sharded and re-gathered in backward, as Megatron does
+    sp_gathered_inputs: str | None = None
 
     def recipe(self, precision: str = "bf16") -> MemoryRecipe:
         return self.memory_fp16 if precision == "fp16" and self.memory_fp16 is not None else self.memory
@@ -109,6 +112,7 @@ class Profile:
             allocator_reserve_fraction=a.reserve_fraction.value,
             state_bytes_per_param=(recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes),
             profile=self.framework.value,
+            sp_saves_gathered_inputs=self.sp_gathered_inputs is not None,
         )
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -125,7 +129,9 @@ class Profile:
             ("per_process_overhead_bytes", f"{a.fixed_bytes.value / GIB:.1f} GiB per GPU outside the allocator "
              "(CUDA context, NCCL, workspaces)", a.fixed_bytes.source),
             ("memory_recipe", f"{m.name}: {m.bytes_per_param:g} B/param", m.source),
-        ]
+        ] + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
+               "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
+             if self.sp_gathered_inputs else [])
 
 
 _MEGATRON_RECIPE = MemoryRecipe(
@@ -161,6 +167,10 @@ _FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A1
 
 _CONTEXT = ("CUDA context + NCCL communicators + cuBLAS workspaces, measured outside torch's pool: ~1.3 GB on "
             "V100 (BigScience tr8-104B: 'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json)")
+_DTENSOR_SP = ("torchtitan's TP plan (parallelize_llama: SequenceParallel norms, PrepareModuleInput Shard(1) -> "
+               "Replicate, ColwiseParallel wq/wk/wv and w1/w3) all-gathers in forward, and autograd saves the "
+               "gathered input for the weight gradient; counted on the CPU benchmark, which runs the same DTensor "
+               "plan (tests/test_bench.py)")
 _NO_EXPANDABLE = ("reserved/allocated without expandable segments: single-GPU H200 runs of real recipes (issue 10: "
                   "reserved 3-12% above the planner's peak, allocated 15-20% below) and torchtune #1185 (reserved "
                   "16.39 GiB vs 10.83 GiB with expandable segments) [U: no Megatron measurement]")
@@ -208,7 +218,8 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.04, _EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "max_reserved GiB (DeviceMemoryMonitor, frameworks.md §1.6)",
-        {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)}),
+        {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)},
+        sp_gathered_inputs=_DTENSOR_SP),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
         "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",
