@@ -54,7 +54,7 @@ class RMSNorm(nn.Module):
         if isinstance(x, DTensor):  # sequence or tensor parallel
             # the fused function on this rank's tokens; over sequence shards the weight's gradient is a partial
             # sum (Partial), reduced when the optimizer reads it (planner.bench.optim.local_grad)
-            w = self.weight
+            w: torch.Tensor = self.weight
             if isinstance(w, DTensor):
                 sharded = any(p.is_shard() for p in x.placements)
                 w = w.to_local(grad_placements=[Partial()] if sharded else None)
