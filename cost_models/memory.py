@@ -68,7 +68,9 @@ def sp_gathered_input_bytes(*, seq_length: int, micro_batch_size: int, hidden_si
     backward (Korthikanti et al. 2022 §4.2.2). torch's DTensor recipe (PrepareModuleInput Shard(1) -> Replicate,
     then ColwiseParallel; torchtitan's TP plan) all-gathers in forward and autograd keeps that gathered input
     for the weight gradient: the QKV and FC1 inputs are saved at s b h, i.e. 2 s b h (1 - 1/t) more. Measured
-    on the CPU benchmark (tests/test_bench.py): the saved (128, 256) fp32 inputs of wq/wk/wv and w1/w3."""
+    on the CPU benchmark (tests/test_bench.py): the saved (128, 256) fp32 inputs of wq/wk/wv and w1/w3.
+    Memory only: the gathered tensor is the all-gather's output, written anyway, so the stage model charges it no
+    elementwise traffic."""
     if not sequence_parallel or tp <= 1:
         return 0.0
     return 2 * seq_length * micro_batch_size * hidden_size * activation_bytes * (1 - 1 / tp)

@@ -193,9 +193,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     peak, rate = hw.peak_flops_per_second, hw.peak_flops_per_second * eff
     # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
     ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate)
-
-    gathered = sp_gathered_input_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t, sequence_parallel=sp,
-                                       activation_bytes=act_b) if knobs.sp_saves_gathered_inputs else 0.0
+    gathered = sp_gathered_input_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t, activation_bytes=act_b,
+                                       sequence_parallel=sp and knobs.sp_saves_gathered_inputs)
 
     def act(rec: Recompute) -> float:
         base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
@@ -203,7 +202,6 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         return base if rec == _REC_FULL else base + ext.activation_delta_bytes + gathered
     act_none = act(_REC_NONE)
     act_policy = act_none if policy == _REC_NONE else act(policy)
-    # the gathered inputs are the all-gather's output, written anyway: no elementwise traffic of their own
     t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=act_none - gathered, seq_length=s_l,
                                               micro_batch_size=b, tp=t, activation_bytes=act_b)
     t_ar = tp_all_reduce_seconds(hw, micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t, activation_bytes=act_b)
