@@ -205,6 +205,8 @@ class Knobs:
     pp_overlap_fraction: float = 0.5  # share of steady-state PP send/recv hidden behind compute
     tp_overlap_fraction: float = 0.0  # TP all-reduces sit on the critical path (no tp-comm-overlap)
     zero3_overlap_fraction: float = 0.5  # ZeRO-3/FSDP per-layer gathers and reduce-scatters hidden (prefetch)
+    ddp_overlap_fraction: float | None = None  # ZeRO-0 (DDP) all-reduce hidden; None: dp_overlap_fraction
+    pp_overlap_needs_virtual: bool = False  # steady-state p2p overlap only with virtual stages (Megatron)
     per_process_overhead_bytes: float = 1.3e9  # CUDA context + NCCL + workspaces, outside the caching allocator
     allocator_reserve_fraction: float = 0.12  # caching allocator: reserved above the live dynamic bytes
     # the framework's memory recipe for 16-bit training: (param, grad, optimizer) bytes per parameter as step.py

@@ -108,7 +108,9 @@ def pp_p2p_seconds(hw: Hardware, training: Training, layout: Layout, model: Tran
     msg = layout.micro_batch_size * training.seq_length // layout.cp * model.hidden_size * training.activation_bytes / layout.tp
     naive = schedule == _NAIVE
     one = p2p_seconds(message_bytes=msg * (m if naive else 1), link=pp_link)
-    steady = 0.0 if naive else (1 - knobs.pp_overlap_fraction) * 2 * m * virtual_stages * one
+    # Megatron forces overlap_p2p_comm off without virtual stages (arguments.py validate_args)
+    share = 0.0 if knobs.pp_overlap_needs_virtual and virtual_stages == 1 else knobs.pp_overlap_fraction
+    steady = 0.0 if naive else (1 - share) * 2 * m * virtual_stages * one
     return 2 * (p - 1) * one + steady
 
 
@@ -157,6 +159,8 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, link: Link,
                                         backward_seconds=backward_seconds, num_micro_batches=m)
     # the overlap knob is the share of this traffic hidden; it cannot hide behind more compute than there is
     share = knobs.zero3_overlap_fraction if lay.zero_stage >= 3 else knobs.dp_overlap_fraction
+    if lay.zero_stage == 0 and knobs.ddp_overlap_fraction is not None:
+        share = knobs.ddp_overlap_fraction
     return comm, comm - min(share * comm, window)  # (the exposed part)
 
 

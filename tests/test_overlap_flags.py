@@ -2,6 +2,7 @@
 --tp-comm-overlap are off): `check` predicts a config without them with that traffic exposed, and the Megatron export
 writes them so that the plan's prediction (the Megatron profile: the performance recipes' flags) is what runs."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -53,3 +54,121 @@ def test_megatron_export_switches_on_the_overlap_its_profile_assumes():
     assert {"--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap"} <= set(text)
     text = export(_plan("zero2"), "megatron").text.splitlines()  # tp 1, dp 64, Megatron-FSDP
     assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(text) and "--tp-comm-overlap" not in text
+
+
+# ---- DeepSpeed overlap_comm: the export turns it on at ZeRO-1/2, `check` reads it (absent: DeepSpeed's default) ----
+
+DS = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}
+
+
+def _ds_check(tmp_path, zero: dict, framework: str = "deepspeed"):
+    path = tmp_path / f"ds{len(json.dumps(zero))}{framework}.json"
+    path.write_text(json.dumps({**DS, "zero_optimization": zero}))
+    view = read_config(path, gpus=64, global_batch_size=256)
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096, "bf16", framework=framework)
+    return check(view, problem), problem
+
+
+def _with(problem: Problem, **knobs) -> Problem:
+    return Problem(problem.model, problem.training, problem.cluster, replace(problem.knobs, **knobs))
+
+
+def test_deepspeed_zero2_without_overlap_comm_is_predicted_with_the_reduce_after_backward(tmp_path):
+    from planner.frameworks.profiles import DEEPSPEED_OVERLAP_COMM_SHARE
+
+    on, problem = _ds_check(tmp_path, {"stage": 2, "overlap_comm": True})
+    absent, _ = _ds_check(tmp_path, {"stage": 2})
+    off, _ = _ds_check(tmp_path, {"stage": 2, "overlap_comm": False})
+    assert on.layout == absent.layout == off.layout and on.layout.zero_stage == 2 and on.violations == []
+    # overlap_comm on: the DeepSpeed profile as is (the share the export's overlap_comm hides)
+    assert problem.knobs.dp_overlap_fraction == DEEPSPEED_OVERLAP_COMM_SHARE > 0
+    assert on.estimate.step_seconds == pytest.approx(problem.estimate(on.layout).step_seconds, rel=1e-12)
+    exposed = _with(problem, dp_overlap_fraction=0.0).estimate(on.layout).step_seconds
+    assert absent.estimate.step_seconds == off.estimate.step_seconds == pytest.approx(exposed, rel=1e-12)
+    assert exposed > on.estimate.step_seconds * 1.005
+    assert any("overlap_comm not set: DeepSpeed's default at ZeRO-2 (off) assumed" in n for n in absent.notes)
+    assert any("overlap_comm off at ZeRO-2" in n and "predicted so" in n for n in absent.notes + off.notes)
+    assert not any("overlap_comm" in n for n in on.notes)
+
+
+def test_deepspeed_zero3_overlap_comm_defaults_on_and_off_exposes_the_reduce_scatters(tmp_path):
+    absent, problem = _ds_check(tmp_path, {"stage": 3})
+    off, _ = _ds_check(tmp_path, {"stage": 3, "overlap_comm": False})
+    assert absent.estimate.step_seconds == pytest.approx(problem.estimate(absent.layout).step_seconds, rel=1e-12)
+    assert any("DeepSpeed's default at ZeRO-3 (on) assumed" in n for n in absent.notes)
+    # off: the reduce-scatter (1 of the 3 collectives of a layer) no longer hidden, the gathers still prefetched
+    share = problem.knobs.zero3_overlap_fraction * 2 / 3
+    want = _with(problem, zero3_overlap_fraction=share).estimate(off.layout).step_seconds
+    assert off.estimate.step_seconds == pytest.approx(want, rel=1e-12)
+    assert off.estimate.step_seconds > absent.estimate.step_seconds * 1.005
+    assert any("overlap_comm off at ZeRO-3" in n for n in off.notes)
+
+
+def test_deepspeed_zero0_hides_no_gradient_traffic_whatever_overlap_comm_says(tmp_path):
+    """ZeRO-0: the engine all-reduces after backward (engine.py allreduce_gradients); the profile says so."""
+    on, problem = _ds_check(tmp_path, {"stage": 0, "overlap_comm": True})
+    assert problem.knobs.ddp_overlap_fraction == 0.0
+    want = _with(problem, dp_overlap_fraction=0.0, ddp_overlap_fraction=None).estimate(on.layout).step_seconds
+    assert on.estimate.step_seconds == pytest.approx(want, rel=1e-12)
+    assert not any("overlap_comm" in n for n in on.notes)
+
+
+def test_deepspeed_export_turns_on_overlap_comm_where_its_profile_predicts_with_it():
+    from test_roundtrip import _plan
+
+    from planner.integrations.exports import export
+
+    for name, stage in (("zero2", 2), ("zero3-offload", 3)):
+        zero = json.loads(export(_plan(name, "deepspeed"), "deepspeed").text)["zero_optimization"]
+        assert zero["stage"] == stage and zero["overlap_comm"] is True
+    # Megatron-DeepSpeed's profile hides no ZeRO-1/2 traffic (pipeline engine): its ds_config keeps the default
+    zero = json.loads(export(_plan("zero2", "megatron-deepspeed"), "deepspeed",
+                             framework="megatron-deepspeed").text)["zero_optimization"]
+    assert "overlap_comm" not in zero
+
+
+# ---- pipeline send/recv overlap: Megatron forces overlap_p2p_comm off without virtual stages ----------------------
+
+PP_ARGS = """torchrun pretrain_gpt.py --tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 \\
+  --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --sequence-parallel --tp-comm-overlap \\
+  --micro-batch-size 1 --global-batch-size 256 --seq-length 4096 --num-layers 40 --hidden-size 5120 \\
+  --num-attention-heads 40 --ffn-hidden-size 13824 --swiglu --normalization RMSNorm --bf16 {flags}
+"""
+
+
+def _pp_check(tmp_path, flags: str, framework: str = "megatron"):
+    path = tmp_path / f"pp{len(flags)}.sh"
+    path.write_text(PP_ARGS.format(flags=flags))
+    view = read_config(path, gpus=64)
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096, "bf16", framework=framework)
+    return check(view, problem), problem
+
+
+@pytest.mark.parametrize("framework", ["megatron", "nemo"])
+def test_pipeline_p2p_overlap_applies_only_with_virtual_stages(tmp_path, framework):
+    flat, problem = _pp_check(tmp_path, "", framework)
+    interleaved, _ = _pp_check(tmp_path, "--num-virtual-stages-per-pipeline-rank 2", framework)
+    assert (flat.layout.pp, flat.layout.virtual_stages) == (4, 1) and interleaved.layout.virtual_stages == 2
+    assert problem.knobs.pp_overlap_fraction == 0.9 and problem.knobs.pp_overlap_needs_virtual
+    # plan and check agree: the check's prediction is the profile's estimate of the same layout
+    for out in (flat, interleaved):
+        assert out.estimate.step_seconds == pytest.approx(problem.estimate(out.layout).step_seconds, rel=1e-12)
+    # independent construction: without virtual stages, as if no p2p overlap at all; with them, the 0.9 share
+    none = _with(problem, pp_overlap_fraction=0.0, pp_overlap_needs_virtual=False)
+    assert flat.estimate.step_seconds == pytest.approx(none.estimate(flat.layout).step_seconds, rel=1e-12)
+    hidden = _with(problem, pp_overlap_needs_virtual=False)
+    assert interleaved.estimate.step_seconds == pytest.approx(hidden.estimate(interleaved.layout).step_seconds,
+                                                              rel=1e-12)
+    assert none.estimate(interleaved.layout).step_seconds > interleaved.estimate.step_seconds
+
+
+def test_no_overlap_p2p_communication_with_virtual_stages_is_predicted_exposed(tmp_path):
+    off, problem = _pp_check(tmp_path, "--num-virtual-stages-per-pipeline-rank 2 --no-overlap-p2p-communication")
+    want = _with(problem, pp_overlap_fraction=0.0).estimate(off.layout).step_seconds
+    assert off.estimate.step_seconds == pytest.approx(want, rel=1e-12)
+    assert any("--no-overlap-p2p-communication" in n for n in off.notes)
+
+
+def test_torchtitan_pipeline_overlap_does_not_depend_on_virtual_stages():
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096, "bf16", framework="torchtitan")
+    assert not problem.knobs.pp_overlap_needs_virtual and problem.knobs.pp_overlap_fraction == 0.5

@@ -36,7 +36,11 @@ def test_generic_profile_is_the_knobs_default():
 
 
 def test_profiles_differ_where_the_frameworks_do():
-    assert profile_knobs("deepspeed").dp_overlap_fraction == 0.0  # overlap_comm off below ZeRO-3
+    # DeepSpeed: ZeRO-1/2 with the overlap_comm the export writes, ZeRO-0 (engine all-reduce after backward) none
+    assert profile_knobs("deepspeed").dp_overlap_fraction == 0.45
+    assert profile_knobs("deepspeed").ddp_overlap_fraction == 0.0
+    assert profile_knobs("megatron-deepspeed").dp_overlap_fraction == 0.0  # pipeline engine: after the flush
+    assert profile_knobs("megatron").ddp_overlap_fraction is None  # --overlap-grad-reduce serves DDP too
     assert profile_knobs("megatron").dp_overlap_fraction == 0.9  # --overlap-grad-reduce
     assert profile_knobs("deepspeed").zero3_gather == "module"
     assert profile_knobs("torchtitan").allocator_reserve_fraction < profile_knobs("megatron").allocator_reserve_fraction

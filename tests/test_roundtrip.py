@@ -37,13 +37,17 @@ SUFFIX = {"megatron": ".sh", "nemo": ".txt", "megatron-deepspeed": ".sh", "deeps
           "torchtitan-toml": ".toml"}
 
 
-def _plan(name: str) -> dict:
+def _plan(name: str, framework: str | None = None) -> dict:
+    """The plan `name`, predicted as `plan --framework FRAMEWORK` predicts it (its execution profile: the overlap its
+    export turns on, its memory recipe); None: the generic profile."""
     doc = json.loads(json.dumps(UNEVEN))
     doc["layout"].update(PLANS[name])
     from planner.estimate import build_problem
     from planner.inputs.specs import LayoutSpec
 
-    problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096)
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096, framework=framework)
+    if framework is not None:
+        doc["framework"] = framework
     lay = LayoutSpec.model_validate(doc["layout"])
     doc["predicted"] = Predicted.from_estimate(problem.estimate(lay), problem.knobs.memory_headroom_bytes).model_dump()
     return doc
@@ -64,8 +68,8 @@ def test_export_then_check_gives_the_same_layout_and_prediction(target, plan_nam
     from cluster_specs import SpecError
     from planner.estimate import build_problem
 
-    doc = _plan(plan_name)
     to, fmt = ("torchtitan", "toml") if target == "torchtitan-toml" else (target, "python")
+    doc = _plan(plan_name, to)  # planned with the framework's profile, as `plan --framework` does
     try:
         exp = export(doc, to, torchtitan_format=fmt)
     except SpecError as exc:  # a refusal names its reason; the table in the report lists these
@@ -83,7 +87,7 @@ def test_export_then_check_gives_the_same_layout_and_prediction(target, plan_nam
             overrides["recompute"] = lay.recompute
     view = read_config(path, gpus=64, overrides=dict(overrides), global_batch_size=256)
     problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", view.global_batch_size or 256,
-                            view.seq_length or 4096, view.precision or "bf16")
+                            view.seq_length or 4096, view.precision or "bf16", framework=to)
     out = check(view, problem, overrides=overrides)
     assert out.violations == [], out.violations
     assert _normal(out.layout.model_dump(), 40) == _normal(lay.model_dump(), 40)

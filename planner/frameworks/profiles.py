@@ -60,6 +60,8 @@ class Overlap:
     zero3: Sourced  # ZeRO-3 / FSDP per-layer gathers and reduce-scatters
     tp: Sourced
     pp: Sourced
+    ddp: Sourced | None = None  # ZeRO-0 (DDP) all-reduce where it differs from `dp` (None: as dp)
+    pp_needs_virtual: Sourced | None = None  # set: the pp share holds only with virtual stages, else none hidden
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class Profile:
             zero3_overlap_fraction=o.zero3.value,
             tp_overlap_fraction=o.tp.value,
             pp_overlap_fraction=o.pp.value,
+            ddp_overlap_fraction=o.ddp.value if o.ddp is not None else None,
+            pp_overlap_needs_virtual=o.pp_needs_virtual is not None,
             zero3_gather=Zero3Gather(recipe.zero3_gather),
             bucket_bytes=recipe.bucket_bytes,
             per_process_overhead_bytes=a.fixed_bytes.value,
@@ -123,7 +127,8 @@ class Profile:
             ("zero3_overlap_fraction", f"ZeRO-3/FSDP gathers and reduce-scatters {o.zero3.value:.0%} hidden",
              o.zero3.source),
             ("tp_overlap_fraction", f"TP all-reduces {o.tp.value:.0%} hidden", o.tp.source),
-            ("pp_overlap_fraction", f"steady-state pipeline send/recv {o.pp.value:.0%} hidden", o.pp.source),
+            ("pp_overlap_fraction", f"steady-state pipeline send/recv {o.pp.value:.0%} hidden"
+             + (" (with virtual stages; none without)" if o.pp_needs_virtual else ""), o.pp.source),
             ("allocator_reserve_fraction", f"caching allocator reserves {a.reserve_fraction.value:.0%} above the "
              "live activations and buffers", a.reserve_fraction.source),
             ("per_process_overhead_bytes", f"{a.fixed_bytes.value / GIB:.1f} GiB per GPU outside the allocator "
@@ -177,6 +182,17 @@ _NO_EXPANDABLE = ("reserved/allocated without expandable segments: single-GPU H2
 _EXPANDABLE = ("torchtitan's run_train.sh sets PYTORCH_ALLOC_CONF=expandable_segments:True (frameworks.md §1.6); "
                "PyTorch PR #113481: expandable segments remove most fragmentation [U: no torchtitan ratio published]")
 
+_P2P_NEEDS_VPP = Sourced(0.0, "without virtual stages Megatron forces overlap_p2p_comm off: 'Overlap P2P communication is "
+                               "disabled if not using the interleaved schedule' (megatron/training/arguments.py "
+                               "validate_args; frameworks.md §2.3)")
+DEEPSPEED_OVERLAP_COMM_SHARE = 0.45
+_OVERLAP_COMM = ("zero_optimization.overlap_comm: true, which the DeepSpeed export writes (DeepSpeed's default is "
+                 "true only at ZeRO-3: runtime/zero/config.py overlap_comm_valid, 0.19.8): ZeRO-1/2 reduce gradient "
+                 "buckets on a side stream during backward (stage_1_and_2.py create_gradient_handling_hooks; "
+                 "reduce_gradients skips its post-backward pass); the all-gather of the updated partitions after the "
+                 "step stays exposed: 0.9 of the reduce, about half of the ZeRO-1 traffic, hidden [U: share]. A "
+                 "config without it is checked with none hidden")
+
 PROFILES: dict[Framework, Profile] = {
     Framework.MEGATRON: Profile(
         Framework.MEGATRON, "Megatron-LM / Megatron-Core", _MEGATRON_RECIPE,
@@ -188,6 +204,7 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.5, "--tp-comm-overlap with --sequence-parallel (TE userbuffers) hides part of the TP traffic "
                          "(frameworks.md §2.6) [U: share]"),
             Sourced(0.9, "--overlap-p2p-communication, on by default with VPP (frameworks.md §2.3)"),
+            pp_needs_virtual=_P2P_NEEDS_VPP,
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "allocated and reserved, MB = 2^20 B (report_memory, frameworks.md §2.5)", memory_fp16=_MEGATRON_FP16_RECIPE),
@@ -201,6 +218,7 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.5, "tp_comm_overlap=True in the performance recipes (MegatronCommOverlapCallback, "
                          "frameworks.md §4.4) [U: share]"),
             Sourced(0.9, "VPP > 1 sets overlap_p2p_comm=True (comm_overlap.py L454-463, frameworks.md §4.4)"),
+            pp_needs_virtual=_P2P_NEEDS_VPP,
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "allocated and reserved, MB (Megatron-Core report_memory)", memory_fp16=_MEGATRON_FP16_RECIPE),
@@ -224,12 +242,13 @@ PROFILES: dict[Framework, Profile] = {
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
         "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",
         Overlap(
-            Sourced(0.0, "overlap_comm defaults to True only for ZeRO-3; ZeRO-1/2 reduce after backward "
-                         "(runtime/zero/config.py validator L383-386, frameworks.md §3.5)"),
+            Sourced(DEEPSPEED_OVERLAP_COMM_SHARE, _OVERLAP_COMM),
             Sourced(0.8, "ZeRO-3 overlap_comm=True and parameter prefetch (stage3_prefetch_bucket_size, "
                          "frameworks.md §3.6) [U: share]"),
             Sourced(0.0, "no TP overlap (frameworks.md §3.6)"),
             Sourced(0.0, "the pipeline engine schedules its own blocking send/recv (pipe/engine.py, §3.6) [U]"),
+            ddp=Sourced(0.0, "ZeRO-0: the engine all-reduces the gradients after backward (engine.py "
+                             "allreduce_gradients -> buffered_allreduce_fallback); overlap_comm does not apply"),
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]"),

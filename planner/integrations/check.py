@@ -150,8 +150,8 @@ def _config_knobs(view: ConfigView, problem):
     lower = {k: v for k, (v, _) in view.knobs.items() if v < getattr(problem.knobs, k)}
     if not lower:
         return problem
-    view.notes.extend(f"{why} (predicted so)" for k, (v, why) in view.knobs.items()
-                      if k in lower and not k.startswith("zero3"))
+    whys = [why for k, (v, why) in view.knobs.items() if k in lower]
+    view.notes.extend(f"{why} (predicted so)" for why in dict.fromkeys(whys))  # each reason once
     return Problem(problem.model, problem.training, problem.cluster, replace(problem.knobs, **lower))
 
 

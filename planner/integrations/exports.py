@@ -408,7 +408,12 @@ def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -
     """DeepSpeed's JSON with only keys DeepSpeed reads (runtime/config.py); the triad over the DP degree (§3.2)."""
     training = parts.training
     modern = deepspeed_settings(lay, parts.model, training)  # Ulysses degree, or a refusal for EP/FP8/ring CP
-    zero: dict = {"stage": lay.zero_stage, "contiguous_gradients": True, "overlap_comm": True}
+    zero: dict = {"stage": lay.zero_stage, "contiguous_gradients": True}
+    if lay.zero_stage >= 1 and not megatron:
+        # the overlap the DeepSpeed profile predicts ZeRO-1/2 with (DeepSpeed's default turns it on only at ZeRO-3);
+        # Megatron-DeepSpeed's profile hides no DP traffic (its pipeline engine reduces after the flush), so its
+        # config keeps DeepSpeed's default
+        zero["overlap_comm"] = True
     if lay.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if lay.offload == "optimizer+params":

@@ -132,7 +132,33 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
                    "sequence_parallel": False}
     view.global_batch_size = gbs
     view.precision = _ds_precision(doc)
+    ds_overlap(zero, view.fields["zero_stage"], view)
     return view
+
+
+def ds_overlap(zero: dict, stage: int, view: ConfigView) -> None:
+    """DeepSpeed's `overlap_comm` as the config sets it, else DeepSpeed's default for the stage: on only at ZeRO-3
+    (runtime/zero/config.py overlap_comm_valid, 0.19.8). Off at ZeRO-1/2 the gradient reduce runs after backward;
+    off at ZeRO-3 the reduce-scatters (1 of the 3 collectives per layer) run on the compute stream while the
+    prefetched gathers stay hidden. ZeRO-0 does not read it (the engine all-reduces after backward)."""
+    from planner.frameworks.profiles import profile_for
+
+    if stage not in (1, 2, 3):
+        return
+    given = zero.get("overlap_comm")
+    on = given if isinstance(given, bool) else stage == 3
+    if not isinstance(given, bool):
+        view.notes.append(f"overlap_comm not set: DeepSpeed's default at ZeRO-{stage} ({'on' if on else 'off'}) "
+                          "assumed")
+    if on:
+        return
+    if stage < 3:
+        view.knobs["dp_overlap_fraction"] = (0.0, f"overlap_comm off at ZeRO-{stage}: the gradient reduce runs "
+                                                  "after backward")
+    else:
+        share = profile_for(Framework.DEEPSPEED).overlap.zero3.value * 2 / 3
+        view.knobs["zero3_overlap_fraction"] = (share, "overlap_comm off at ZeRO-3: the reduce-scatters are not "
+                                                       "hidden (the prefetched gathers are)")
 
 
 def _device(section) -> str | None:
@@ -498,7 +524,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--recompute-activations", "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel",
                  "--enable-zbh1-pipeline", "--cpu-optimizer", "--no-gradient-accumulation-fusion",
                  "--deepspeed-activation-checkpointing", "--partition-activations", "--overlap-grad-reduce",
-                 "--overlap-param-gather", "--tp-comm-overlap"]:
+                 "--overlap-param-gather", "--tp-comm-overlap", "--no-overlap-p2p-communication"]:
         p.add_argument(name, action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
@@ -665,6 +691,9 @@ def _megatron_overlap(args: argparse.Namespace, view: ConfigView) -> None:
         view.knobs["zero3_overlap_fraction"] = view.knobs["dp_overlap_fraction"]
     if f["tp"] > 1 and not args.tp_comm_overlap:
         view.knobs["tp_overlap_fraction"] = (0.0, "no --tp-comm-overlap: the TP collectives are not hidden")
+    if f.get("virtual_stages", 1) > 1 and args.no_overlap_p2p_communication:
+        view.knobs["pp_overlap_fraction"] = (0.0, "--no-overlap-p2p-communication: the interleaved schedule's "
+                                                  "send/recv are not hidden")
 
 
 def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str) -> None:
@@ -685,6 +714,7 @@ def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str)
         view.fields["offload"] = "optimizer+params"
     elif _device(zero.get("offload_optimizer")) not in ("none", None):
         view.fields["offload"] = "optimizer"
+    ds_overlap(zero, view.fields["zero_stage"], view)
     view.notes.append(f"read ZeRO settings from {name}")
 
 
