@@ -23,10 +23,12 @@ $(DEVSTAMP): $(STAMP)
 # kernels (DS_BUILD_OPS=0, pure Python; built against the installed torch, hence --no-build-isolation), and
 # megatron-core's configs (its only runtime needs are torch, numpy and packaging: --no-deps keeps Transformer Engine
 # and the rest of its extras out), and torchtitan 0.3.0's source (--no-deps: the tests load its config dataclasses
-# and pipeline-split functions from the files, without the Hugging Face datasets stack its package imports).
+# and pipeline-split functions from the files, without the Hugging Face datasets stack its package imports), with
+# spmd_types 0.2.3 (pure Python, no dependencies: torchtitan's configs build its types), so that torchtitan's own
+# Trainer.Config / ParallelDims validation runs with only the heavy, never-called imports stubbed.
 $(VALSTAMP): $(DEVSTAMP)
 	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation 'deepspeed==0.19.8'
-	$(BIN)/python -m pip install -q --no-deps 'megatron-core==0.16.1' 'torchtitan==0.3.0'
+	$(BIN)/python -m pip install -q --no-deps 'megatron-core==0.16.1' 'torchtitan==0.3.0' 'spmd_types==0.2.3'
 	touch $@
 
 setup: $(DEVSTAMP)

@@ -365,3 +365,178 @@ def test_torchtitan_accepts_every_exported_recipe():
             assert calls["TrainingConfig"]["local_batch_size"] % par.pipeline_parallel_microbatch_size == 0
         checked.append(name)
     assert len(checked) >= 4, checked
+
+
+# ---- torchtitan 0.3.0: its own startup validation, run on each exported recipe -----------------------------------------
+
+# Importing torchtitan.trainer pulls packages that do not install light on a CPU runner (the Hugging Face datasets
+# stack with pyarrow, tensorboard with protobuf, torchdata, tyro's CLI, and torchtitan's own triton kernels): they are
+# replaced by stubs in the validating subprocess only. spmd_types, which the model configs do call, is installed
+# (`make test`: pure Python, 120 kB). None of the stubs is called once the imports are done: the script counts any
+# call into a stub after import and the test asserts there was none, so every check that runs is torchtitan's.
+TORCHTITAN_STUBS = ["datasets", "tokenizers", "torchdata", "tyro", "torch.utils.tensorboard",
+                    "torchtitan.distributed.minimal_async_ep.kernels"]
+
+TORCHTITAN_SCRIPT = r"""
+import importlib.abc, importlib.machinery, json, re, sys, types, typing_extensions
+STUBS, CALLS, ARMED = sys.argv[1].split(","), [], [False]
+
+class _Meta(type(typing_extensions.Protocol)):  # a protocol-compatible metaclass: stubs may be mixed into bases
+    def __getattr__(cls, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _stub(cls.__name__ + "." + name)
+    def __getitem__(cls, item):
+        return cls
+
+def _called(self, *a, **k):
+    if ARMED[0]:
+        CALLS.append(type(self).__name__)
+    return self
+
+def _init(self, *a, **k):
+    _called(self)
+
+def _stub(name):
+    return _Meta(name, (), {"__init__": _init, "__call__": _called})
+
+class _Module(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _stub(self.__name__ + "." + name)
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if any(fullname == s or fullname.startswith(s + ".") for s in STUBS):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+    def create_module(self, spec):
+        m = _Module(spec.name)
+        m.__path__, m.__version__ = [], "0"
+        return m
+    def exec_module(self, module):
+        pass
+
+sys.meta_path.insert(0, _Finder())
+from torchtitan.trainer import Trainer
+from torchtitan.distributed.parallel_dims import ParallelDims
+import torchtitan.models.llama3 as l3
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
+
+def register(flavor, dim, n_layers, n_heads, n_kv_heads, vocab_size):
+    # what the export's note asks the user to do for a model torchtitan does not ship
+    def build(attn_backend, tp_gemm_backend="default"):
+        return l3.Llama3Model.Config(
+            dim=dim, vocab_size=vocab_size,
+            tok_embeddings=Embedding.Config(num_embeddings=vocab_size, embedding_dim=dim,
+                                            param_init=l3._EMBEDDING_INIT),
+            norm=RMSNorm.Config(normalized_shape=dim, param_init=l3._NORM_INIT),
+            lm_head=Linear.Config(in_features=dim, out_features=vocab_size, param_init=l3._output_linear_init(dim)),
+            layers=l3._build_llama3_layers(
+                n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=256),
+                rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len=131072, theta=10000),
+                attn_backend=attn_backend, tp_gemm_backend=tp_gemm_backend))
+    l3.llama3_configs[flavor] = build
+
+ARMED[0] = True
+out = []
+for case in json.loads(sys.stdin.read()):
+    note = re.search(r"ships no flavor '([^']+)': register it in \S+ with dim=(\d+), n_layers=(\d+), n_heads=(\d+), "
+                     r"n_kv_heads=(\d+), vocab_size=(\d+)", case["text"])
+    if note:
+        register(note.group(1), *map(int, note.groups()[1:]))
+    try:
+        module = types.ModuleType("planner_recipe")
+        exec(compile(case["text"], "recipe.py", "exec"), module.__dict__)
+        cfg = module.planner_job()  # Trainer.Config and every nested config's __post_init__
+        dims = ParallelDims.from_config(cfg.parallelism, case["gpus"])  # degrees x world size (_validate)
+        cfg.model_spec.model.update_from_config(config=cfg)  # seq_len vs RoPE, PP vs weight tying, sharding
+        # Trainer.__init__'s own checks before it touches a device (trainer.py, 0.3.0): the sequence splits over
+        # SP x 2CP, and the global batch is a multiple of the local batch times the batch degree
+        divisor = (dims.tp if cfg.parallelism.enable_sequence_parallel else 1) * (2 * dims.cp if dims.cp > 1 else 1)
+        assert cfg.training.seq_len % divisor == 0, "seq_len not divisible by the SP/CP split"
+        batch_degree = dims.dp_replicate * dims.dp_shard
+        assert cfg.training.global_batch_size % (cfg.training.local_batch_size * batch_degree) == 0, "batch"
+        out.append({"ok": True, "ga": cfg.training.global_batch_size // (cfg.training.local_batch_size * batch_degree),
+                    "microbatches": cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size,
+                    "ac": type(cfg.activation_checkpoint).__qualname__, "world": dims.world_size})
+    except Exception as exc:
+        out.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+print(json.dumps({"results": out, "stub_calls": CALLS}))
+"""
+
+
+FLAVOR_PLANS = {  # torchtitan's shipped flavors (model_registry "70B", "8B"), 64 A100s, global batch 256
+    "llama3-70b interleaved 4x5": ("llama3-70b", dict(
+        tp=8, pp=4, dp=2, zero_stage=1, micro_batch_size=1, num_micro_batches=128, recompute="full",
+        schedule="interleaved_1f1b", virtual_stages=5, layers_per_stage=None, recompute_layers_per_stage=None)),
+    "llama3-70b uneven pp8": ("llama3-70b", dict(
+        tp=8, pp=8, dp=1, zero_stage=0, micro_batch_size=1, num_micro_batches=256, recompute="full",
+        schedule="1f1b", virtual_stages=1, layers_per_stage=[9, 10, 10, 10, 10, 10, 10, 11],
+        recompute_layers_per_stage=None)),
+    "llama3-8b fsdp": ("llama3-8b", dict(
+        tp=1, pp=1, dp=64, zero_stage=3, micro_batch_size=2, num_micro_batches=2, recompute="selective",
+        sequence_parallel=False, layers_per_stage=None, recompute_layers_per_stage=None)),
+}
+
+
+def _flavor_plan(model: str, fields: dict) -> dict:
+    from test_roundtrip import UNEVEN
+
+    from planner.contract import Predicted
+    from planner.estimate import build_problem
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec
+
+    doc = json.loads(json.dumps(UNEVEN))
+    doc["inputs"]["model"] = load_model(model).model_dump(mode="json")
+    doc["layout"].update(fields)
+    doc["framework"] = "torchtitan"
+    problem = build_problem("dgx-a100-80gb", 8, model, 256, 4096, framework="torchtitan")
+    est = problem.estimate(LayoutSpec.model_validate(doc["layout"]))
+    doc["predicted"] = Predicted.from_estimate(est, problem.knobs.memory_headroom_bytes).model_dump()
+    return doc
+
+
+def test_torchtitan_trainer_config_validation_accepts_every_exported_recipe():
+    """Each torchtitan 0.3 export, executed as torchtitan runs it (`--module <file> --config planner_job`): its
+    Trainer.Config.__post_init__ (pipeline micro-batch divisibility, CUDA graphs vs PP, AC policy rules), ParallelDims'
+    degree check at the plan's world size, the model config's update_from_config, and Trainer.__init__'s sequence
+    and batch checks. A recipe torchtitan must reject (CUDA graphs left on under PP) is rejected."""
+    from cluster_specs import SpecError
+    from planner.integrations.exports import export
+
+    _torchtitan_root()
+    pytest.importorskip("spmd_types", reason="`make test` installs spmd_types==0.2.3 with torchtitan 0.3.0")
+    cases, layouts = [], []
+    docs = {name: _plan(name, "torchtitan") for name in PLANS}
+    docs.update({name: _flavor_plan(*spec) for name, spec in FLAVOR_PLANS.items()})
+    for name, doc in docs.items():
+        try:
+            exp = export(doc, "torchtitan")
+        except SpecError:
+            continue  # refused with a reason (tests/test_roundtrip.py)
+        lay = exp.layout
+        cases.append({"text": exp.text, "gpus": lay.tp * lay.pp * lay.dp * lay.cp})
+        layouts.append((name, lay))
+    piped = next(c for c, (_, lay) in zip(cases, layouts, strict=True) if lay.pp > 1)
+    bad = {**piped, "text": piped["text"].replace("disable_cuda_graphs=True", "disable_cuda_graphs=False")}
+    assert bad["text"] != piped["text"]
+    proc = subprocess.run([sys.executable, "-c", TORCHTITAN_SCRIPT, ",".join(TORCHTITAN_STUBS)],
+                          input=json.dumps(cases + [bad]), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["stub_calls"] == []  # nothing stubbed took part in the validation
+    results = doc["results"]
+    for (name, lay), res in zip(layouts, results, strict=False):
+        assert res["ok"], (name, res)
+        assert res["world"] == lay.tp * lay.pp * lay.dp
+        assert res["ac"] == {"none": "NoneType", "selective": "SelectiveAC.Config", "full": "FullAC.Config"}[
+            lay.recompute.value if hasattr(lay.recompute, "value") else lay.recompute], name
+        if lay.pp > 1:
+            assert res["microbatches"] == lay.num_micro_batches, name
+        else:
+            assert res["ga"] == lay.num_micro_batches, name
+    assert not results[-1]["ok"] and "CUDA graphs do not support pipeline parallelism" in results[-1]["error"]
+    assert len(layouts) >= 7 and {n for n, _ in layouts} >= set(FLAVOR_PLANS)
