@@ -108,8 +108,10 @@ def pp_p2p_seconds(hw: Hardware, training: Training, layout: Layout, model: Tran
     msg = layout.micro_batch_size * training.seq_length // layout.cp * model.hidden_size * training.activation_bytes / layout.tp
     naive = schedule == _NAIVE
     one = p2p_seconds(message_bytes=msg * (m if naive else 1), link=pp_link)
-    # Megatron forces overlap_p2p_comm off without virtual stages (arguments.py validate_args)
-    share = 0.0 if knobs.pp_overlap_needs_virtual and virtual_stages == 1 else knobs.pp_overlap_fraction
+    # Megatron forces overlap_p2p_comm off for its non-interleaved schedules (arguments.py validate_args); a
+    # zero-bubble schedule is not upstream Megatron's and keeps the profile's share
+    flat = virtual_stages == 1 and schedule != Schedule.ZERO_BUBBLE
+    share = 0.0 if knobs.pp_overlap_needs_virtual and flat else knobs.pp_overlap_fraction
     steady = 0.0 if naive else (1 - share) * 2 * m * virtual_stages * one
     return 2 * (p - 1) * one + steady
 
