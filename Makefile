@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-core
 DEVSTAMP := $(VENV)/.installed-dev
 VALSTAMP := $(VENV)/.installed-validators
 
-.PHONY: plan test lint validate bench clean setup gpu-check schema fuzz mutate
+.PHONY: plan test lint validate bench clean setup gpu-check schema fuzz mutate launch-doc
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,10 @@ lint: $(DEVSTAMP)
 SCHEMAS := plan estimate check bench check-batch compare scaling error
 schema: $(STAMP)
 	for s in $(SCHEMAS); do $(BIN)/planner schema $$s > docs/schema/$$s.schema.json || exit 1; done
+
+# issue #11's closing tables (exports x validators x round trip; real-config verdicts), from the tests' own data
+launch-doc: $(VALSTAMP)
+	PYTHONPATH=. $(BIN)/python tests/launch_tables.py > docs/launch.md
 
 validate: $(STAMP)
 	$(BIN)/planner validate --runs ../shared/validation/published_runs.json -o docs/validation.md

@@ -62,9 +62,9 @@ def _normal(lay: dict, num_layers: int) -> dict:
     return lay
 
 
-@pytest.mark.parametrize("plan_name", list(PLANS))
-@pytest.mark.parametrize("target", TARGETS)
-def test_export_then_check_gives_the_same_layout_and_prediction(target, plan_name, tmp_path):
+def round_trip(target: str, plan_name: str, tmp_path: Path) -> dict:
+    """Plan (with the target framework's profile) -> export -> check: what came back. {"refused": reason} when the
+    framework cannot express the plan; else the export, the check's outcome and the plan's prediction."""
     from cluster_specs import SpecError
     from planner.estimate import build_problem
 
@@ -72,9 +72,8 @@ def test_export_then_check_gives_the_same_layout_and_prediction(target, plan_nam
     doc = _plan(plan_name, to)  # planned with the framework's profile, as `plan --framework` does
     try:
         exp = export(doc, to, torchtitan_format=fmt)
-    except SpecError as exc:  # a refusal names its reason; the table in the report lists these
-        assert "->" in str(exc) or "cannot" in str(exc)
-        pytest.skip(f"{target} refuses {plan_name}: {exc}")
+    except SpecError as exc:  # a refusal names its reason
+        return {"refused": str(exc)}
     path = tmp_path / f"cfg{SUFFIX[target]}"
     path.write_text(exp.text)
     if target == "megatron-deepspeed":  # its ZeRO and offload settings live in the ds_config beside the arguments
@@ -89,10 +88,24 @@ def test_export_then_check_gives_the_same_layout_and_prediction(target, plan_nam
     problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", view.global_batch_size or 256,
                             view.seq_length or 4096, view.precision or "bf16", framework=to)
     out = check(view, problem, overrides=overrides)
+    got = Predicted.from_estimate(out.estimate, problem.knobs.memory_headroom_bytes).model_dump() \
+        if out.estimate else None
+    return {"refused": None, "export": exp, "doc": doc, "outcome": out, "got": got,
+            "want": exp.predicted or doc["predicted"],
+            "same_layout": out.layout is not None and _normal(out.layout.model_dump(), 40) == _normal(
+                lay.model_dump(), 40)}
+
+
+@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("target", TARGETS)
+def test_export_then_check_gives_the_same_layout_and_prediction(target, plan_name, tmp_path):
+    r = round_trip(target, plan_name, tmp_path)
+    if r["refused"]:
+        assert "->" in r["refused"] or "cannot" in r["refused"]
+        pytest.skip(f"{target} refuses {plan_name}: {r['refused']}")
+    exp, out, got, want = r["export"], r["outcome"], r["got"], r["want"]
     assert out.violations == [], out.violations
-    assert _normal(out.layout.model_dump(), 40) == _normal(lay.model_dump(), 40)
-    want = exp.predicted or doc["predicted"]
-    got = Predicted.from_estimate(out.estimate, problem.knobs.memory_headroom_bytes).model_dump()
+    assert r["same_layout"], (out.layout, exp.layout)
     assert got["step_time_seconds"] == pytest.approx(want["step_time_seconds"], rel=1e-9)
     assert got["peak_memory_bytes_per_gpu"] == pytest.approx(want["peak_memory_bytes_per_gpu"], rel=1e-9)
     if exp.changes:  # the nearest layout is documented in the file (or, for JSON, in the notes)
