@@ -39,7 +39,8 @@ CPU_ADAM_PARAMS_PER_SECOND_PER_NODE = 2e9  # DeepSpeedCPUAdam order of magnitude
 HOST_GRAD_BYTES = 4
 ZERO3_MODULES_PER_LAYER = 4  # Linear modules DeepSpeed ZeRO-3 fetches one by one: QKV, proj, FC1, FC2 (GPT/Llama)
 # enum members as module constants (reading them off the class is slow on Python 3.11; cost_models/stage.py)
-_NAIVE, _OFFLOAD_NONE, _OFFLOAD_PARAMS = Schedule.NAIVE, Offload.NONE, Offload.OPTIMIZER_PARAMS
+_NAIVE, _ZERO_BUBBLE = Schedule.NAIVE, Schedule.ZERO_BUBBLE
+_OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ def pp_p2p_seconds(hw: Hardware, training: Training, layout: Layout, model: Tran
     one = p2p_seconds(message_bytes=msg * (m if naive else 1), link=pp_link)
     # Megatron forces overlap_p2p_comm off for its non-interleaved schedules (arguments.py validate_args); a
     # zero-bubble schedule is not upstream Megatron's and keeps the profile's share
-    flat = virtual_stages == 1 and schedule != Schedule.ZERO_BUBBLE
+    flat = virtual_stages == 1 and schedule != _ZERO_BUBBLE
     share = 0.0 if knobs.pp_overlap_needs_virtual and flat else knobs.pp_overlap_fraction
     steady = 0.0 if naive else (1 - share) * 2 * m * virtual_stages * one
     return 2 * (p - 1) * one + steady
