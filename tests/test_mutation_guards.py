@@ -1435,3 +1435,47 @@ def test_dp_comm_reduces_over_dp_times_cp_and_ties_the_embeddings(monkeypatch):
     monkeypatch.setattr(step, "embedding_sync_seconds", spy)
     total(model, training, Layout(dp=8, tp=2, pp=1, zero_stage=1))  # no pipeline: nothing to sync
     assert calls == []
+
+
+def test_decide_follows_ties_explains_or_says_nothing_of_the_kind_fits():
+    """decide() on one 8-GPU H100 node for Llama 3 8B (row 4: the model does not fit one card; the table recommends
+    TP or ZeRO-3): a pick of that kind follows it; otherwise the best layout of the kind is named as a tie (within
+    0.5%, or faster), or with the exposed time that differs most; or none of the kind fits. The texts are built here
+    from the estimates, so the test holds whatever the time model's numbers become."""
+    from planner.contract import TimeReport
+    from planner.inputs.specs import LayoutSpec
+    from planner.search import Candidate, decide
+
+    p = _search_problem()
+
+    def cand(**f):
+        lay = LayoutSpec(**f)
+        return Candidate(lay, p.estimate(lay))
+
+    tp2 = cand(tp=2, pp=1, dp=4, zero_stage=1, num_micro_batches=16, sequence_parallel=True)
+    zero3 = cand(tp=1, pp=1, dp=8, zero_stage=3, num_micro_batches=8)
+    tp8 = cand(tp=8, pp=1, dp=1, num_micro_batches=64)
+    full = cand(tp=1, pp=1, dp=8, zero_stage=1, num_micro_batches=8, recompute="full")  # not of the kind
+    head = ("One node, several GPUs, model does not fit on one card: the table recommends Tensor parallelism, or "
+            "ZeRO stage 3.")
+    d = decide(p, [tp2, full], tp2)
+    assert (d.row, d.agrees, d.scenario, d.recommendation) == (
+        4, True, "One node, several GPUs, model does not fit on one card", "Tensor parallelism, or ZeRO stage 3")
+    assert d.reasons == [head, f"The pick ({tp2.layout.short()}) follows it."]
+    assert zero3.step_seconds <= full.step_seconds * 1.005 < tp8.step_seconds
+    d = decide(p, [full, zero3, tp8], full)
+    assert (d.row, d.agrees) == (4, False) and d.reasons == [head, (
+        f"The best layout of the recommended kind, {zero3.layout.short()}, ties with the pick "
+        f"({zero3.step_seconds:.3g} s against {full.step_seconds:.3g} s per step, within 0.5%); "
+        "either is a sound choice.")]
+    ta, tp_ = TimeReport.from_estimate(tp8.estimate).exposed(), TimeReport.from_estimate(full.estimate).exposed()
+    what = sorted(ta, key=lambda k: ta[k] - tp_[k])[-1]
+    d = decide(p, [full, tp8], full)
+    assert d.reasons == [head, (
+        f"The best layout of the recommended kind, {tp8.layout.short()}, takes {tp8.step_seconds:.3g} s per step "
+        f"against the pick's {full.step_seconds:.3g} s ({tp8.step_seconds / full.step_seconds - 1:+.1%}): mostly "
+        f"{what}, {ta[what] - tp_[what]:.3g} s more per step ({ta[what]:.3g} s against {tp_[what]:.3g} s, with "
+        f"{tp8.estimate.time.compute_seconds:.3g} s of compute).")]
+    assert decide(p, [full], full).reasons == [head, (
+        f"No layout of the recommended kind fits in 80 GiB per GPU; the pick ({full.layout.short()}) is the fastest "
+        "that does.")]
