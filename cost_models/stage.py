@@ -481,7 +481,9 @@ class StageModel(NamedTuple):
         flight = self.in_flight(i)
         exposed_ar = lc.t_tp_all_reduce * lc.tp_expose
         grow = 1 + self.knobs.allocator_reserve_fraction  # dynamic bytes carry the allocator's reserve (memory())
-        fixed = self.knobs.per_process_overhead_bytes + (self.knobs.bucket_bytes + lc.act_none_bytes) * grow
+        # transients as memory() counts them: buckets, CP/EP buffers, one recomputed layer (a safe bound)
+        fixed = self.knobs.per_process_overhead_bytes + (self.knobs.bucket_bytes + lc.extras.transient_bytes
+                                                         + lc.act_none_bytes) * grow
         if i == 0:
             fixed += lc.embedding_params * per_state + lc.embedding_act_bytes * flight * grow
         if i == self.pp - 1:

@@ -1479,3 +1479,49 @@ def test_decide_follows_ties_explains_or_says_nothing_of_the_kind_fits():
     assert decide(p, [full], full).reasons == [head, (
         f"No layout of the recommended kind fits in 80 GiB per GPU; the pick ({full.layout.short()}) is the fastest "
         "that does.")]
+
+
+# ---- the stage model's split and linear form (cost_models/stage.py) --------------------------------------------------
+
+
+def test_stage_split_gives_the_remainder_to_inner_stages_then_the_first():
+    """THE split: as even as possible, the remainder to the inner stages first, then the first stage (the last
+    carries the output layer): 11 over 4 -> 2 each + 3 extra to stages 1, 2, then 0."""
+    from cost_models.stage import stage_split
+
+    assert stage_split(11, 4) == (3, 3, 3, 2)
+    assert stage_split(10, 3) == (3, 4, 3)
+    assert stage_split(10, 4) == (2, 3, 3, 2)
+    assert stage_split(9, 2) == (5, 4)
+    assert stage_split(7, 1) == (7,)
+    assert stage_split(17, 6) == (3, 3, 3, 3, 3, 2)
+
+
+@pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("interleaved_1f1b", 2)])
+def test_linear_form_with_cp_tp_overlap_and_every_micro_batch_in_flight(schedule, v):
+    """The ILP's linear rows equal the evaluated stages also when states shard over dp·cp, TP traffic is partly
+    hidden (tp_overlap_fraction 0.3) and the last stage holds more than one micro-batch (GPipe: all m)."""
+    from dataclasses import replace
+
+    from cost_models.inputs import Knobs, Layout
+    from cost_models.stage import stage_model
+    from tests.test_stage_model import BF16, gpt_shape
+    from tests.test_stage_model import _hw as stage_hw
+
+    model = gpt_shape(num_layers=48, hidden_size=4096, num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=16384)
+    knobs = Knobs(tp_overlap_fraction=0.3)
+    layout = Layout(dp=2, cp=2, tp=4, pp=4, zero_stage=1, micro_batch_size=1, num_micro_batches=8,
+                    recompute="selective", sequence_parallel=True, schedule=schedule, virtual_stages=v,
+                    layers_per_stage=(11, 13, 13, 11), recompute_layers_per_stage=(0, 3, 12, 1))
+    sm = stage_model(model, BF16, stage_hw(), layout, knobs)
+    base = stage_model(model, BF16, stage_hw(), replace(layout, recompute_layers_per_stage=None), knobs)
+    assert sm.in_flight(3) > 1
+    for i in range(4):
+        n, r = sm.split[i], sm.full_layers[i]
+        lin = base.linear(i)
+        assert sm.time(i).total_seconds == pytest.approx(n * lin.layer_seconds + r * lin.recompute_seconds
+                                                         + lin.extra_seconds, rel=1e-12)
+        linear_bytes = (n * lin.layer_state_bytes + (n - r) * lin.layer_act_policy_bytes
+                        + r * lin.layer_act_full_bytes + lin.fixed_bytes)
+        reserved = 0.0 if r > 0 else base.lc.act_none_bytes * (1 + knobs.allocator_reserve_fraction)
+        assert sm.memory(i).total_bytes == pytest.approx(linear_bytes - reserved, rel=1e-12)
