@@ -1525,3 +1525,53 @@ def test_linear_form_with_cp_tp_overlap_and_every_micro_batch_in_flight(schedule
                         + r * lin.layer_act_full_bytes + lin.fixed_bytes)
         reserved = 0.0 if r > 0 else base.lc.act_none_bytes * (1 + knobs.allocator_reserve_fraction)
         assert sm.memory(i).total_bytes == pytest.approx(linear_bytes - reserved, rel=1e-12)
+
+
+def test_stage_transients_by_rule():
+    """StageModel.transient_bytes, rule by rule: buckets + CP/EP buffers; ZeRO-3 gathers a unit (a layer under FSDP,
+    the largest Linear under DeepSpeed) plus the prefetched next one, and holds its unsharded gradient; DeepSpeed keeps
+    one unit live when two would pass stage3_max_live_parameters (1e9); optimizer offload stages one reduce bucket of
+    min(params / (dp·cp), 5e8) elements at the gradient's bytes. bf16: 2 B parameters, 4 B gradients."""
+    from dataclasses import replace
+
+    from cost_models.inputs import Knobs, Layout
+    from cost_models.stage import stage_model
+
+    def sm(model, layout, **knobs):
+        p = _search_problem(model, nodes=4)
+        return stage_model(p.cm_model, p.cm_training, p.hardware, layout, replace(Knobs(), **knobs))
+
+    zero3 = Layout(dp=4, cp=2, tp=1, pp=1, zero_stage=3, num_micro_batches=8)
+    s = sm("llama3-8b", zero3, bucket_bytes=1e6)
+    assert s.lc.extras.transient_bytes > 0  # CP receive buffers
+    assert s.memory(0).transient_bytes == 1e6 + s.lc.extras.transient_bytes + s.lc.layer_params * (2 * 2 + 4)
+    s = sm("llama3-8b", zero3, zero3_gather="module")  # 4096 x 14336 = 58.7M: two fit under 1e9
+    assert s.lc.largest_module_params == 4096 * 14336
+    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 4096 * 14336 * (2 * 2 + 4)
+    s = sm("gpt3-175b", zero3, zero3_gather="module")  # 12288 x 49152 = 604M: one at a time
+    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 12288 * 49152 * (1 * 2 + 4)
+    s = sm("gpt3-175b", replace(zero3, tp=2, dp=2), zero3_gather="module")  # 302M per GPU, x tp = 604M each: one
+    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 12288 * 49152 / 2 * (1 * 2 + 4)
+    offload = Layout(dp=32, tp=1, pp=1, zero_stage=1, offload="optimizer", num_micro_batches=1)
+    s = sm("llama3-8b", offload)
+    assert s.memory(0).transient_bytes == min(s.params(0) / 32, 5e8) * 4 == s.params(0) / 32 * 4
+    s = sm("llama3-8b", replace(offload, dp=4, pp=8))  # ~1B parameters per stage / dp 4 = ~250M: under the cap
+    assert [m.transient_bytes for m in s.memories()] == [P / 4 * 4 for P in s.params_per_stage()]
+    s = sm("gpt3-175b", replace(offload, dp=32))  # 175B / 32 = 5.5e9: capped at one 5e8-element bucket
+    assert s.memory(0).transient_bytes == 5e8 * 4
+    both = sm("llama3-8b", Layout(dp=32, tp=1, pp=1, zero_stage=3, offload="optimizer+params", num_micro_batches=1))
+    assert both.memory(0).transient_bytes == both.lc.layer_params * (2 * 2 + 4) + both.params(0) / 32 * 4
+    plain = sm("llama3-8b", Layout(dp=32, tp=1, pp=1, zero_stage=2, num_micro_batches=1))
+    assert plain.memory(0).transient_bytes == 0.0
+
+
+def test_naive_schedule_holds_every_micro_batch_on_every_stage():
+    from cost_models.inputs import Knobs, Layout
+    from cost_models.stage import stage_model
+
+    p = _search_problem(nodes=1)
+    s = stage_model(p.cm_model, p.cm_training, p.hardware,
+                    Layout(dp=4, tp=1, pp=2, num_micro_batches=4, schedule="naive"), Knobs())
+    assert s.in_flights() == [4.0, 4.0] and s.in_flight(1) == 4.0
+    assert [m.activations_bytes for m in s.memories()] == [a * 4.0 for a in s.activations_per_micro_batch()]
+    assert [m.in_flight_micro_batches for m in s.memories()] == [4.0, 4.0]
