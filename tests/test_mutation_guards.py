@@ -1575,3 +1575,20 @@ def test_naive_schedule_holds_every_micro_batch_on_every_stage():
     assert s.in_flights() == [4.0, 4.0] and s.in_flight(1) == 4.0
     assert [m.activations_bytes for m in s.memories()] == [a * 4.0 for a in s.activations_per_micro_batch()]
     assert [m.in_flight_micro_batches for m in s.memories()] == [4.0, 4.0]
+
+
+def test_pipedream_async_stashes_a_weight_version_per_extra_micro_batch_in_flight():
+    """PipeDream's asynchronous 1F1B keeps one weight version per micro-batch in flight beyond the first (Harlap et
+    al. 2018 §3.3): stage i holds min(m, p - i) - 1 extra copies of its bf16 weights (2 B per parameter)."""
+    from dataclasses import replace
+
+    from cost_models.inputs import Knobs, Layout
+    from cost_models.stage import stage_model
+
+    p = _search_problem(nodes=1)
+    layout = Layout(dp=2, tp=1, pp=4, num_micro_batches=8, schedule="1f1b")
+    flush = stage_model(p.cm_model, p.cm_training, p.hardware, layout, Knobs())
+    stale = stage_model(p.cm_model, p.cm_training, p.hardware, replace(layout, schedule="pipedream_async"), Knobs())
+    for i, (a, b) in enumerate(zip(flush.memories(), stale.memories(), strict=True)):
+        assert b.weights_bytes == pytest.approx(a.weights_bytes + (4 - i - 1) * a.params * 2, rel=1e-12)
+        assert b.in_flight_micro_batches == a.in_flight_micro_batches == 4 - i
