@@ -602,6 +602,7 @@ class CompareDocument(_Strict):
     tool_version: str
     kind: Literal["compare"] = "compare"
     inputs: dict[str, ModelSpec | TrainingSpec]
+    framework: str | None = Field(description="--framework: only layouts it runs were planned (null: any)")
     tokens: float = Field(description="the token budget (1e12 when --tokens is not given)")
     tokens_given: bool
     priced: bool = Field(description="every feasible cluster has a price: cost ranking, else GPU-hours")
@@ -639,7 +640,9 @@ class ScalingDocument(_Strict):
     schema_version: str
     tool_version: str
     kind: Literal["scaling"] = "scaling"
-    inputs: dict[str, ClusterSpec | ModelSpec | int]
+    inputs: dict[str, ClusterSpec | ModelSpec | TrainingSpec | int] = Field(
+        description="cluster, model, seq_length, and training (precision, fp8_recipe; its batch is the first curve's)")
+    framework: str | None = Field(description="--framework: only layouts it runs were planned (null: any)")
     tokens: float
     tokens_given: bool
     stop_efficiency: float

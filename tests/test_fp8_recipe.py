@@ -84,3 +84,50 @@ def test_plan_json_recipe_reaches_the_exports():
         export(plan, "torchtitan")
     with pytest.raises(SpecError, match="deepspeed trains in bf16, fp16, fp32"):
         export(plan, "deepspeed")
+
+
+def _layout_arg(lay: dict) -> str:
+    keys = ("tp", "pp", "dp", "cp", "ep", "micro_batch_size", "recompute", "sequence_parallel", "schedule")
+    names = {"micro_batch_size": "mbs", "sequence_parallel": "sp"}
+    vals = {k: int(v) if isinstance(v, bool) else v for k, v in lay.items()}
+    return ",".join(f"{names.get(k, k)}={vals[k]}" for k in keys) + f",zero={lay['zero_stage']}"
+
+
+def test_compare_and_scaling_carry_the_recipe_and_plan_with_it():
+    """compare/scaling build each cluster's problem as `plan` does: the recipe asked for (or the framework's
+    default) is in their JSON, and each pick's step time is what `estimate` gives that layout with that recipe."""
+    from planner.decisions.compare import CompareRequest, compare_report
+    from planner.decisions.scaling import ScalingRequest, scaling_report
+    from planner.requests import ProblemRequest, estimate_document
+
+    cmp = compare_report(CompareRequest("dgx-h100:1", "llama3-8b", 16, 8192, "fp8", use_solver=False,
+                                        framework="megatron", fp8_recipe="blockwise")).document
+    assert cmp["inputs"]["training"]["fp8_recipe"] == "blockwise" and cmp["framework"] == "megatron"
+    sc = scaling_report(ScalingRequest("dgx-h100", "llama3-8b", 16, 8192, node_counts="1", precision="fp8",
+                                       use_solver=False, framework="torchtitan")).document
+    assert sc["inputs"]["training"]["fp8_recipe"] == "rowwise"  # torchtitan's default (frameworks.md §1.9)
+    assert sc["inputs"]["training"]["precision"] == "fp8" and sc["framework"] == "torchtitan"
+    for doc, layout, recipe, fw in ((cmp, cmp["clusters"][0]["pick"]["layout"], "blockwise", "megatron"),
+                                    (sc, sc["curves"][0]["points"][0]["layout"], "rowwise", "torchtitan")):
+        step = (cmp["clusters"][0]["pick"]["predicted"]["step_time_seconds"] if doc is cmp
+                else sc["curves"][0]["points"][0]["step_time_seconds"])
+        req = ProblemRequest("dgx-h100", "llama3-8b", 16, 8192, 1, "fp8", fp8_recipe=recipe)
+        est = estimate_document(req, _layout_arg(layout), framework=fw)
+        assert est.predicted.step_time_seconds == pytest.approx(step, rel=1e-12)
+        # the same framework with another recipe predicts another time (TE/torchao speedups, modern-training.md §1.5)
+        other = estimate_document(ProblemRequest("dgx-h100", "llama3-8b", 16, 8192, 1, "fp8", fp8_recipe="tensorwise"),
+                                  _layout_arg(layout), framework=fw)
+        assert other.predicted.step_time_seconds != pytest.approx(step, rel=1e-6)
+
+
+@pytest.mark.parametrize("command", [
+    ("compare", "--clusters", "dgx-h100:1"),
+    ("scaling", "-c", "dgx-h100", "--node-counts", "1"),
+])
+def test_compare_and_scaling_refuse_a_recipe_the_framework_cannot_run(command):
+    base = (*command, "-m", "llama3-8b", "-b", "16", "-s", "8192", "--no-solver")
+    bad = _cli(*base, "--precision", "fp8", "--fp8-recipe", "delayed", "--framework", "torchtitan")
+    assert bad.returncode == 3 and "torchtitan runs rowwise, tensorwise" in bad.stderr
+    no_fp8 = _cli(*base, "--fp8-recipe", "rowwise", "--json")
+    assert no_fp8.returncode == 3 and "needs --precision fp8 (the precision is bf16)" in no_fp8.stdout
+    assert "Traceback" not in bad.stderr + no_fp8.stderr

@@ -12,6 +12,8 @@ from planner.cli.options import (
     DEFAULT_HEADROOM,
     BatchOpt,
     ClusterOpt,
+    Fp8RecipeOpt,
+    FrameworkOpt,
     HeadroomOpt,
     JsonOpt,
     ModelOpt,
@@ -34,7 +36,8 @@ def compare(
     clusters: Annotated[str, typer.Option("--clusters", help="CLUSTER:NODES[@PRICE],... e.g. "
                                                               "'dgx-a100-80gb:128,dgx-h100:64,dgx-h200:64@3.1'")],
     model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
-    precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
+    precision: PrecisionOpt = None, fp8_recipe: Fp8RecipeOpt = None, framework: FrameworkOpt = None,
+    headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
     gpu_hour_price: Annotated[float | None, typer.Option("--gpu-hour-price", help="Price per GPU-hour for entries "
                                                                                   "without @PRICE.")] = None,
     pue: Annotated[float | None, typer.Option("--pue", help="Power usage effectiveness (facility energy).")] = None,
@@ -47,7 +50,7 @@ def compare(
 
     answer(compare_report(CompareRequest(
         clusters, model, global_batch_size, seq_len, precision, headroom_gib, tokens, gpu_hour_price, pue,
-        not no_solver, figure)), figure, as_json)
+        not no_solver, figure, framework, fp8_recipe)), figure, as_json)
 
 
 @app.command()
@@ -57,7 +60,8 @@ def scaling(
     node_counts: Annotated[str | None, typer.Option("--node-counts", help="Node counts to plan, e.g. 64,128,256.")] = None,
     batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Global batch sizes to sweep too, "
                                                                           "e.g. 1024,2048,4096.")] = None,
-    precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
+    precision: PrecisionOpt = None, fp8_recipe: Fp8RecipeOpt = None, framework: FrameworkOpt = None,
+    headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
     no_solver: NoSolverOpt = False,
     figure: Annotated[Path | None, _figure_opt("curve")] = None,
     as_json: JsonOpt = False,
@@ -67,4 +71,4 @@ def scaling(
 
     answer(scaling_report(ScalingRequest(
         cluster, model, global_batch_size, seq_len, nodes, node_counts, batch_sizes, precision, headroom_gib, tokens,
-        not no_solver, figure)), figure, as_json)
+        not no_solver, figure, framework, fp8_recipe)), figure, as_json)

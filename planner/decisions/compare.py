@@ -223,12 +223,14 @@ class CompareRequest:
     pue: float | None = None
     use_solver: bool = True
     figure: Path | None = None
+    framework: str | None = None  # only what it runs; its default FP8 recipe (planner/frameworks/capabilities.py)
+    fp8_recipe: str | None = None  # with precision fp8; validated per framework as in `plan`
 
 
 def compare_report(req: CompareRequest) -> DecisionReport:
     """Check the options, plan on every cluster, and return the document, the terminal lines and the figure."""
     from planner.decisions.plan_extras import step_time_band
-    from planner.decisions.report import check_figure, header
+    from planner.decisions.report import check_figure, framework_restriction, header
     from planner.decisions.train import check_run_options
     from planner.estimate import build_problem
     from planner.search import PlanOptions
@@ -239,15 +241,16 @@ def compare_report(req: CompareRequest) -> DecisionReport:
 
     def make(cluster: str, nodes: int) -> Any:
         return build_problem(cluster, nodes, req.model, req.global_batch_size, req.seq_len, req.precision,
-                             req.headroom_gib)
+                             req.headroom_gib, framework=req.framework, fp8_recipe=req.fp8_recipe)
 
-    result = compare(choices, make, PlanOptions(use_solver=req.use_solver), tokens=req.tokens, pue=req.pue,
-                     band_for=step_time_band)
+    opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(req.framework, req.model))
+    result = compare(choices, make, opts, tokens=req.tokens, pue=req.pue, band_for=step_time_band)
     first = result.entries[0].problem
     title = (f"{first.model.name}, batch {req.global_batch_size:,} x {req.seq_len:,} tokens, on "
              f"{len(result.entries)} clusters")
     doc = {**header("compare"), "inputs": {"model": first.model.model_dump(mode="json"),
-                                           "training": first.training.model_dump(mode="json")}, **as_json(result)}
+                                           "training": first.training.model_dump(mode="json")},
+           "framework": opts.restriction.caps.framework.value if opts.restriction else None, **as_json(result)}
 
     def draw(path: Path) -> None:
         from planner.explain.figures import comparison_figure

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from planner.frameworks.restriction import Restriction
     from planner.search import Candidate, PlanResult
 
 
@@ -32,6 +33,16 @@ def header(kind: str) -> dict[str, Any]:
     from planner import SCHEMA_VERSION, __version__
 
     return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": kind}
+
+
+def framework_restriction(framework: str | None, model: str) -> Restriction | None:
+    """--framework on compare/scaling: plan only what it runs, as `plan --framework` does; None without one."""
+    if framework is None:
+        return None
+    from planner.frameworks.restriction import build_restriction
+    from planner.inputs.models import load_model
+
+    return build_restriction(framework, load_model(model).vocab_size)
 
 
 def parse_counts(text: str | None, option: str, limit: int = 1_000_000) -> list[int] | None:

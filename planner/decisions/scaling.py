@@ -174,12 +174,14 @@ class ScalingRequest:
     tokens: float | None = None
     use_solver: bool = True
     figure: Path | None = None
+    framework: str | None = None  # only what it runs; its default FP8 recipe (planner/frameworks/capabilities.py)
+    fp8_recipe: str | None = None  # with precision fp8; validated per framework as in `plan`
 
 
 def scaling_report(req: ScalingRequest) -> DecisionReport:
     """Check the options, plan at every node count and batch, and return the document, lines and figure."""
     from cluster_specs import load_cluster
-    from planner.decisions.report import check_figure, header, parse_counts
+    from planner.decisions.report import check_figure, framework_restriction, header, parse_counts
     from planner.decisions.train import check_run_options
     from planner.estimate import build_problem
     from planner.search import PlanOptions
@@ -192,14 +194,18 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
     batches = parse_counts(req.batch_sizes, "--batch-sizes", 10**8) or [req.global_batch_size]
 
     def make(nodes: int, batch: int) -> Any:
-        return build_problem(req.cluster, nodes, req.model, batch, req.seq_len, req.precision, req.headroom_gib)
+        return build_problem(req.cluster, nodes, req.model, batch, req.seq_len, req.precision, req.headroom_gib,
+                             framework=req.framework, fp8_recipe=req.fp8_recipe)
 
-    curves = scaling_curves(make, PlanOptions(use_solver=req.use_solver), counts, batches)
+    opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(req.framework, req.model))
+    curves = scaling_curves(make, opts, counts, batches)
     first = curves[0].points[0].problem
     title = (f"Scaling: {first.model.name}, {req.seq_len}-token sequences, on {first.cluster.name} "
              f"({first.cluster.gpus_per_node} x {first.hardware.gpu_name} per node)")
     doc = {**header("scaling"), "inputs": {"cluster": first.cluster.model_dump(mode="json"),
-                                           "model": first.model.model_dump(mode="json"), "seq_length": req.seq_len},
+                                           "model": first.model.model_dump(mode="json"), "seq_length": req.seq_len,
+                                           "training": first.training.model_dump(mode="json")},
+           "framework": opts.restriction.caps.framework.value if opts.restriction else None,
            **as_json(curves, budget, req.tokens is not None)}
 
     def draw(path: Path) -> None:
