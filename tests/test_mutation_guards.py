@@ -1592,3 +1592,39 @@ def test_pipedream_async_stashes_a_weight_version_per_extra_micro_batch_in_fligh
     for i, (a, b) in enumerate(zip(flush.memories(), stale.memories(), strict=True)):
         assert b.weights_bytes == pytest.approx(a.weights_bytes + (4 - i - 1) * a.params * 2, rel=1e-12)
         assert b.in_flight_micro_batches == a.in_flight_micro_batches == 4 - i
+
+
+def test_fp8_weight_copies_expert_optimizer_shards_and_offload_over_cp():
+    """Model states per stage beyond plain ZeRO: FP8 weight copies (n x the layer's FP8 bytes, sharded over dp·cp
+    only under ZeRO-3); routed experts' optimizer state sharded over EDP = dp·cp·tp / (ep·etp) instead of dp·cp
+    (Mixtral, ep 4 of dp 8: EDP 2, 12 B / 2 = 6 B instead of 12 B / 8); the offload bucket over dp·cp."""
+    from cost_models.inputs import Knobs, Layout
+    from cost_models.stage import stage_model
+    from planner.inputs.specs import TrainingSpec
+    from planner.problem import Problem
+
+    def sm(problem, layout):
+        return stage_model(problem.cm_model, problem.cm_training, problem.hardware, layout, Knobs())
+
+    p8 = _search_problem(nodes=4)
+    p8 = Problem(p8.model, TrainingSpec(global_batch_size=64, seq_length=4096, precision="fp8",
+                                        fp8_recipe="delayed"), p8.cluster, p8.knobs)
+    for zero, shards in ((1, 1), (3, 8)):
+        s = sm(p8, Layout(dp=4, cp=2, tp=1, pp=2, zero_stage=zero, num_micro_batches=8) if zero == 1 else
+               Layout(dp=4, cp=2, tp=1, pp=1, zero_stage=zero, num_micro_batches=8))
+        fp8 = s.lc.extras.fp8_weight_bytes
+        assert fp8 > 0
+        for i, m in enumerate(s.memories()):
+            per_param = 2 / (8 if zero == 3 else 1)
+            assert m.weights_bytes == pytest.approx(m.params * per_param + s.split[i] * fp8 / shards, rel=1e-12)
+    moe = _search_problem("mixtral-8x7b", nodes=1)
+    s = sm(moe, Layout(dp=8, tp=1, pp=1, ep=4, zero_stage=1, num_micro_batches=8))
+    (m,) = s.memories()
+    assert s.lc.extras.expert_params > 0
+    assert m.optimizer_bytes == pytest.approx(m.params * 12 / 8 + 32 * s.lc.extras.expert_params * (12 / 2 - 12 / 8),
+                                              rel=1e-12)
+    off = sm(_search_problem(nodes=4), Layout(dp=8, cp=2, tp=1, pp=2, zero_stage=1, offload="optimizer",
+                                              num_micro_batches=8))
+    buffers = off.lc.extras.transient_bytes  # CP receive buffers
+    assert [m.transient_bytes for m in off.memories()] == [buffers + min(P / 16, 5e8) * 4
+                                                           for P in off.params_per_stage()]
