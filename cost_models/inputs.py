@@ -220,6 +220,12 @@ class Knobs:
     zero3_gather: Zero3Gather = Zero3Gather.LAYER  # layer: FSDP, a whole block (+1 prefetched); module: DeepSpeed
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
+    # the pipeline engine keeps each in-flight micro-batch's stage output until its backward (DeepSpeed's pipe engine;
+    # Megatron frees it after the send, deallocate_output_tensor): one more layer input per micro-batch in flight
+    keeps_stage_output: bool = False
+    # gradients are per-parameter tensors autograd allocates every step and the optimizer frees (DeepSpeed ZeRO-1/2),
+    # not one persistent buffer (Megatron's grad buffer, FSDP's sharded grads): the allocator's reserve applies to them
+    dynamic_grads: bool = False
     tp_layer_overhead_seconds: float = 0.0  # per layer and micro-batch (fwd+bwd) under TP: framework dispatch
     # Megatron-LM's async tensor-parallel all-reduce (on by default since 2021-09, commit 3f65246911; off with
     # --no-async-tensor-model-parallel-allreduce and under Megatron-DeepSpeed's --deepspeed): in backward, each

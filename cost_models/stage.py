@@ -402,11 +402,14 @@ class StageModel(NamedTuple):
 
     def activations_per_micro_batch(self) -> list[float]:
         """Activation bytes of one micro-batch, per stage: its layers under their policy, the embedding's on the
-        first stage and the output layer's on the last."""
+        first stage and the output layer's on the last; where the pipeline engine keeps it (knobs.keeps_stage_output:
+        DeepSpeed's pipe engine), every other stage's output, a layer input's shape, until its backward."""
         lc, last = self.lc, self.layout.pp - 1
         ap, af = lc.act_policy_bytes, lc.act_full_bytes
         out = [(n - r) * ap + r * af for n, r in zip(self.split, self.full_layers, strict=True)]
         out[0] += lc.embedding_act_bytes
+        if self.knobs.keeps_stage_output:
+            out[:last] = [x + af for x in out[:last]]
         out[last] += lc.output_act_bytes
         return out
 
@@ -446,6 +449,7 @@ class StageModel(NamedTuple):
         fp8_w, expert_p = ext.fp8_weight_bytes, ext.expert_params
         overhead, reserve = knobs.per_process_overhead_bytes, knobs.allocator_reserve_fraction
         stash = self.schedule == _PIPEDREAM_ASYNC
+        dynamic_grads = knobs.dynamic_grads  # per-parameter grads allocated every step carry the reserve too
         stages, best, peak = [], 0.0, 0
         rows = zip(self.split, params, self.in_flights(), self.activations_per_micro_batch(),
                    self.transient_bytes(params), strict=True)
@@ -456,7 +460,7 @@ class StageModel(NamedTuple):
             if stash:
                 weights += max(0.0, flight - 1) * P * param_bytes  # stashed weight versions
             acts, grads = per_mb * flight, P * g
-            spare = reserve * (acts + transient)
+            spare = reserve * (acts + transient + (grads if dynamic_grads else 0.0))
             stages.append(_new_tuple(StageMemory, (i, n, P, weights, grads, opt, acts, transient, overhead, flight,
                                                    spare)))
             total = weights + grads + opt + acts + transient + spare + overhead  # = StageMemory.total_bytes
@@ -477,10 +481,11 @@ class StageModel(NamedTuple):
         """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the
         memory row is a safe bound whether or not the stage recomputes (the estimate re-checks the result)."""
         lc, lay = self.lc, self.layout
-        per_state = sum(state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp * lay.cp))
+        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp * lay.cp)
         flight = self.in_flight(i)
         exposed_ar = lc.t_tp_all_reduce * lc.tp_expose
         grow = 1 + self.knobs.allocator_reserve_fraction  # dynamic bytes carry the allocator's reserve (memory())
+        per_state = w + o + g * (grow if self.knobs.dynamic_grads else 1.0)
         # transients as memory() counts them: buckets, CP/EP buffers, one recomputed layer (a safe bound)
         fixed = self.knobs.per_process_overhead_bytes + (self.knobs.bucket_bytes + lc.extras.transient_bytes
                                                          + lc.act_none_bytes) * grow
@@ -488,6 +493,8 @@ class StageModel(NamedTuple):
             fixed += lc.embedding_params * per_state + lc.embedding_act_bytes * flight * grow
         if i == self.pp - 1:
             fixed += (lc.output_params + lc.final_norm_params) * per_state + lc.output_act_bytes * flight * grow
+        elif self.knobs.keeps_stage_output:
+            fixed += lc.act_full_bytes * flight * grow
         return StageLinear(
             layer_seconds=(1 + BACKWARD_OVER_FORWARD) * lc.t_layer_forward + lc.t_recompute_policy
             + TP_ALL_REDUCES_PER_LAYER * exposed_ar - lc.t_tp_backward_hidden,

@@ -24,7 +24,11 @@ def test_memory_recipes_bytes_per_param():
     assert profile_for("megatron").memory.bytes_per_param == 18
     assert profile_for("torchtitan").memory.bytes_per_param == 16
     assert profile_for("deepspeed").memory.bytes_per_param == 20
-    assert profile_for("megatron-deepspeed").memory.bytes_per_param == 18  # BF16_Optimizer 6 + 12/d
+    # Megatron-DeepSpeed ZeRO-1 runs DeepSpeedZeroOptimizer (stage_1_and_2.py @8eef742): 16-bit params 2 + grads 2
+    # unsharded, and at the step fp32 master 4 + Adam 8 + partition buffer 2 + flat copy 2 + fp32 grads 4 = 20 / d
+    mds = profile_for("megatron-deepspeed")
+    assert (mds.memory.param_bytes, mds.memory.grad_bytes, mds.memory.optimizer_bytes) == (2, 2, 20)
+    assert mds.recipe("fp16") == mds.memory  # the same optimizer runs fp16 and bf16 at ZeRO-1
 
 
 def test_generic_profile_is_the_knobs_default():

@@ -74,17 +74,21 @@ def test_makespan_bubbles_equal_the_paper_closed_forms():
 # ---- the stage model: its evaluated stages equal its linear form ------------------------------------------
 
 
+DEEPSPEED_PIPE = Knobs(keeps_stage_output=True, dynamic_grads=True, bucket_bytes=1e9)
+
+
+@pytest.mark.parametrize("knobs", [Knobs(), DEEPSPEED_PIPE])
 @pytest.mark.parametrize("zero, recompute, full", [(0, "none", None), (1, "selective", (0, 3, 12, 1)),
                                                    (1, "full", None), (0, "selective", (2, 2, 2, 2))])
-def test_evaluated_stages_equal_the_linear_form_the_ilp_uses(zero, recompute, full):
+def test_evaluated_stages_equal_the_linear_form_the_ilp_uses(zero, recompute, full, knobs):
     model = gpt_shape(num_layers=48, hidden_size=4096, num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=16384)
     split = (11, 13, 13, 11)
     layout = Layout(dp=4, tp=4, pp=4, zero_stage=zero, micro_batch_size=1, num_micro_batches=16, recompute=recompute,
                     sequence_parallel=True, layers_per_stage=split, recompute_layers_per_stage=full)
-    sm = stage_model(model, BF16, _hw(), layout, Knobs())
+    sm = stage_model(model, BF16, _hw(), layout, knobs)
     # the ILP's coefficients come from the base policy: none/selective layers, r of them fully recomputed
     base = stage_model(model, BF16, _hw(), replace(layout, recompute="none" if recompute == "full" else recompute,
-                                                   recompute_layers_per_stage=None), Knobs())
+                                                   recompute_layers_per_stage=None), knobs)
     for i in range(4):
         n, r = sm.split[i], sm.full_layers[i]
         lin = base.linear(i)
@@ -95,8 +99,25 @@ def test_evaluated_stages_equal_the_linear_form_the_ilp_uses(zero, recompute, fu
                         + r * lin.layer_act_full_bytes + lin.fixed_bytes)
         # the linear row always reserves one recomputed layer's activations; the stage pays it only when r > 0
         # (with the caching allocator's reserve on it, as on every dynamic byte)
-        reserved = 0.0 if r > 0 else base.lc.act_none_bytes * (1 + Knobs().allocator_reserve_fraction)
+        reserved = 0.0 if r > 0 else base.lc.act_none_bytes * (1 + knobs.allocator_reserve_fraction)
         assert mem.total_bytes == pytest.approx(linear_bytes - reserved, rel=1e-12)
+
+
+def test_deepspeed_pipe_engine_memory_terms():
+    # DeepSpeed's pipe engine keeps each in-flight micro-batch's stage output until its backward (pipe/engine.py
+    # _exec_backward_pass): one layer input (2 s b h / t with SP) per micro-batch in flight, on every stage but the
+    # last; its per-parameter 16-bit grads are allocated every step, so the allocator's reserve covers them
+    model = gpt_shape(num_layers=48, hidden_size=4096, num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=16384)
+    layout = Layout(dp=4, tp=4, pp=4, zero_stage=1, micro_batch_size=2, num_micro_batches=16, recompute="full",
+                    sequence_parallel=True)
+    plain, ds = (stage_model(model, BF16, _hw(), layout, k) for k in (Knobs(), replace(DEEPSPEED_PIPE, bucket_bytes=0)))
+    layer_input = 2 * 2048 * 2 * 4096 / 4  # s b h x 2 bytes, sharded by SP over tp = 4
+    r = Knobs().allocator_reserve_fraction
+    for i in range(4):
+        a, b = plain.memory(i), ds.memory(i)
+        kept = 0.0 if i == 3 else layer_input * a.in_flight_micro_batches
+        assert b.activations_bytes - a.activations_bytes == pytest.approx(kept, rel=1e-12)
+        assert b.reserve_bytes - a.reserve_bytes == pytest.approx(r * (kept + b.gradients_bytes), rel=1e-12)
 
 
 def test_estimate_reports_the_stage_model():

@@ -10,11 +10,15 @@ from dataclasses import replace
 
 import pytest
 
+from planner.bands import BAND_COVERAGE, BAND_LEVELS
 from planner.validation import (
     band_coverage,
+    band_hits,
     build_case,
     build_cases,
     load_rows,
+    memory_rows,
+    nested_band_coverage,
     run_loso,
     run_validation,
     source_balanced_objective,
@@ -70,16 +74,29 @@ def test_source_balanced_objective():
 
 
 def test_band_coverage_near_80_percent(report):
+    # the nominal band (central 80% of the other sources' LOSO errors) covers fewer held-out rows than it claims
+    # (73.8% on this grid); the calibrated one, its level chosen on the other sources only, about 80% (80.6%)
     inside, total = band_coverage(report)
     assert total >= 250
-    assert 0.65 <= inside / total <= 0.95, inside / total
+    assert inside / total < 0.8
+    hits, levels = nested_band_coverage(report)
+    assert len(hits) == total
+    assert 0.78 <= sum(h.inside for h in hits) / total <= 0.86
+    assert set(levels.values()) <= set(BAND_LEVELS)
+    # the band is not right because it is wide: the calibrated median width stays within 1.25x the nominal one
+    nominal = statistics.median(h.width for h in band_hits(report, BAND_COVERAGE))
+    assert statistics.median(h.width for h in hits) <= 1.25 * nominal
 
 
 def test_measured_memory_rows(report):
     # BLOOM-176B layout search (bigscience chronicles): 'max GPU memory used as logged' (device memory)
+    # Megatron-DeepSpeed ZeRO-1 as DeepSpeedZeroOptimizer at the optimizer step (profiles.py): every row within
+    # -9.1%..+12.0% (was -20.0%..+0.6% with the BF16_Optimizer recipe, which BLOOM's ZeRO-1 runs did not use)
     s = summary(report)
-    assert s["memory_rows"] >= 10
-    assert s["memory_median_abs_error"] <= 0.10
+    assert s["memory_rows"] >= 13
+    assert s["memory_median_abs_error"] <= 0.06
+    errors = [e for _, e in memory_rows(report)]
+    assert min(errors) >= -0.10 and max(errors) <= 0.125, errors
 
 
 def test_korthikanti_table5_rows(report):

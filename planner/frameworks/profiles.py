@@ -46,6 +46,8 @@ class MemoryRecipe:
     zero3_gather: str  # "layer": a whole block (+1 prefetched); "module": one Linear at a time
     source: str
     bucket_bytes: float = 0.0  # communication buckets allocated on top (DeepSpeed ZeRO-1/2 IPG and all-gather)
+    keeps_stage_output: bool = False  # the pipeline engine keeps each in-flight micro-batch's stage output
+    dynamic_grads: bool = False  # gradients are per-parameter tensors allocated every step (not one persistent buffer)
 
     @property
     def bytes_per_param(self) -> float:
@@ -112,6 +114,8 @@ class Profile:
             pp_overlap_needs_virtual=o.pp_needs_virtual is not None,
             zero3_gather=Zero3Gather(recipe.zero3_gather),
             bucket_bytes=recipe.bucket_bytes,
+            keeps_stage_output=recipe.keeps_stage_output,
+            dynamic_grads=recipe.dynamic_grads,
             per_process_overhead_bytes=a.fixed_bytes.value,
             allocator_reserve_fraction=a.reserve_fraction.value,
             state_bytes_per_param=(recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes),
@@ -159,11 +163,22 @@ _DEEPSPEED_RECIPE = MemoryRecipe(
     "partitioned from ZeRO-1 (ZeRO-2 estimator 2P + 18P/N, stage_1_and_2.py L3093-3095, frameworks.md §3.5); "
     "ZeRO-3 gathers one module at a time (stage3_prefetch_bucket_size); reduce and all-gather buckets of 5e8 "
     "16-bit elements each (reduce_bucket_size, allgather_bucket_size defaults, runtime/zero/config.py)", 2e9)
-_BF16_OPTIMIZER_RECIPE = MemoryRecipe(
-    "DeepSpeed BF16_Optimizer (Megatron-DeepSpeed, ZeRO-0/1)", 2, 4, 12, 2, "module",
-    "bf16 params 2 (full) + full-size fp32 gradient buffer 4 + fp32 master 4/d + Adam 8/d = 6 + 12/d, as "
-    "Megatron's distributed optimizer (bf16_optimizer.py L141-210, frameworks.md §3.5; BigScience tr11: 'bf16 must "
-    "use z0! it implements its own zero stage 1 equivalent')")
+_DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
+    "DeepSpeed ZeRO-1 optimizer under the pipeline engine (Megatron-DeepSpeed, bf16/fp16)", 2, 2, 20, 2, "module",
+    "DeepSpeedZeroOptimizer (stage_1_and_2.py @8eef742, 2022-02-16: 'bf16 is supported w. zero 1'; BF16_Optimizer "
+    "only from PR #1801, 2022-04-19, and only for ZeRO-0). Peak at the optimizer step, as the caching allocator holds "
+    "it: 16-bit params 2 (one flat buffer) + 16-bit grads 2 (param.grad, accumulated over the micro-batches, "
+    "unpartitioned under ZeRO-1), which stay reserved at the step: zero_grad() frees those per-parameter blocks at the "
+    "end of the reduce epilogue, and the step's multi-GB contiguous tensors cannot reuse them (the allocator splits a "
+    "cached block only for requests smaller than it); sharded from ZeRO-1: fp32 master 4 + Adam 8 + at "
+    "step() the gradient partition buffer 2 (grads_in_partition) + its flattened 16-bit copy 2 + the fp32 gradient "
+    "partition 4 (flatten(averaged_gradients).to(fp32)) = 4 + 20/d. One reduce_bucket_size IPG buffer (5e8 16-bit "
+    "elements, allocated by reduce_gradients(pipeline_parallel=True)); the all-gather after the step writes in place "
+    "into the flat buffer (no allgather buffer at that commit). The pipe engine keeps each in-flight micro-batch's "
+    "stage output until its backward (pipe/engine.py _exec_backward_pass: 'Free up the memory from the output of "
+    "forward()'). The 16-bit grads are autograd's per-parameter tensors, allocated every step and freed by "
+    "zero_grad(): the allocator's reserve applies to them as to activations", 1e9, keeps_stage_output=True,
+    dynamic_grads=True)
 
 FSDP_HOPPER_KERNEL_EFFICIENCY = 0.85
 _FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
@@ -253,7 +268,7 @@ PROFILES: dict[Framework, Profile] = {
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]"),
     Framework.MEGATRON_DEEPSPEED: Profile(
-        Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _BF16_OPTIMIZER_RECIPE,
+        Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _DEEPSPEED_ZERO1_PIPE_RECIPE,
         "core attention only (--recompute-granularity selective) or full layers (--checkpoint-activations) "
         "(frameworks.md §3.4)",
         Overlap(
@@ -264,8 +279,7 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.0, "blocking pipeline send/recv (DeepSpeed pipe engine) [U]"),
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
-        "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
-        memory_fp16=_DEEPSPEED_RECIPE),
+        "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)"),
     Framework.GENERIC: Profile(
         Framework.GENERIC, "generic (no framework named)", _MEGATRON_RECIPE,
         "core attention only (Megatron's definition, Korthikanti et al. 2022 §5)",
