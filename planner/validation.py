@@ -269,8 +269,9 @@ def _searched_fields(row: dict, fields: dict) -> list[str]:
     return searched
 
 
-def build_case(row: dict) -> Case | str:
-    """A case, or the reason the row cannot be represented."""
+def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
+    """A case, or the reason the row cannot be represented. memory_only: a row that printed its memory but no
+    throughput becomes a case for the memory table (its step time is NaN and it joins no time statistic)."""
     reason = _unrepresentable(row)
     if reason is not None:
         return reason
@@ -295,9 +296,11 @@ def build_case(row: dict) -> Case | str:
     searched = _searched_fields(row, fields)
     knobs = family_knobs(family, precision)
     measured, basis = _measured_step(row, model_spec, training, n)
+    mem = _num(row.get("peak_memory_gb_per_gpu"))
+    if measured is None and memory_only and mem:
+        measured, basis = float("nan"), "memory only"
     if measured is None:
         return basis
-    mem = _num(row.get("peak_memory_gb_per_gpu"))
     return Case(row["id"], row.get("source", "")[:60], model_spec, training, cluster, fields, knobs, measured, basis,
                 mem, searched, family=family)
 
@@ -442,6 +445,7 @@ class Report:
     skipped: list[tuple[str, str]]
     knobs: dict[str, float]  # fitted on every source
     loso: Loso | None = None
+    memory_only: list[CaseResult] = field(default_factory=list)  # rows that printed memory but no throughput
     band_level: float | None = None  # the error band's calibrated quantile level (shipped_band_level)
 
     def errors(self, subset=None, *, loso: bool = True) -> list[float]:
@@ -526,7 +530,10 @@ def run_validation(rows: list[dict], *, grid: dict[str, tuple[float, ...]] | Non
     results = per_point[loso.all_choice]
     for i, r in enumerate(results):
         r.loso_error = per_point[loso.fold_choice[r.case.source]][i].error
-    return Report(results, skipped, loso.points[loso.all_choice], loso)
+    memory_cases = [c for c in (build_case(r, memory_only=True) for r in rows if r.get("peak_memory_gb_per_gpu"))
+                    if not isinstance(c, str) and c.measured_basis == "memory only"]
+    fitted = loso.points[loso.all_choice]
+    return Report(results, skipped, fitted, loso, evaluate_all(memory_cases, fitted))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -553,7 +560,7 @@ def _grouped(report: Report, key) -> dict[str, dict]:
 def memory_rows(report: Report) -> list[tuple[CaseResult, float]]:
     """(result, signed error of the predicted device memory vs the printed GB) for rows that printed memory."""
     out = []
-    for r in report.results:
+    for r in report.results + report.memory_only:
         if r.case.measured_memory_gib and r.predicted_memory_gib:
             out.append((r, (r.predicted_memory_gib * GIB / 1e9 - r.case.measured_memory_gib)
                         / r.case.measured_memory_gib))
@@ -670,19 +677,28 @@ def _group_table(title: str, groups: dict[str, dict]) -> list[str]:
     return out
 
 
+MEMORY_NOT_PREDICTED = (
+    "Rows that printed memory but are not in the table: the 2022-02-20 BLOOM layout-search rows (bs-prequel-0220-*) "
+    "print neither the layer count nor the heads (their model size varies per row), and the 104B V100 "
+    "measurement (bigscience-104B-v100-memory) prints neither the DP degree nor the micro-batch size.")
+
+
 def _memory_section(report: Report) -> list[str]:
     mem = memory_rows(report)
     out = ["## Memory against measured peaks", "",
            "Predicted device memory = reserved (live tensors + the caching allocator's reserve) + memory outside the "
            "allocator (CUDA context, NCCL), the quantity nvidia-smi shows; allocated = live tensors only. "
-           "BigScience's tables print 'max GPU memory used as logged' in GB; it is compared with device memory.", "",
+           "BigScience's tables print 'max GPU memory used as logged' in GB; it is compared with device memory. "
+           "The Megatron-DeepSpeed recipe is DeepSpeed's ZeRO-1 optimizer at its step (planner/frameworks/"
+           "profiles.py), so 'allocated' here is the step's reserved model states plus the live activations, an "
+           "upper bound of max_memory_allocated. Rows marked * printed memory but no throughput.", "",
            "| row | layout | measured GB | predicted allocated GB | predicted device GB | error |",
            "|---|---|---|---|---|---|"]
     for r, e in mem:
-        out.append(f"| {r.case.row_id} | {r.layout.short() if r.layout else '-'} | {r.case.measured_memory_gib} | "
-                   f"{_gb(r.predicted_allocated_gib)} | {_gb(r.predicted_memory_gib)} | "
-                   f"{e * 100:+.1f}% |")
-    return out
+        mark = " *" if r.case.measured_basis == "memory only" else ""
+        out.append(f"| {r.case.row_id}{mark} | {r.layout.short() if r.layout else '-'} | {r.case.measured_memory_gib} "
+                   f"| {_gb(r.predicted_allocated_gib)} | {_gb(r.predicted_memory_gib)} | {e * 100:+.1f}% |")
+    return out + ["", MEMORY_NOT_PREDICTED]
 
 
 def _coverage_cells(hits: list[BandHit]) -> str:
