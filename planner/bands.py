@@ -108,6 +108,11 @@ def load_table() -> dict:
     return json.loads(text)
 
 
+def band_level() -> float:
+    """The central quantile level of LOSO errors the shipped bands take (calibrated by `make validate`)."""
+    return float(load_table().get("quantile_level", BAND_COVERAGE))
+
+
 def memory_high_fraction() -> float:
     """How much above its prediction a measured peak has been (the memory band's high end: the 90th percentile of
     LOSO under-predictions against printed peaks, 0 for over-predictions). `plan` requires the pick's peak raised

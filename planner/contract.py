@@ -69,8 +69,9 @@ class Predicted(_Strict):
     # error band, memory split and assumptions (planner/bands.py, planner/frameworks/profiles.py); optional so that
     # plans written before them still load
     step_time_seconds_range: list[float] | None = Field(
-        None, description="[low, high]: where the measured step time is expected (central 80% of the leave-one-"
-                          "source-out errors of this regime: framework family, GPU generation, scale)")
+        None, description="[low, high]: where the measured step time is expected (a central quantile of the leave-one-"
+                          "source-out errors of this regime: framework family, GPU generation, scale; its level is "
+                          "calibrated so that about 80% of a held-out source's runs fall inside)")
     peak_memory_bytes_per_gpu_high: float | None = Field(
         None, description="device memory at the band's high end (measured peaks above the prediction, 90th pct)")
     peak_allocated_bytes_per_gpu: float | None = Field(

@@ -42,7 +42,7 @@ def step_time_band(problem: Problem, pick: Candidate, framework: str | None = No
     from planner.decisions.train import StepTimeBand
 
     try:
-        from planner.bands import prediction_band
+        from planner.bands import band_level, prediction_band
     except ModuleNotFoundError:  # the error-band table is not part of this install
         return None
     est = pick.estimate
@@ -51,7 +51,8 @@ def step_time_band(problem: Problem, pick: Candidate, framework: str | None = No
     if b.rows == 0:
         return None
     return StepTimeBand(b.step_seconds_low / est.step_seconds, b.step_seconds_high / est.step_seconds,
-                        f"central 80% of leave-one-source-out errors, regime {b.regime}, {b.rows} published runs")
+                        f"central {band_level():.0%} of leave-one-source-out errors (about 80% of held-out runs "
+                        f"inside), regime {b.regime}, {b.rows} published runs")
 
 
 def extend(doc: PlanDocument, problem: Problem, result: PlanResult, extras: PlanExtras, opts: PlanOptions) -> None:
