@@ -758,11 +758,24 @@ def _vtrain_section(vt) -> list[str]:
     return out
 
 
+def _summary_bullets(report: Report, s: dict, hits: list[BandHit]) -> list[str]:
+    inside, total = sum(h.inside for h in hits), len(hits)
+    knobs = ", ".join(f"{k} = {v:g}" for k, v in report.knobs.items())
+    return [
+        f"- False out-of-memory verdicts (a run that ran, judged 'does not fit'): **{s['false_out_of_memory']}**.",
+        f"- Error band coverage (held out twice, below): {inside} of {total} rows ({_pct(inside / total)}) lie "
+        f"inside their band; the shipped band takes the central {shipped_band_level(report):.0%} of each regime's "
+        "LOSO errors (planner/bands.py).",
+        f"- Memory: {s['memory_rows']} rows with a measured peak, median |error| {_pct(s['memory_median_abs_error'])},"
+        f" worst under-prediction {_pct(s['memory_worst_under_prediction'])} (table below).",
+        f"- Rows skipped: {s['rows_skipped']} (reasons below).",
+        f"- Knobs fitted on every source (shipped defaults): {knobs}. Each fold's choice is listed below.",
+    ]
+
+
 def render_markdown(report: Report, *, runs_path: str, planner_section: str = "", vtrain=None) -> str:
     s = summary(report)
     hits, levels = nested_band_coverage(report)
-    inside, total = sum(h.inside for h in hits), len(hits)
-    knobs = ", ".join(f"{k} = {v:g}" for k, v in report.knobs.items())
     out = [
         "# Validation against published training runs",
         "",
@@ -784,14 +797,7 @@ def render_markdown(report: Report, *, runs_path: str, planner_section: str = ""
         f"| knobs fitted on every source (in-sample) | {s['rows_evaluated']} | "
         f"{_pct(s['fitted_on_all_median_abs_error'])} | {_pct(s['fitted_on_all_p90_abs_error'])} |",
         "",
-        f"- False out-of-memory verdicts (a run that ran, judged 'does not fit'): **{s['false_out_of_memory']}**.",
-        f"- Error band coverage (held out twice, below): {inside} of {total} rows ({_pct(inside / total)}) lie "
-        f"inside their band; the shipped band takes the central {shipped_band_level(report):.0%} of each regime's "
-        "LOSO errors (planner/bands.py).",
-        f"- Memory: {s['memory_rows']} rows with a measured peak, median |error| {_pct(s['memory_median_abs_error'])},"
-        f" worst under-prediction {_pct(s['memory_worst_under_prediction'])} (table below).",
-        f"- Rows skipped: {s['rows_skipped']} (reasons below).",
-        f"- Knobs fitted on every source (shipped defaults): {knobs}. Each fold's choice is listed below.",
+        *_summary_bullets(report, s, hits),
         "",
     ]
     out += _group_table("framework family", s["by_family"]) + [""]
