@@ -170,6 +170,9 @@ class Training:
     grad_reduce_bytes: int  # element size of the DP gradient reduction
     fp8_recipe: str | None = None  # FP8 GEMMs (cost_models/fp8.py FP8_RECIPES); None: all GEMMs in bf16/fp16
     fp8_param_gather: bool = False  # FP8 primary weights / FP8 parameter all-gather (Megatron --fp8-param-gather)
+    # (param, grad, optimizer) bytes at ZeRO-0 where the framework runs another optimizer there that shards its own
+    # optimizer state over DP (DeepSpeed's BF16_Optimizer); None: ZeRO-0 keeps the bytes above, unsharded
+    zero0_state_bytes: tuple[float, float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +215,7 @@ class Knobs:
     # the framework's memory recipe for 16-bit training: (param, grad, optimizer) bytes per parameter as step.py
     # places them (param unsharded below ZeRO-3, grad below ZeRO-2, optimizer below ZeRO-1); None: the precision's
     state_bytes_per_param: tuple[float, float, float] | None = None
+    zero0_state_bytes_per_param: tuple[float, float, float] | None = None  # Training.zero0_state_bytes
     profile: str = "generic"  # the framework profile these knobs come from (planner/frameworks/profiles.py)
     memory_high_fraction: float = 0.0  # plan: a layout must fit with its peak raised by this (the error band's high end)
     matmul_half_efficiency_gflop: float = 2.0  # per-GEMM size at which efficiency is half its maximum

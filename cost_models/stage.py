@@ -251,6 +251,9 @@ def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int,
     optimizer+params, the parameters too (ZeRO-Infinity).
     """
     offloaded = offload != _OFFLOAD_NONE
+    if zero_stage == 0 and training.zero0_state_bytes is not None and not offloaded:
+        param, grad, optimizer = training.zero0_state_bytes  # an optimizer that shards its own state (BF16_Optimizer)
+        return param, grad, optimizer / dp
     weights = 0.0 if offload == _OFFLOAD_PARAMS else training.param_bytes / (dp if zero_stage >= 3 else 1)
     grads = 0.0 if offloaded else training.grad_bytes / (dp if zero_stage >= 2 else 1)
     optim = 0.0 if offloaded else training.optimizer_bytes / (dp if zero_stage >= 1 else 1)

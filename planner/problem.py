@@ -47,7 +47,8 @@ class Problem:
         recipe = self.knobs.state_bytes_per_param
         if recipe is None or self.training.precision == "fp32" or self.training.grad_dtype is not None:
             return cm
-        return replace(cm, param_bytes=recipe[0], grad_bytes=recipe[1], optimizer_bytes=recipe[2])
+        return replace(cm, param_bytes=recipe[0], grad_bytes=recipe[1], optimizer_bytes=recipe[2],
+                       zero0_state_bytes=self.knobs.zero0_state_bytes_per_param)
 
     @cached_property
     def parameter_counts(self) -> dict[str, int]:

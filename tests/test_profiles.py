@@ -28,7 +28,10 @@ def test_memory_recipes_bytes_per_param():
     # unsharded, and at the step fp32 master 4 + Adam 8 + partition buffer 2 + flat copy 2 + fp32 grads 4 = 20 / d
     mds = profile_for("megatron-deepspeed")
     assert (mds.memory.param_bytes, mds.memory.grad_bytes, mds.memory.optimizer_bytes) == (2, 2, 20)
-    assert mds.recipe("fp16") == mds.memory  # the same optimizer runs fp16 and bf16 at ZeRO-1
+    # the same optimizer runs fp16 and bf16 at ZeRO-1; at ZeRO-0 bf16 runs BF16_Optimizer, its own ZeRO-1:
+    # 2 + 4 (fp32 grad buffer) + 12 / d (bf16_optimizer.py L141-210); fp16 keeps the ZeRO-1 optimizer's bytes
+    assert mds.recipe("fp16").bytes_per_param == 24 and mds.recipe("fp16").zero0 is None
+    assert mds.memory.zero0 == (2, 4, 12)
 
 
 def test_generic_profile_is_the_knobs_default():
@@ -83,3 +86,24 @@ def test_dp_overlap_is_a_share_of_the_traffic():
     est = estimate_step(model, t2, _a100_64(), tiny, replace(Knobs(), zero3_overlap_fraction=1.0))
     assert est.time.dp_comm_seconds >= est.time.dp_comm_total_seconds - est.time.compute_seconds - 1e-12
     assert est.time.dp_comm_seconds > 0
+
+
+def test_megatron_deepspeed_states_per_zero_stage():
+    # the recipe reaches the cost model through the problem: ZeRO-1 -> DeepSpeedZeroOptimizer 2 + 2 + 20/d,
+    # ZeRO-0 bf16 -> BF16_Optimizer 2 + 4 + 12/d (it shards its own optimizer state over DP)
+    from cluster_specs import load_cluster
+    from cost_models.stage import state_bytes_per_param
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import TrainingSpec
+    from planner.problem import Problem
+
+    def states(precision, zero):
+        knobs = profile_knobs("megatron-deepspeed", precision=precision)
+        problem = Problem(load_model("bloom-176b"), TrainingSpec(global_batch_size=2048, seq_length=2048,
+                                                                 precision=precision),
+                          load_cluster("dgx-a100-80gb", nodes=48), knobs)
+        return state_bytes_per_param(problem.cm_training, zero_stage=zero, dp=8)
+
+    assert states("bf16", 1) == (2, 2, 2.5)
+    assert states("bf16", 0) == (2, 4, 1.5)
+    assert states("fp16", 0) == (2, 2, 20)  # fp16 at ZeRO-0: the same optimizer's bytes, unsharded

@@ -47,6 +47,8 @@ class MemoryRecipe:
     source: str
     bucket_bytes: float = 0.0  # communication buckets allocated on top (DeepSpeed ZeRO-1/2 IPG and all-gather)
     keeps_stage_output: bool = False  # the pipeline engine keeps each in-flight micro-batch's stage output
+    # (param, grad, optimizer) at ZeRO-0 where another optimizer runs there and shards its own optimizer state
+    zero0: tuple[float, float, float] | None = None
     dynamic_grads: bool = False  # gradients are per-parameter tensors allocated every step (not one persistent buffer)
 
     @property
@@ -115,6 +117,7 @@ class Profile:
             zero3_gather=Zero3Gather(recipe.zero3_gather),
             bucket_bytes=recipe.bucket_bytes,
             keeps_stage_output=recipe.keeps_stage_output,
+            zero0_state_bytes_per_param=recipe.zero0,
             dynamic_grads=recipe.dynamic_grads,
             per_process_overhead_bytes=a.fixed_bytes.value,
             allocator_reserve_fraction=a.reserve_fraction.value,
@@ -177,8 +180,11 @@ _DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
     "into the flat buffer (no allgather buffer at that commit). The pipe engine keeps each in-flight micro-batch's "
     "stage output until its backward (pipe/engine.py _exec_backward_pass: 'Free up the memory from the output of "
     "forward()'). The 16-bit grads are autograd's per-parameter tensors, allocated every step and freed by "
-    "zero_grad(): the allocator's reserve applies to them as to activations", 1e9, keeps_stage_output=True,
-    dynamic_grads=True)
+    "zero_grad(): the allocator's reserve applies to them as to activations. At ZeRO-0 bf16 runs DeepSpeed's "
+    "BF16_Optimizer (engine.py, DeepSpeed >= 0.6.4; BigScience tr11: 'bf16 must use z0! it implements its own zero "
+    "stage 1 equivalent'): bf16 params 2 + a full-size fp32 gradient buffer 4 + fp32 master 4/d + Adam 8/d "
+    "(bf16_optimizer.py L141-210, frameworks.md §3.5)", 1e9, keeps_stage_output=True, dynamic_grads=True,
+    zero0=(2, 4, 12))
 
 FSDP_HOPPER_KERNEL_EFFICIENCY = 0.85
 _FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
@@ -279,7 +285,8 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.0, "blocking pipeline send/recv (DeepSpeed pipe engine) [U]"),
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
-        "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)"),
+        "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
+        memory_fp16=replace(_DEEPSPEED_ZERO1_PIPE_RECIPE, zero0=None)),
     Framework.GENERIC: Profile(
         Framework.GENERIC, "generic (no framework named)", _MEGATRON_RECIPE,
         "core attention only (Megatron's definition, Korthikanti et al. 2022 §5)",
