@@ -691,7 +691,9 @@ def _memory_section(report: Report) -> list[str]:
            "BigScience's tables print 'max GPU memory used as logged' in GB; it is compared with device memory. "
            "The Megatron-DeepSpeed recipe is DeepSpeed's ZeRO-1 optimizer at its step (planner/frameworks/"
            "profiles.py), so 'allocated' here is the step's reserved model states plus the live activations, an "
-           "upper bound of max_memory_allocated. Rows marked * printed memory but no throughput.", "",
+           "upper bound of max_memory_allocated. Rows marked * printed memory but no throughput. The ZeRO-0 row ran "
+           "on a pre-release DeepSpeed branch (the source: 'currently can't test ZeRO_STAGE=0 on master ... need to "
+           "retest'); it is predicted with the released BF16_Optimizer (2 + 4 + 12/d), which BLOOM trained with.", "",
            "| row | layout | measured GB | predicted allocated GB | predicted device GB | error |",
            "|---|---|---|---|---|---|"]
     for r, e in mem:

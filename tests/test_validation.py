@@ -90,13 +90,17 @@ def test_band_coverage_near_80_percent(report):
 
 def test_measured_memory_rows(report):
     # BLOOM-176B layout search (bigscience chronicles): 'max GPU memory used as logged' (device memory)
-    # Megatron-DeepSpeed ZeRO-1 as DeepSpeedZeroOptimizer at the optimizer step (profiles.py): every row within
-    # -9.1%..+12.0% (was -20.0%..+0.6% with the BF16_Optimizer recipe, which BLOOM's ZeRO-1 runs did not use)
+    # Megatron-DeepSpeed ZeRO-1 as DeepSpeedZeroOptimizer at the optimizer step (profiles.py): every ZeRO-1 row
+    # within -9.1%..+12.0% (was -20.0%..+0.6% with the BF16_Optimizer recipe, which BLOOM's ZeRO-1 runs did not
+    # use). The one ZeRO-0 row ran on a pre-release DeepSpeed branch ('currently can't test ZeRO_STAGE=0 on master
+    # ... need to retest', the source): 72 GB where the released BF16_Optimizer keeps 2 + 4 + 12/d (-49.8%)
     s = summary(report)
-    assert s["memory_rows"] >= 13
-    assert s["memory_median_abs_error"] <= 0.06
-    errors = [e for _, e in memory_rows(report)]
-    assert min(errors) >= -0.10 and max(errors) <= 0.125, errors
+    assert s["memory_rows"] >= 15
+    assert s["memory_median_abs_error"] <= 0.05
+    errors = {r.case.row_id: e for r, e in memory_rows(report)}
+    branch = errors.pop("bs-prequel-0221-zero0-h14336-pp12-mbs2")
+    assert -0.55 <= branch <= -0.45
+    assert min(errors.values()) >= -0.10 and max(errors.values()) <= 0.125, errors
 
 
 def test_korthikanti_table5_rows(report):
