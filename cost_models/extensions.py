@@ -46,9 +46,49 @@ class LayerExtras(NamedTuple):
     fp8_weight_bytes: float  # FP8 weight copies of one layer on this GPU
     cp_total_seconds: float = 0.0  # CP traffic before overlap (for explanations), forward + backward
     ep_total_seconds: float = 0.0  # EP all-to-all before overlap, forward + backward
+    # the forward's share of the above: what a recomputed forward runs again (`recomputed`)
+    cp_forward_seconds: float = 0.0  # exposed
+    ep_forward_seconds: float = 0.0  # exposed
+    fp8_quant_forward_seconds: float = 0.0
+    cp_forward_total_seconds: float = 0.0  # before overlap
+    ep_forward_total_seconds: float = 0.0
 
     @property
     def extra_seconds(self) -> float:
+        return self.cp_seconds + self.ep_seconds + self.fp8_quant_seconds
+
+    def recomputed(self, recompute: str) -> Recomputed:
+        """What recomputing one layer's forward in the backward repeats besides its FLOPs.
+
+        full: the whole forward runs again (Megatron transformer_block.py `_checkpointed_forward`, te_checkpoint
+        under FP8; torch.utils.checkpoint in torchtitan's full AC), so its CP exchange (TE's ring / all-gather /
+        Ulysses all-to-all sit inside the core attention: megatron-core 0.16.1 extensions/transformer_engine.py
+        L1228-1242 hands TEDotProductAttention the cp_group and cp_comm_type), its EP dispatch and combine
+        all-to-alls (the MoE layer is inside the checkpoint) and its FP8 casts of fresh operands run again.
+        selective: Megatron's default recompute_modules ["core_attn"] checkpoints `self.core_attention`
+        (attention.py L328-331, L381-415, L1134), i.e. TEDotProductAttention with its CP exchange: the forward CP
+        traffic repeats, EP (outside the attention) and the Linear layers' FP8 casts do not."""
+        if recompute == "full":
+            return Recomputed(self.cp_forward_seconds, self.ep_forward_seconds, self.fp8_quant_forward_seconds,
+                              self.cp_forward_total_seconds, self.ep_forward_total_seconds)
+        if recompute == "selective":
+            return Recomputed(self.cp_forward_seconds, 0.0, 0.0, self.cp_forward_total_seconds, 0.0)
+        return Recomputed(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Recomputed:
+    """Per layer per micro-batch: the forward traffic and casts a recompute repeats (LayerExtras.recomputed)."""
+
+    cp_seconds: float  # exposed
+    ep_seconds: float  # exposed
+    fp8_quant_seconds: float
+    cp_total_seconds: float  # before overlap
+    ep_total_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        """Added to the layer's recompute time."""
         return self.cp_seconds + self.ep_seconds + self.fp8_quant_seconds
 
 
@@ -77,11 +117,11 @@ def _moe_tokens(layout: Layout, tokens: float) -> float:
 
 
 def _fp8_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, tokens: float
-               ) -> tuple[float, float]:
-    """(GEMM time factor, quantization seconds f+b) for one layer's Linear GEMMs in FP8."""
+               ) -> tuple[float, float, float]:
+    """(GEMM time factor, quantization seconds f+b, of which forward) for one layer's Linear GEMMs in FP8."""
     recipe = training.fp8_recipe
     if recipe is None:
-        return 1.0, 0.0
+        return 1.0, 0.0, 0.0
     t = layout.tp
     q, kv, h = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim, model.hidden_size
     f = model.moe.expert_ffn_hidden_size if model.moe else model.ffn_hidden_size
@@ -93,14 +133,23 @@ def _fp8_terms(model: Transformer, training: Training, hw: Hardware, layout: Lay
     factor = time_fp8 / sum(flops)
     fwd, bwd = quantization_seconds(tokens=int(tokens), shapes=shapes, recipe=recipe,
                                     hbm_bytes_per_second=hw.hbm_bytes_per_second)
-    return factor, fwd + bwd
+    return factor, fwd + bwd, fwd
+
+
+@dataclass(frozen=True, slots=True)
+class _CpTerms:
+    exposed_seconds: float = 0.0  # forward + backward
+    buffer_bytes: float = 0.0
+    total_seconds: float = 0.0  # before overlap, forward + backward
+    exposed_forward_seconds: float = 0.0
+    total_forward_seconds: float = 0.0
 
 
 def _cp_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, core_seconds: float
-              ) -> tuple[float, float, float]:
-    """(exposed seconds f+b, transient bytes, seconds before overlap) of CP for one layer."""
+              ) -> _CpTerms:
+    """CP of one layer: exposed seconds, transient bytes, seconds before overlap (and their forward parts)."""
     if layout.cp <= 1:
-        return 0.0, 0.0, 0.0
+        return _CpTerms()
     kw = dict(micro_batch_size=layout.micro_batch_size, seq_length=training.seq_length, tp=layout.tp, cp=layout.cp,
               activation_bytes=training.activation_bytes)
     traffic = cp_traffic(model, variant=layout.cp_comm, **kw)
@@ -108,19 +157,22 @@ def _cp_terms(model: Transformer, training: Training, hw: Hardware, layout: Layo
     fwd, bwd = exposed_cp_seconds(traffic, variant=layout.cp_comm, cp=layout.cp, link=link,
                                   attention_forward_seconds=core_seconds, attention_backward_seconds=2 * core_seconds)
     total = cp_transfer_seconds(traffic, variant=layout.cp_comm, cp=layout.cp, link=link)
-    return fwd + bwd, cp_buffer_bytes(model, variant=layout.cp_comm, **kw), total
+    fwd_total, _ = exposed_cp_seconds(traffic, variant=layout.cp_comm, cp=layout.cp, link=link,
+                                      attention_forward_seconds=0.0, attention_backward_seconds=0.0)
+    return _CpTerms(fwd + bwd, cp_buffer_bytes(model, variant=layout.cp_comm, **kw), total, fwd, fwd_total)
 
 
-def _ep_seconds(moe: MoE, training: Training, hw: Hardware, layout: Layout, *, tokens: float, hidden_size: int
-                ) -> float:
-    """Forward + backward all-to-all seconds of one MoE layer: dispatch and combine of T·k token copies each way,
-    split into NVLink and network bytes by the EP group's placement and the model's node-limited routing
-    (moe.py ep_traffic). FP8 dispatch (1 B + 1x128 FP32 scales) with the DeepSeek-style blockwise recipe."""
+def _ep_seconds(moe: MoE, training: Training, hw: Hardware, layout: Layout, *, tokens: float, hidden_size: int,
+                passes: int = 2) -> float:
+    """Forward + backward (passes=2; forward only: 1) all-to-all seconds of one MoE layer: dispatch and combine of
+    T·k token copies each way, split into NVLink and network bytes by the EP group's placement and the model's
+    node-limited routing (moe.py ep_traffic). FP8 dispatch (1 B + 1x128 FP32 scales) with the DeepSeek-style
+    blockwise recipe."""
     if layout.ep <= 1:
         return 0.0
     act_b = training.activation_bytes
     dispatch = 1 + 4 / 128 if training.fp8_recipe == "blockwise" else act_b
-    copies = 2 * tokens * moe.top_k * hidden_size * (dispatch + act_b)  # forward and backward, every copy
+    copies = passes * tokens * moe.top_k * hidden_size * (dispatch + act_b)  # every copy, local ones included
     g, etp = hw.gpus_per_node, layout.etp
     per_node = max(1, min(layout.ep, g // etp)) if etp < g else 1  # EP ranks sit etp apart (etp-ep-edp-pp)
     traffic = ep_traffic(moe, copies_bytes=copies, ep=layout.ep, ranks_per_node=per_node)
@@ -131,24 +183,37 @@ def _ep_seconds(moe: MoE, training: Training, hw: Hardware, layout: Layout, *, t
     return ep_all_to_all_seconds(traffic, ep=layout.ep, intra=intra, network_per_gpu=net)
 
 
+@dataclass(frozen=True, slots=True)
+class _EpTerms:
+    exposed_seconds: float = 0.0  # forward + backward
+    activation_delta_bytes: float = 0.0
+    buffer_bytes: float = 0.0
+    total_seconds: float = 0.0  # before overlap, forward + backward
+    exposed_forward_seconds: float = 0.0
+    total_forward_seconds: float = 0.0
+
+
 def _ep_terms(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs, tokens: float
-              ) -> tuple[float, float, float, float]:
-    """(exposed all-to-all seconds f+b, activation delta bytes, dispatch buffer bytes, all-to-all seconds before
-    overlap) of an MoE layer, averaged over the layers."""
+              ) -> _EpTerms:
+    """EP all-to-all seconds (exposed, before overlap, and their forward parts), activation delta bytes and dispatch
+    buffer bytes of an MoE layer, averaged over the layers."""
     moe = model.moe
     if moe is None:
-        return 0.0, 0.0, 0.0, 0.0
+        return _EpTerms()
     frac, h, act_b = _moe_fraction(model), model.hidden_size, training.activation_bytes
     t_moe = _moe_tokens(layout, tokens)
     routed = routed_tokens_per_rank(moe, tokens=int(t_moe), imbalance=knobs.moe_imbalance)
     seconds = _ep_seconds(moe, training, hw, layout, tokens=t_moe * knobs.moe_imbalance, hidden_size=h)
+    forward = _ep_seconds(moe, training, hw, layout, tokens=t_moe * knobs.moe_imbalance, hidden_size=h, passes=1)
     # replace the dense-MLP activations memory.py counted (8 f bytes per token / tp, 2-byte, gated) by the routed ones
     dense_mlp = tokens * (8 if model.swiglu else 4) * model.ffn_hidden_size * act_b / 2 / layout.tp
     moe_mlp = (routed_activation_bytes(model, routed_tokens=routed, activation_bytes=act_b, etp=layout.etp)
                + tokens * (8 if model.swiglu else 4) * moe.shared_expert_ffn_hidden_size * act_b / 2 / layout.tp
                + router_activation_bytes(tokens=int(t_moe), num_experts=moe.num_experts))
     buffer = dispatch_buffer_bytes(routed_tokens=routed, hidden_size=h, activation_bytes=act_b) if layout.ep > 1 else 0
-    return seconds * (1 - knobs.ep_overlap_fraction) * frac, (moe_mlp - dense_mlp) * frac, buffer, seconds * frac
+    expose = (1 - knobs.ep_overlap_fraction) * frac
+    return _EpTerms(seconds * expose, (moe_mlp - dense_mlp) * frac, buffer, seconds * frac, forward * expose,
+                    forward * frac)
 
 
 def _grouped_gemm_slowdown(model: Transformer, layout: Layout, knobs: Knobs, tokens: float) -> float:
@@ -172,13 +237,13 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
     """CP, EP and FP8 terms of one layer. `gemm_flops_per_gpu` and `core_seconds` are the layer's forward GEMM
     FLOPs and attention-core time per GPU for b·s/cp tokens (the stage model computes both)."""
     tokens = layout.micro_batch_size * training.seq_length / layout.cp
-    factor, quant = _fp8_terms(model, training, hw, layout, tokens)
+    factor, quant, quant_fwd = _fp8_terms(model, training, hw, layout, tokens)
     if model.moe is not None:
         expert = 2 * tokens * model.moe.top_k * expert_weight_count(model) / layout.tp * _moe_fraction(model)
         share = min(1.0, expert / max(gemm_flops_per_gpu, 1.0))
         factor *= 1 + (knobs.moe_imbalance * _grouped_gemm_slowdown(model, layout, knobs, tokens) - 1) * share
-    cp_s, cp_buf, cp_total = _cp_terms(model, training, hw, layout, core_seconds)
-    ep_s, moe_act, ep_buf, ep_total = _ep_terms(model, training, hw, layout, knobs, tokens)
+    cp = _cp_terms(model, training, hw, layout, core_seconds)
+    ep = _ep_terms(model, training, hw, layout, knobs, tokens)
     params, experts = _layer_params(model, layout)
     fp8_weights = saving = 0.0
     if training.fp8_recipe is not None:
@@ -191,7 +256,11 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
                                                q_width=model.num_attention_heads * model.head_dim // layout.tp,
                                                ffn=ffn // layout.tp)
     return LayerExtras(
-        tokens_per_rank=tokens, gemm_time_factor=factor, cp_seconds=cp_s, ep_seconds=ep_s, fp8_quant_seconds=quant,
-        activation_delta_bytes=moe_act - saving, transient_bytes=cp_buf + ep_buf, layer_params=params,
-        expert_params=experts, fp8_weight_bytes=fp8_weights, cp_total_seconds=cp_total, ep_total_seconds=ep_total,
+        tokens_per_rank=tokens, gemm_time_factor=factor, cp_seconds=cp.exposed_seconds, ep_seconds=ep.exposed_seconds,
+        fp8_quant_seconds=quant, activation_delta_bytes=ep.activation_delta_bytes - saving,
+        transient_bytes=cp.buffer_bytes + ep.buffer_bytes, layer_params=params, expert_params=experts,
+        fp8_weight_bytes=fp8_weights, cp_total_seconds=cp.total_seconds, ep_total_seconds=ep.total_seconds,
+        cp_forward_seconds=cp.exposed_forward_seconds, ep_forward_seconds=ep.exposed_forward_seconds,
+        fp8_quant_forward_seconds=quant_fwd, cp_forward_total_seconds=cp.total_forward_seconds,
+        ep_forward_total_seconds=ep.total_forward_seconds,
     )

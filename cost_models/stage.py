@@ -180,6 +180,14 @@ def _policy(recompute: str) -> Recompute:
     return _REC_NONE if recompute == _REC_FULL else _RECOMPUTES.get(recompute) or Recompute(recompute)
 
 
+def _recompute_seconds(gemm: float, core: float, ext: LayerExtras, *, flash: bool, recompute: str, tp: int,
+                       rate: float) -> float:
+    """Extra seconds of a layer's recompute under `recompute`: its FLOPs, the GEMMs at the forward's rate (FP8,
+    expert GEMMs), plus the CP/EP traffic and FP8 casts the recomputed forward repeats (LayerExtras.recomputed)."""
+    flops = recompute_extra_of(gemm * ext.gemm_time_factor, core, flash_attention=flash, recompute=recompute)
+    return flops / tp / rate + ext.recomputed(recompute).seconds
+
+
 def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs,
                 *, fused_swiglu: bool = False) -> LayerCosts:
     h, t, act_b = model.hidden_size, layout.tp, training.activation_bytes
@@ -212,8 +220,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     return LayerCosts(
         t_layer_forward=(gemm * ext.gemm_time_factor + core) / t / rate + t_layer_mem + t_tp_dispatch
         + ext.extra_seconds / FORWARD_PASSES_PER_TRAINING_PASS,
-        t_recompute_policy=recompute_extra_of(gemm, core, flash_attention=flash, recompute=policy) / t / rate,
-        t_recompute_full=recompute_extra_of(gemm, core, flash_attention=flash, recompute="full") / t / rate
+        t_recompute_policy=_recompute_seconds(gemm, core, ext, flash=flash, recompute=policy, tp=t, rate=rate),
+        t_recompute_full=_recompute_seconds(gemm, core, ext, flash=flash, recompute="full", tp=t, rate=rate)
         + t_layer_mem,
         t_tp_all_reduce=t_ar,
         tp_expose=1 - knobs.tp_overlap_fraction,
@@ -273,8 +281,11 @@ class StageTime(NamedTuple):
     # forward_seconds + backward_seconds (they sit on each micro-batch's critical path); the breakdown shows them apart
     cp_comm_seconds: float = 0.0
     ep_comm_seconds: float = 0.0
-    cp_comm_total_seconds: float = 0.0  # before overlap
+    cp_comm_total_seconds: float = 0.0  # before overlap, recomputed forwards included
     ep_comm_total_seconds: float = 0.0
+    # exposed CP / EP traffic that recomputed forwards repeat: already inside recompute_seconds, shown apart
+    cp_recompute_seconds: float = 0.0
+    ep_recompute_seconds: float = 0.0
 
     @property
     def total_seconds(self) -> float:
@@ -363,7 +374,8 @@ class StageModel(NamedTuple):
 
     def time(self, i: int) -> StageTime:
         lc, n, r = self.lc, self.split[i], self.full_layers[i]
-        extra = self.extra_forward_seconds(i)
+        ext, extra = lc.extras, self.extra_forward_seconds(i)
+        pol, full = ext.recomputed(lc.policy), ext.recomputed("full")
         f = n * lc.t_layer_forward + extra
         return StageTime(
             forward_seconds=f,
@@ -371,10 +383,12 @@ class StageModel(NamedTuple):
             recompute_seconds=(n - r) * lc.t_recompute_policy + r * lc.t_recompute_full,
             tp_comm_seconds=lc.comm_seconds(n, r),
             weight_grad_seconds=n * lc.gemm_flops_per_gpu / lc.rate_flops_per_second + extra,
-            cp_comm_seconds=n * lc.extras.cp_seconds,
-            ep_comm_seconds=n * lc.extras.ep_seconds,
-            cp_comm_total_seconds=n * lc.extras.cp_total_seconds,
-            ep_comm_total_seconds=n * lc.extras.ep_total_seconds,
+            cp_comm_seconds=n * ext.cp_seconds,
+            ep_comm_seconds=n * ext.ep_seconds,
+            cp_comm_total_seconds=n * ext.cp_total_seconds + (n - r) * pol.cp_total_seconds + r * full.cp_total_seconds,
+            ep_comm_total_seconds=n * ext.ep_total_seconds + (n - r) * pol.ep_total_seconds + r * full.ep_total_seconds,
+            cp_recompute_seconds=(n - r) * pol.cp_seconds + r * full.cp_seconds,
+            ep_recompute_seconds=(n - r) * pol.ep_seconds + r * full.ep_seconds,
         )
 
     def times(self) -> tuple[StageTime, ...]:

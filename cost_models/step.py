@@ -217,13 +217,14 @@ def time_breakdown(sm: StageModel, times: Sequence[StageTime], span: Makespan, p
     t = times[i]
     ar_count = sm.split[i] * TP_ALL_REDUCES_PER_LAYER + sm.full_layers[i] * TP_ALL_REDUCES_PER_RECOMPUTED_LAYER
     cp, ep = m * t.cp_comm_seconds, m * t.ep_comm_seconds  # inside the stage's forward + backward: shown apart
+    cp_rec, ep_rec = m * t.cp_recompute_seconds, m * t.ep_recompute_seconds  # inside the recompute: shown apart
     return TimeBreakdown(
         compute_seconds=m * (t.forward_seconds + t.backward_seconds) - cp - ep,
-        cp_comm_seconds=cp,
-        ep_comm_seconds=ep,
+        cp_comm_seconds=cp + cp_rec,
+        ep_comm_seconds=ep + ep_rec,
         cp_comm_total_seconds=m * t.cp_comm_total_seconds,
         ep_comm_total_seconds=m * t.ep_comm_total_seconds,
-        recompute_seconds=m * t.recompute_seconds,
+        recompute_seconds=m * t.recompute_seconds - cp_rec - ep_rec,
         tp_comm_seconds=m * t.tp_comm_seconds,
         pipeline_bubble_seconds=span.bubble_seconds,
         pp_p2p_seconds=p2p,

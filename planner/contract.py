@@ -175,13 +175,18 @@ class TimeReport(_Strict):
         "optimizer_seconds": "optimizer step", "offload_seconds": "offload"}
 
     compute_seconds: float = Field(description="Model FLOPs of the bottleneck stage, all micro-batches.")
-    recompute_seconds: float = Field(description="Recomputing activations in the backward pass.")
+    recompute_seconds: float = Field(description="Recomputing activations in the backward pass (its GEMMs at the "
+                                                 "forward's rate and FP8 casts; the CP/EP traffic it repeats is "
+                                                 "in the CP/EP rows).")
     tp_comm_exposed_seconds: float = Field(description="TP/SP collectives not hidden behind compute.")
     cp_comm_exposed_seconds: float = Field(0.0, description="Context-parallel K/V exchange not hidden behind attention "
                                                            "(ring steps longer than their attention block, "
-                                                           "all-gather and Ulysses all-to-all in full).")
+                                                           "all-gather and Ulysses all-to-all in full), including "
+                                                           "the forward exchange a recompute repeats (full and "
+                                                           "selective: the CP exchange is inside core attention).")
     ep_comm_exposed_seconds: float = Field(0.0, description="Expert-parallel dispatch and combine all-to-all not "
-                                                           "hidden (forward and backward).")
+                                                           "hidden (forward and backward, and the forward's again "
+                                                           "under full recompute).")
     pipeline_bubble_seconds: float = Field(description="Pipeline fill and drain (idle time of the bottleneck stage).")
     pp_p2p_exposed_seconds: float = Field(description="Pipeline sends and receives not hidden.")
     dp_comm_exposed_seconds: float = Field(description="Gradient reduction / ZeRO gathers not hidden.")

@@ -23,22 +23,46 @@ def _exposed_sum(t):
             + t.offload_seconds)
 
 
-def test_ep_row_is_the_all_to_all_of_modern_training_3_4():
+@pytest.mark.parametrize(("recompute", "forwards"), [("none", 1), ("selective", 1), ("full", 2)])
+def test_ep_row_is_the_all_to_all_of_modern_training_3_4(recompute, forwards):
     """Mixtral-8x7B, EP 8 inside one DGX H100 node: per MoE layer per micro-batch each rank sends
     T·k·h·(2 + 2)·(ep-1)/ep bytes forward (BF16 dispatch + combine) and as much backward (§3.4; DeepEP README: the
-    backward of a dispatch is a combine), T = b·s tokens scaled by the stated imbalance γ = 1.1."""
-    problem, lay, est = _est("mixtral-8x7b", 1, 64, 4096, "tp=1,pp=1,dp=8,ep=8,zero=1,mbs=1,recompute=full")
+    backward of a dispatch is a combine), T = b·s tokens scaled by the stated imbalance γ = 1.1. Full recompute
+    runs the forward, its dispatch and combine included, again in the backward (Megatron's checkpoint wraps the
+    whole layer); selective recompute (Megatron's core_attn) does not touch the MoE layer."""
+    problem, lay, est = _est("mixtral-8x7b", 1, 64, 4096, f"tp=1,pp=1,dp=8,ep=8,zero=1,mbs=1,recompute={recompute}")
     T, k, h, ep, gamma = 4096 * 1.1, 2, 4096, 8, 1.1
-    per_layer_sent = 2 * T * k * h * 4 * (ep - 1) / ep  # forward + backward
+    forward_sent = T * k * h * 4 * (ep - 1) / ep
     hw = problem.hardware
     link = group_link(hw, group_size=8, stride=1).link
     assert link.bandwidth_bytes_per_second >= 100e9  # NVLink, not the NIC
-    one = all_to_all_seconds(message_bytes=per_layer_sent * ep / (ep - 1), group_size=ep, link=link)
+    one = all_to_all_seconds(message_bytes=2 * forward_sent * ep / (ep - 1), group_size=ep, link=link)
+    again = all_to_all_seconds(message_bytes=forward_sent * ep / (ep - 1), group_size=ep, link=link)
     m, layers = lay.num_micro_batches, 32
-    assert gamma == problem.knobs.moe_imbalance
-    assert est.time.ep_comm_seconds == pytest.approx(m * layers * one, rel=1e-6)
+    assert m == 8 and gamma == problem.knobs.moe_imbalance
+    assert est.time.ep_comm_seconds == pytest.approx(m * layers * (one + (forwards - 1) * again), rel=1e-6)
     assert est.time.ep_comm_total_seconds == pytest.approx(est.time.ep_comm_seconds)  # nothing hides it by default
     assert est.time.cp_comm_seconds == 0.0
+    assert _exposed_sum(est.time) == pytest.approx(est.step_seconds, rel=1e-9)
+
+
+@pytest.mark.parametrize(("recompute", "forwards"), [("none", 1), ("selective", 2), ("full", 2)])
+def test_cp_all_gather_row_counts_the_gathers_a_recompute_repeats(recompute, forwards):
+    """Llama-3-8B at 256k tokens, all-gather CP 8 in one DGX H100 node (§2.3): each layer's forward all-gathers the
+    whole K and V, s·2·g·d·β = 262,144 x 2 x 8 x 128 x 2 B = 1 GiB, over NVLink (the cluster's 369.9 GB/s
+    achievable of NVLink4's 450, 5 µs a step, 7 steps of (cp-1)/cp);
+    the backward re-gathers KV and reduce-scatters dKV (2 x forward). A recompute runs the forward's gather again:
+    full recompute reruns the layer; selective reruns Megatron's core attention, and the CP exchange is inside it
+    (megatron-core 0.16.1 attention.py L328-331/L381-415 checkpoints self.core_attention, which
+    extensions/transformer_engine.py L1228-1242 gives the cp_group)."""
+    problem, lay, est = _est("llama3-8b", 1, 1, 262144, f"dp=1,cp=8,cp_comm=all_gather,zero=3,recompute={recompute}")
+    link = group_link(problem.hardware, group_size=8, stride=1).link
+    assert (link.bandwidth_bytes_per_second, link.latency_seconds) == pytest.approx((369.9e9, 5e-6))
+    gather = 7 * 5e-6 + 7 / 8 * 2**30 / 369.9e9
+    m, layers = lay.num_micro_batches, 32
+    assert m == 1
+    assert est.time.cp_comm_seconds == pytest.approx(m * layers * (3 + forwards - 1) * gather, rel=1e-9)
+    assert est.time.cp_comm_total_seconds == pytest.approx(est.time.cp_comm_seconds, rel=1e-12)
     assert _exposed_sum(est.time) == pytest.approx(est.step_seconds, rel=1e-9)
 
 
@@ -95,3 +119,28 @@ def test_node_limited_routing_halves_deepseek_v3_ep_row():
     est_plain = estimate_layout(plain, lay)
     assert est.time.ep_comm_seconds / est_plain.time.ep_comm_seconds == pytest.approx(0.5, abs=0.03)
     assert est.step_seconds < est_plain.step_seconds
+
+
+def test_full_recompute_repeats_the_fp8_casts_and_runs_its_gemms_in_fp8():
+    """Llama-3-8B, FP8 tensorwise, b·s = 2 x 8192 tokens on one H100 (3,350 GB/s HBM, gpus.yaml): the forward casts
+    each Linear's input, K = h, q, h, f = 4096 + 4096 + 4096 + 14336 = 26,624 elements per token, at 5 B per
+    element (amax pass + cast, fp8.py). A full recompute runs these casts again (TE's checkpoint re-quantizes);
+    selective recompute (core attention only) casts nothing. The recomputed GEMMs run at the forward's FP8 rate."""
+    from cost_models.stage import stage_model
+
+    problem = build_problem("dgx-h100", 1, "llama3-8b", 16, 8192, "fp8", fp8_recipe="tensorwise")
+    lay = layout_from_arg("dp=8,zero=1,mbs=2,recompute=full", problem)
+    sm = stage_model(problem.cm_model, problem.cm_training, problem.hardware, lay.to_cost_model(), problem.knobs)
+    ext = sm.lc.extras
+    quant_fwd = 2 * 8192 * 26624 * 5 / 3.35e12
+    assert ext.recomputed("full").fp8_quant_seconds == pytest.approx(quant_fwd, rel=1e-9)
+    assert ext.recomputed("full").seconds == pytest.approx(quant_fwd, rel=1e-9)  # no CP, no EP
+    assert ext.recomputed("selective").seconds == 0.0 and ext.recomputed("none").seconds == 0.0
+    bf16 = build_problem("dgx-h100", 1, "llama3-8b", 16, 8192, "bf16")
+    sm16 = stage_model(bf16.cm_model, bf16.cm_training, bf16.hardware, lay.to_cost_model(), bf16.knobs)
+    gemm_gain = sm16.lc.t_recompute_full - (sm.lc.t_recompute_full - quant_fwd)  # bf16 GEMM time - FP8 GEMM time
+    forward_gain = sm16.lc.t_layer_forward - (sm.lc.t_layer_forward - ext.fp8_quant_seconds / 3)
+    assert gemm_gain > 0
+    # the same GEMMs in the same kernels: the recompute saves what the forward saves (up to the memory-bound
+    # elementwise time, which FP8's smaller saved inputs change alike in both)
+    assert gemm_gain == pytest.approx(forward_gain, rel=0.02)
