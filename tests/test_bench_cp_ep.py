@@ -1,8 +1,10 @@
-"""Context-parallel ring attention and expert-parallel dispatch/combine on real gloo process groups (CPU), against
-one process, and their communication against the cost model on this machine's calibration (planner/bench/cp_ep.py).
+"""Context-parallel ring attention and expert-parallel dispatch/combine on real gloo process groups (CPU), forward
+and backward, against one process, and their communication against the cost model on this machine's calibration
+(planner/bench/cp_ep.py, planner/bench/cp_ep_backward.py).
 
 Numerics: fp64 everywhere, so the ring's online softmax and the all-to-all round trip must reproduce the single
-process to rounding (observed 1e-15). Bytes: what the ranks actually sent equals the cost model's volumes
+process to rounding (observed 1e-15), and the ring's backward (TE's reverse ring carrying dK/dV) and autograd
+through the all-to-alls must reproduce one process's autograd gradients (observed 5e-15 and 2.5e-14). Bytes: what the ranks actually sent equals the cost model's volumes
 (cost_models/context_parallel.py cp_traffic for the ring; cost_models/moe.py ep_traffic for the all-to-all, up to the
 routing's deviation from uniform). Time: two ranks (one per core of this 2-core machine), the link fitted on the same
 ranks in the same rounds; the machine is shared, so the band is wide (observed ratios 1.1-5x quiet, above 10x under the full
@@ -30,14 +32,28 @@ def test_ring_attention_and_ep_dispatch_equal_one_process_on_four_ranks():
     assert r["ring_bytes_sent"] == r["predicted"]["cp_bytes_model"] == 3 * 64 * 2 * 2 * 16 * 8
     # the all-to-all: copies leaving the rank, against the uniform-routing (ep-1)/ep share of T·k·h (§3.4)
     assert r["predicted"]["ep_bytes_sent"] == pytest.approx(r["predicted"]["ep_bytes_model"], rel=0.15)
+    # backward: dQ, dK, dV of every rank's chunks; dX, the router (summed over ranks: replicated, all-reduced in
+    # training) and each rank's local experts' fc1/fc2 gradients
+    assert r["attention_backward_max_abs_error"] < 1e-12
+    assert r["moe_backward_max_abs_error"] < 1e-12
+    # the backward ring: K/V again (3 blocks) and dK/dV (3 blocks), twice the forward (§2.3, cp_traffic backward_bytes)
+    assert r["ring_backward_bytes_sent"] == r["predicted"]["cp_backward_bytes_model"] == 2 * 3 * 64 * 2 * 2 * 16 * 8
+    # the gradients of dispatch and combine are a combine and a dispatch: the forward's rows, the other way
+    assert r["predicted"]["ep_backward_bytes_model"] == r["predicted"]["ep_bytes_model"] == 128 * 2 * 32 * 16 * 3 / 4
+    assert r["predicted"]["ep_backward_bytes_sent"] == pytest.approx(r["predicted"]["ep_backward_bytes_model"],
+                                                                     rel=0.15)
 
 
 def test_measured_exchanges_against_the_cost_model_on_two_ranks():
     r = run(CpEpConfig(seq_length=512, tokens=256, repeats=3), 2)
     assert r["attention_max_abs_error"] < 1e-12 and r["moe_max_abs_error"] < 1e-12
+    assert r["attention_backward_max_abs_error"] < 1e-12 and r["moe_backward_max_abs_error"] < 1e-12
+    # two ranks: the forward ring sends rank 1's K/V once, the backward K/V once and dK/dV once
+    assert r["ring_backward_bytes_sent"] == 2 * r["ring_bytes_sent"] == 2 * 256 * 2 * 2 * 32 * 8
     link = r["link"]
     assert link["bandwidth_bytes_per_second"] > 0 and link["latency_seconds"] >= 0
-    for key in ("cp_ring_seconds", "ep_all_to_all_seconds"):
+    for key in ("cp_ring_seconds", "cp_ring_backward_seconds", "ep_all_to_all_seconds",
+                "ep_all_to_all_backward_seconds"):
         ratio = r["measured"][key] / r["predicted"][key]
         # an accounting error (bytes x (ep-1), latency per copy, fp64 counted as fp32 ...) moves this by more than
         # 30x at these sizes; the shared machine's load alone moved it 1.1-5x in quiet runs and past 10x while the

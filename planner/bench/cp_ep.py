@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from planner.bench.cp_ep_backward import RingForward
 
 if TYPE_CHECKING:
     from cost_models.inputs import Link
@@ -72,7 +74,10 @@ def full_qkv(cfg: CpEpConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 def reference_attention(cfg: CpEpConfig) -> torch.Tensor:
     """Causal GQA attention over the whole sequence in one process: (heads, s, d)."""
-    q, k, v = full_qkv(cfg)
+    return reference_attention_of(cfg, *full_qkv(cfg))
+
+
+def reference_attention_of(cfg: CpEpConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     rep = cfg.heads // cfg.kv_heads
     return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0), is_causal=True)
 
@@ -95,9 +100,10 @@ def _merge(out, lse, blk_out, blk_lse):
     return out * torch.exp(lse - safe) + blk_out * torch.exp(blk_lse - safe), new
 
 
-def ring_attention(cfg: CpEpConfig, rank: int, cp: int) -> tuple[torch.Tensor, torch.Tensor, float, int]:
-    """(this rank's output rows, their global positions, seconds spent waiting on the ring's transfers once the
-    block's attention is done, bytes this rank sent)."""
+def ring_attention(cfg: CpEpConfig, rank: int, cp: int) -> tuple[RingForward, float, int]:
+    """(what the backward keeps: this rank's queries, output rows, their global positions, lse and the last K/V
+    block received; seconds spent waiting on the ring's transfers once the block's attention is done; bytes this
+    rank sent)."""
     import time
 
     q, k, v = full_qkv(cfg)
@@ -119,7 +125,7 @@ def ring_attention(cfg: CpEpConfig, rank: int, cp: int) -> tuple[torch.Tensor, t
                 req.wait()
             comm += time.perf_counter() - t0
             kv, kv_pos = recv, _positions(cfg.seq_length, cp, (rank - step - 1) % cp)
-    return out, pos, comm, sent
+    return RingForward(q, pos, out, lse, kv, kv_pos), comm, sent
 
 
 def _started(*works: dist.Work | None) -> list[dist.Work]:
@@ -172,27 +178,40 @@ def _expert(x: torch.Tensor, e: int, fc1: torch.Tensor, fc2: torch.Tensor) -> to
 
 def reference_moe(cfg: CpEpConfig, world: int) -> list[torch.Tensor]:
     """Every rank's MoE output computed in one process."""
-    router, fc1, fc2 = moe_weights(cfg)
+    return reference_moe_of(cfg, [rank_tokens(cfg, r) for r in range(world)], *moe_weights(cfg))
+
+
+def reference_moe_of(cfg: CpEpConfig, xs: list[torch.Tensor], router: torch.Tensor, fc1: torch.Tensor,
+                     fc2: torch.Tensor) -> list[torch.Tensor]:
     outs = []
-    for rank in range(world):
-        x = rank_tokens(cfg, rank)
+    for x in xs:
         weights, experts = _route(x, router, cfg.top_k)
         y = torch.zeros_like(x)
         for j in range(cfg.top_k):
             for e in range(cfg.experts):
                 rows = experts[:, j] == e
-                y[rows] += weights[rows, j, None] * _expert(x[rows], e, fc1, fc2)
+                y = y.index_add(0, rows.nonzero().flatten(), weights[rows, j, None] * _expert(x[rows], e, fc1, fc2))
         outs.append(y)
     return outs
 
 
-def ep_moe(cfg: CpEpConfig, rank: int, ep: int) -> tuple[torch.Tensor, float, int]:
-    """(this rank's MoE output, seconds in the dispatch and combine all-to-alls, token copies sent)."""
-    import time
+class EpMoe(NamedTuple):
+    y: torch.Tensor  # this rank's MoE output
+    x: torch.Tensor  # its tokens (leaf, requires grad)
+    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # router, fc1, fc2 (leaves, require grad)
+    clock: dict  # AllToAll's seconds and rows sent, per direction (forward now, backward after .backward())
+    copies_sent: int
 
-    router, fc1, fc2 = moe_weights(cfg)
-    per_rank = cfg.experts // ep
-    x = rank_tokens(cfg, rank)
+
+def ep_moe(cfg: CpEpConfig, rank: int, ep: int) -> EpMoe:
+    """This rank's MoE layer with autograd through the dispatch and combine all-to-alls (cp_ep_backward.AllToAll):
+    route top-k, send each token copy to the rank owning its expert, run the local experts, send the results back
+    and sum them with the router weights."""
+    from planner.bench.cp_ep_backward import AllToAll
+
+    router, fc1, fc2 = (w.requires_grad_() for w in moe_weights(cfg))
+    per_rank, clock = cfg.experts // ep, dict[str, float]()
+    x = rank_tokens(cfg, rank).requires_grad_()
     weights, experts = _route(x, router, cfg.top_k)
     flat_e = experts.reshape(-1)
     order = torch.argsort(flat_e, stable=True)  # token copies grouped by expert, hence by owning rank
@@ -200,26 +219,18 @@ def ep_moe(cfg: CpEpConfig, rank: int, ep: int) -> tuple[torch.Tensor, float, in
     send_counts = torch.bincount(flat_e // per_rank, minlength=ep)
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts)
-    dist.barrier()  # time the exchange, not the other ranks' routing
-    t0 = time.perf_counter()
-    recv = torch.empty(int(recv_counts.sum()), cfg.hidden, dtype=x.dtype)
-    dist.all_to_all_single(recv, copies, recv_counts.tolist(), send_counts.tolist())
-    comm = time.perf_counter() - t0
+    sends, recvs = send_counts.tolist(), recv_counts.tolist()
+    recv = AllToAll.apply(copies, recvs, sends, rank, clock)
     recv_e = torch.empty(int(recv_counts.sum()), dtype=flat_e.dtype)
-    dist.all_to_all_single(recv_e, flat_e[order].contiguous(), recv_counts.tolist(), send_counts.tolist())
-    out = torch.empty_like(recv)
+    dist.all_to_all_single(recv_e, flat_e[order].contiguous(), recvs, sends)
+    out = torch.zeros_like(recv)
     for e in range(rank * per_rank, (rank + 1) * per_rank):
-        rows = recv_e == e
-        out[rows] = _expert(recv[rows], e, fc1, fc2)
-    back = torch.empty_like(copies)
-    dist.barrier()
-    t0 = time.perf_counter()
-    dist.all_to_all_single(back, out, send_counts.tolist(), recv_counts.tolist())
-    comm += time.perf_counter() - t0
-    unsorted = torch.empty_like(back)
-    unsorted[order] = back
+        rows = (recv_e == e).nonzero().flatten()
+        out = out.index_add(0, rows, _expert(recv[rows], e, fc1, fc2))
+    back = AllToAll.apply(out, sends, recvs, rank, clock)
+    unsorted = torch.empty_like(back).index_copy(0, order, back)
     y = (unsorted.view(cfg.tokens, cfg.top_k, cfg.hidden) * weights[..., None]).sum(1)
-    return y, comm, int(send_counts.sum() - send_counts[rank])
+    return EpMoe(y, x, (router, fc1, fc2), clock, int(send_counts.sum() - send_counts[rank]))
 
 
 # ---- the ranks ---------------------------------------------------------------------------------------------
@@ -244,31 +255,59 @@ def _exchange(rank: int, nbytes: int, repeats: int) -> float:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
+def _round(cfg: CpEpConfig, rank: int, world: int) -> dict:
+    """One round: ring attention forward and backward, the MoE layer forward and backward, and the ring's transfers
+    timed alone; returns this round's results and timings."""
+    from planner.bench.cp_ep_backward import (
+        ring_backward,
+        ring_backward_transfer_seconds,
+        upstream_attention_grad,
+        upstream_moe_grad,
+    )
+
+    dist.barrier()
+    fwd, exposed, ring_sent = ring_attention(cfg, rank, world)
+    dout = upstream_attention_grad(cfg)[:, fwd.pos]
+    dq, dkv, exposed_bwd, ring_bwd_sent = ring_backward(fwd, dout, rank, world,
+                                                        lambda r: _positions(cfg.seq_length, world, r))
+    timed = {"cp": ring_transfer_seconds(cfg, rank, world),
+             "cp_backward": ring_backward_transfer_seconds(cfg, rank, world),
+             "cp_exposed": exposed, "cp_backward_exposed": exposed_bwd}
+    dist.barrier()
+    moe = ep_moe(cfg, rank, world)
+    (moe.y * upstream_moe_grad(cfg, rank)).sum().backward()
+    timed |= {"ep": moe.clock["forward_seconds"], "ep_backward": moe.clock["backward_seconds"]}
+    router, fc1, fc2 = moe.weights
+    local = slice(rank * cfg.experts // world, (rank + 1) * cfg.experts // world)
+    return {"timed": timed, "attention": fwd.out.tolist(), "positions": fwd.pos.tolist(), "moe": moe.y.tolist(),
+            "dq": dq.tolist(), "dkv": dkv.tolist(), "dx": _grad(moe.x).tolist(), "router_grad": _grad(router).tolist(),
+            "fc1_grad": _grad(fc1)[local].tolist(), "fc2_grad": _grad(fc2)[local].tolist(),
+            "ring_bytes_sent": ring_sent, "ring_backward_bytes_sent": ring_bwd_sent,
+            "ep_copies_sent": moe.copies_sent, "ep_backward_copies_sent": moe.clock["backward_rows_sent"]}
+
+
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    if t.grad is None:
+        raise RuntimeError("no gradient reached a leaf of the MoE layer")
+    return t.grad
+
+
 def worker(rank: int, world: int, cfg: CpEpConfig, init_method: str) -> dict:
     from datetime import timedelta
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_seconds))
-    cp_times, ep_times, hidden = [], [], []
+    rounds = []
     pings: dict[int, list[float]] = {size: [] for size in PING_BYTES}
     for _ in range(cfg.repeats + 1):  # the first round warms the connections up and is not timed
-        dist.barrier()
-        out, pos, exposed, ring_sent = ring_attention(cfg, rank, world)
-        cp_times.append(ring_transfer_seconds(cfg, rank, world))
-        hidden.append(exposed)
-        dist.barrier()
-        y, ep_comm, sent = ep_moe(cfg, rank, world)
-        ep_times.append(ep_comm)
+        rounds.append(_round(cfg, rank, world))
         for size in PING_BYTES:  # the link, measured in the same rounds (the machine's load drifts)
             pings[size].append(_exchange(rank, size, 1))
-    cp_times, ep_times, hidden = cp_times[1:], ep_times[1:], hidden[1:]
     link = [(size, sorted(ts[1:])[len(ts[1:]) // 2]) for size, ts in pings.items()]
-    return {"rank": rank, "attention": out.tolist(), "positions": pos.tolist(), "moe": y.tolist(),
-            "cp_comm_seconds": sorted(cp_times)[len(cp_times) // 2],
-            "cp_exposed_seconds": sorted(hidden)[len(hidden) // 2],
-            "ep_comm_seconds": sorted(ep_times)[len(ep_times) // 2], "ep_copies_sent": sent, "link": link,
-            "ring_bytes_sent": ring_sent}
+    last = rounds[-1]
+    medians = {f"{k}_seconds": sorted(r["timed"][k] for r in rounds[1:])[len(rounds[1:]) // 2] for k in last["timed"]}
+    return {"rank": rank, "link": link, **medians, **{k: v for k, v in last.items() if k != "timed"}}
 
 
 PING_BYTES = (8, 2**16, 2**19, 2**21)  # spans the ring's and the all-to-all's messages (0.25-1 MB here)
@@ -294,29 +333,59 @@ def _attention_shape(cfg: CpEpConfig):
                        max_position_embeddings=cfg.seq_length, bias=False, dropout=False)
 
 
-def predictions(cfg: CpEpConfig, world: int, link, copies_sent: float) -> dict:
+def predictions(cfg: CpEpConfig, world: int, link, copies_sent: float, backward_rows_sent: float) -> dict:
     """What the cost model charges for the measured exchanges on this link: the ring's forward transfers (cp-1 p2p
-    steps, cost_models/context_parallel.py) and one dispatch + one combine of the copies that leave the rank
-    (cost_models/moe.py: all EP ranks in one node, so every byte moves on the intra-node link)."""
+    steps, cost_models/context_parallel.py) and its backward (K/V again and dK/dV: backward_bytes in cp-1 steps);
+    one dispatch + one combine of the copies that leave the rank (cost_models/moe.py: all EP ranks in one node, so
+    every byte moves on the intra-node link), and as much again in the backward (all_to_all_bytes_per_layer)."""
     from cost_models.communication import p2p_seconds
     from cost_models.context_parallel import cp_traffic
     from cost_models.inputs import MoE
-    from cost_models.moe import ep_all_to_all_seconds, ep_traffic
+    from cost_models.moe import all_to_all_bytes_per_layer, ep_all_to_all_seconds, ep_traffic
 
     ring = cp_traffic(_attention_shape(cfg), variant="p2p", micro_batch_size=1, seq_length=cfg.seq_length, tp=1,
                       cp=world, activation_bytes=8)
     cp = (world - 1) * p2p_seconds(message_bytes=ring.forward_bytes / (world - 1), link=link)
+    cp_bwd = (world - 1) * p2p_seconds(message_bytes=ring.backward_bytes / (world - 1), link=link)
     moe = MoE(num_experts=cfg.experts, top_k=cfg.top_k, expert_ffn_hidden_size=cfg.ffn)
     copies_bytes = 2 * cfg.tokens * cfg.top_k * cfg.hidden * 8  # dispatch + combine, every copy (fp64)
     traffic = ep_traffic(moe, copies_bytes=copies_bytes, ep=world, ranks_per_node=world)
     ep = ep_all_to_all_seconds(traffic, ep=world, intra=link, network_per_gpu=None)
-    return {"cp_ring_seconds": cp, "ep_all_to_all_seconds": ep, "cp_bytes_model": ring.forward_bytes,
-            "ep_bytes_model": traffic.intra_node_bytes,
-            "ep_bytes_sent": 2 * copies_sent * cfg.hidden * 8}
+    _, ep_bwd_bytes = all_to_all_bytes_per_layer(tokens=cfg.tokens, top_k=cfg.top_k, hidden_size=cfg.hidden, ep=world,
+                                                 dispatch_bytes=8, combine_bytes=8)
+    return {"cp_ring_seconds": cp, "cp_ring_backward_seconds": cp_bwd, "ep_all_to_all_seconds": ep,
+            "ep_all_to_all_backward_seconds": ep, "cp_bytes_model": ring.forward_bytes,
+            "cp_backward_bytes_model": ring.backward_bytes, "ep_bytes_model": traffic.intra_node_bytes,
+            "ep_backward_bytes_model": ep_bwd_bytes, "ep_bytes_sent": 2 * copies_sent * cfg.hidden * 8,
+            "ep_backward_bytes_sent": backward_rows_sent * cfg.hidden * 8}
+
+
+def _max_error(got: list, want: torch.Tensor) -> float:
+    return float((torch.tensor(got, dtype=torch.float64) - want).abs().max())
+
+
+def gradient_errors(cfg: CpEpConfig, world: int, reports: list[dict]) -> dict[str, float]:
+    """Max |error| of every gradient the ranks computed against one process's autograd (cp_ep_backward)."""
+    from planner.bench.cp_ep_backward import reference_attention_grads, reference_moe_grads
+
+    dq, dk, dv = reference_attention_grads(cfg)
+    ref = reference_moe_grads(cfg, world)
+    per = world and cfg.experts // world
+    att = moe = 0.0
+    for r in reports:
+        pos = r["positions"]
+        att = max(att, _max_error(r["dq"], dq[:, pos]), _max_error(r["dkv"], torch.stack([dk[:, pos], dv[:, pos]])))
+        local = slice(r["rank"] * per, (r["rank"] + 1) * per)
+        moe = max(moe, _max_error(r["dx"], ref["x"][r["rank"]]), _max_error(r["fc1_grad"], ref["fc1"][local]),
+                  _max_error(r["fc2_grad"], ref["fc2"][local]))
+    router = sum(torch.tensor(r["router_grad"], dtype=torch.float64) for r in reports)  # replicated: all-reduced
+    moe = max(moe, float((router - ref["router"]).abs().max()))
+    return {"attention_backward_max_abs_error": att, "moe_backward_max_abs_error": moe}
 
 
 def run(cfg: CpEpConfig, world: int) -> dict:
-    """Launch `world` gloo ranks; return the numerics against one process and the timings against the model."""
+    """Launch `world` gloo ranks; return the numerics (forward and backward) against one process and the timings
+    against the model."""
     from planner.bench.runner import run_ranks
 
     if cfg.seq_length % (2 * world) or cfg.experts % world:
@@ -326,21 +395,27 @@ def run(cfg: CpEpConfig, world: int) -> dict:
                              f"{cfg.experts} by {world}")
     reports = run_ranks(worker, cfg, world, cfg.timeout_seconds)
     ref_att, ref_moe = reference_attention(cfg), reference_moe(cfg, world)
-    att_err = moe_err = 0.0
-    for r in reports:
-        got = torch.tensor(r["attention"], dtype=torch.float64)
-        att_err = max(att_err, float((got - ref_att[:, r["positions"]]).abs().max()))
-        moe_err = max(moe_err, float((torch.tensor(r["moe"], dtype=torch.float64) - ref_moe[r["rank"]]).abs().max()))
+    att_err = max(_max_error(r["attention"], ref_att[:, r["positions"]]) for r in reports)
+    moe_err = max(_max_error(r["moe"], ref_moe[r["rank"]]) for r in reports)
     link = _fit_link(reports[0]["link"])
     sent = sum(r["ep_copies_sent"] for r in reports) / world
-    measured = {"cp_ring_seconds": max(r["cp_comm_seconds"] for r in reports),
-                "cp_ring_exposed_behind_attention_seconds": max(r["cp_exposed_seconds"] for r in reports),
-                "ep_all_to_all_seconds": max(r["ep_comm_seconds"] for r in reports)}
+    bwd_rows = sum(r["ep_backward_copies_sent"] for r in reports) / world
+
+    def slowest(key: str) -> float:
+        return max(r[key] for r in reports)
+
+    measured = {"cp_ring_seconds": slowest("cp_seconds"), "cp_ring_backward_seconds": slowest("cp_backward_seconds"),
+                "cp_ring_exposed_behind_attention_seconds": slowest("cp_exposed_seconds"),
+                "cp_ring_backward_exposed_behind_attention_seconds": slowest("cp_backward_exposed_seconds"),
+                "ep_all_to_all_seconds": slowest("ep_seconds"),
+                "ep_all_to_all_backward_seconds": slowest("ep_backward_seconds")}
     return {"world": world, "config": asdict(cfg), "attention_max_abs_error": att_err, "moe_max_abs_error": moe_err,
+            **gradient_errors(cfg, world, reports),
             "link": {"bandwidth_bytes_per_second": link.bandwidth_bytes_per_second,
                      "latency_seconds": link.latency_seconds},
-            "measured": measured, "predicted": predictions(cfg, world, link, sent),
-            "ring_bytes_sent": reports[0]["ring_bytes_sent"]}
+            "measured": measured, "predicted": predictions(cfg, world, link, sent, bwd_rows),
+            "ring_bytes_sent": reports[0]["ring_bytes_sent"],
+            "ring_backward_bytes_sent": reports[0]["ring_backward_bytes_sent"]}
 
 
 def main(argv: list[str] | None = None) -> int:
