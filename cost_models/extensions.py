@@ -24,6 +24,7 @@ from cost_models.moe import (
     dispatch_buffer_bytes,
     ep_all_to_all_seconds,
     ep_traffic,
+    expert_kernel_seconds,
     expert_weight_count,
     routed_activation_bytes,
     routed_tokens_per_rank,
@@ -52,10 +53,12 @@ class LayerExtras(NamedTuple):
     fp8_quant_forward_seconds: float = 0.0
     cp_forward_total_seconds: float = 0.0  # before overlap
     ep_forward_total_seconds: float = 0.0
+    expert_kernel_seconds: float = 0.0  # per-expert kernels' fixed cost (moe.py expert_kernel_seconds), f+b
+    expert_kernel_forward_seconds: float = 0.0
 
     @property
     def extra_seconds(self) -> float:
-        return self.cp_seconds + self.ep_seconds + self.fp8_quant_seconds
+        return self.cp_seconds + self.ep_seconds + self.fp8_quant_seconds + self.expert_kernel_seconds
 
     def recomputed(self, recompute: str) -> Recomputed:
         """What recomputing one layer's forward in the backward repeats besides its FLOPs.
@@ -69,7 +72,8 @@ class LayerExtras(NamedTuple):
         (attention.py L328-331, L381-415, L1134), i.e. TEDotProductAttention with its CP exchange: the forward CP
         traffic repeats, EP (outside the attention) and the Linear layers' FP8 casts do not."""
         if recompute == "full":
-            return Recomputed(self.cp_forward_seconds, self.ep_forward_seconds, self.fp8_quant_forward_seconds,
+            return Recomputed(self.cp_forward_seconds, self.ep_forward_seconds,
+                              self.fp8_quant_forward_seconds + self.expert_kernel_forward_seconds,
                               self.cp_forward_total_seconds, self.ep_forward_total_seconds)
         if recompute == "selective":
             return Recomputed(self.cp_forward_seconds, 0.0, 0.0, self.cp_forward_total_seconds, 0.0)
@@ -82,7 +86,7 @@ class Recomputed:
 
     cp_seconds: float  # exposed
     ep_seconds: float  # exposed
-    fp8_quant_seconds: float
+    fp8_quant_seconds: float  # and the per-expert kernels' fixed cost
     cp_total_seconds: float  # before overlap
     ep_total_seconds: float
 
@@ -232,10 +236,25 @@ def _grouped_gemm_slowdown(model: Transformer, layout: Layout, knobs: Knobs, tok
     return (dense_gemm / (dense_gemm + half)) / (expert_gemm / (expert_gemm + half))
 
 
+def _expert_kernel_terms(model: Transformer, training: Training, layout: Layout, knobs: Knobs,
+                         rate: float | None) -> tuple[float, float]:
+    """(forward + backward, forward) seconds of an MoE layer's per-expert kernels' fixed cost, averaged over the
+    layers; zero without MoE, without the knob, or without the layer's GEMM rate."""
+    if model.moe is None or not knobs.moe_expert_kernel_gflop or not rate:
+        return 0.0, 0.0
+    fwd, bwd = expert_kernel_seconds(local_experts=model.moe.num_experts // layout.ep,
+                                     fp8=training.fp8_recipe is not None, kernel_gflop=knobs.moe_expert_kernel_gflop,
+                                     rate_flops_per_second=rate)
+    frac = _moe_fraction(model)
+    return (fwd + bwd) * frac, fwd * frac
+
+
 def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs, *,
-                 gemm_flops_per_gpu: float, core_seconds: float) -> LayerExtras:
+                 gemm_flops_per_gpu: float, core_seconds: float, rate_flops_per_second: float | None = None
+                 ) -> LayerExtras:
     """CP, EP and FP8 terms of one layer. `gemm_flops_per_gpu` and `core_seconds` are the layer's forward GEMM
-    FLOPs and attention-core time per GPU for b·s/cp tokens (the stage model computes both)."""
+    FLOPs and attention-core time per GPU for b·s/cp tokens, `rate_flops_per_second` its GEMM rate (the stage
+    model computes all three)."""
     tokens = layout.micro_batch_size * training.seq_length / layout.cp
     factor, quant, quant_fwd = _fp8_terms(model, training, hw, layout, tokens)
     if model.moe is not None:
@@ -244,6 +263,7 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
         factor *= 1 + (knobs.moe_imbalance * _grouped_gemm_slowdown(model, layout, knobs, tokens) - 1) * share
     cp = _cp_terms(model, training, hw, layout, core_seconds)
     ep = _ep_terms(model, training, hw, layout, knobs, tokens)
+    kernels, kernels_fwd = _expert_kernel_terms(model, training, layout, knobs, rate_flops_per_second)
     params, experts = _layer_params(model, layout)
     fp8_weights = saving = 0.0
     if training.fp8_recipe is not None:
@@ -262,5 +282,6 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
         fp8_weight_bytes=fp8_weights, cp_total_seconds=cp.total_seconds, ep_total_seconds=ep.total_seconds,
         cp_forward_seconds=cp.exposed_forward_seconds, ep_forward_seconds=ep.exposed_forward_seconds,
         fp8_quant_forward_seconds=quant_fwd, cp_forward_total_seconds=cp.total_forward_seconds,
-        ep_forward_total_seconds=ep.total_forward_seconds,
+        ep_forward_total_seconds=ep.total_forward_seconds, expert_kernel_seconds=kernels,
+        expert_kernel_forward_seconds=kernels_fwd,
     )

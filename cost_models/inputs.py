@@ -241,3 +241,6 @@ class Knobs:
     # sequence parallelism keeps the QKV and FC1 inputs all-gathered for the weight gradients (torch DTensor
     # SequenceParallel + PrepareModuleInput, torchtitan), not sharded and re-gathered in backward (Megatron)
     sp_saves_gathered_inputs: bool = False
+    # GFLOP-equivalent fixed cost of each per-expert kernel (cost_models/moe.py expert_kernel_seconds) [fit: held-out
+    # MoE set, leave-one-model-out; docs/validation-modern.md]
+    moe_expert_kernel_gflop: float = 0.0

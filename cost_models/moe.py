@@ -19,6 +19,31 @@ from cost_models.inputs import Link, MoE, Transformer
 DEFAULT_IMBALANCE = 1.1
 
 
+# Kernels each local expert launches per MoE layer, (forward, backward), in Megatron's GroupedMLP on TransformerEngine's
+# GroupedLinear: "--moe-grouped-gemm: launch multiple local GEMM kernels in multiple streams" (Megatron MoE README,
+# MoE arguments table), so every local expert runs its own fc1 and fc2 GEMMs (forward), dgrad and wgrad for each
+# (backward), and in FP8 its own cast of each fresh operand (the rows of that expert: the fc1 and fc2 inputs forward,
+# their output gradients backward). The activation, permutation and router run once over all experts' rows.
+EXPERT_KERNELS = {"bf16": (2, 4), "fp8": (4, 6)}
+
+
+def expert_kernels(*, fp8: bool) -> tuple[int, int]:
+    """(forward, backward) kernels per local expert per MoE layer (EXPERT_KERNELS)."""
+    return EXPERT_KERNELS["fp8" if fp8 else "bf16"]
+
+
+def expert_kernel_seconds(*, local_experts: int, fp8: bool, kernel_gflop: float, rate_flops_per_second: float
+                          ) -> tuple[float, float]:
+    """(forward, backward) seconds one MoE layer's per-expert kernels cost beyond their FLOPs: each kernel a fixed
+    `kernel_gflop` GFLOP-equivalent at the layer's GEMM rate (launch latency, wave ramp-up and tail of a small
+    kernel: a cost that scales with the GPU's speed, as the size-saturation curve's x_half does for one GEMM,
+    cost_models/stage.py matmul_efficiency). Fine-grained MoE multiplies it: Qwen3-30B-A3B at EP 8 runs 16 local
+    experts, 160 such kernels per layer in FP8, where a dense layer runs about a dozen GEMMs."""
+    fwd, bwd = expert_kernels(fp8=fp8)
+    per_kernel = kernel_gflop * 1e9 / rate_flops_per_second
+    return local_experts * fwd * per_kernel, local_experts * bwd * per_kernel
+
+
 def mlp_matrices(model: Transformer) -> int:
     """Weight matrices per MLP: 3 gated (SwiGLU/GeGLU), 2 plain."""
     return 3 if model.swiglu else 2

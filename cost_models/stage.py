@@ -200,7 +200,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
     peak, rate = hw.peak_flops_per_second, hw.peak_flops_per_second * eff
     # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
-    ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate)
+    ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate,
+                       rate_flops_per_second=rate)
     gathered = sp_gathered_input_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t, activation_bytes=act_b,
                                        sequence_parallel=sp and knobs.sp_saves_gathered_inputs)
 
@@ -221,8 +222,7 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         t_layer_forward=(gemm * ext.gemm_time_factor + core) / t / rate + t_layer_mem + t_tp_dispatch
         + ext.extra_seconds / FORWARD_PASSES_PER_TRAINING_PASS,
         t_recompute_policy=_recompute_seconds(gemm, core, ext, flash=flash, recompute=policy, tp=t, rate=rate),
-        t_recompute_full=_recompute_seconds(gemm, core, ext, flash=flash, recompute="full", tp=t, rate=rate)
-        + t_layer_mem,
+        t_recompute_full=_recompute_seconds(gemm, core, ext, flash=flash, recompute="full", tp=t, rate=rate) + t_layer_mem,
         t_tp_all_reduce=t_ar,
         tp_expose=1 - knobs.tp_overlap_fraction,
         t_tp_backward_hidden=tp_backward_hidden_seconds(model, knobs, tokens=tokens, tp=t, all_reduce_seconds=t_ar,

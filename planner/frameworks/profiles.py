@@ -94,6 +94,7 @@ class Profile:
     # where sequence parallelism keeps the QKV/FC1 inputs all-gathered for backward (torch DTensor SP); None:
     # sharded and re-gathered in backward, as Megatron does
     sp_gathered_inputs: str | None = None
+    expert_kernel_gflop: Sourced | None = None  # per-expert kernels' fixed cost (cost_models/moe.py); None: 0
 
     def recipe(self, precision: str = "bf16") -> MemoryRecipe:
         return self.memory_fp16 if precision == "fp16" and self.memory_fp16 is not None else self.memory
@@ -124,6 +125,7 @@ class Profile:
             state_bytes_per_param=(recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes),
             profile=self.framework.value,
             sp_saves_gathered_inputs=self.sp_gathered_inputs is not None,
+            moe_expert_kernel_gflop=self.expert_kernel_gflop.value if self.expert_kernel_gflop else 0.0,
         )
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -145,6 +147,15 @@ class Profile:
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
              if self.sp_gathered_inputs else [])
 
+
+# Megatron-Core's GroupedMLP on TE GroupedLinear launches each local expert's GEMMs (and FP8 casts) as their own kernels
+# ("--moe-grouped-gemm: launch multiple local GEMM kernels in multiple streams", Megatron MoE README). Their fixed cost
+# per kernel, in GFLOP at the layer's GEMM rate, fitted on the held-out MoE set (planner/data/moe_runs.json) over all
+# its rows; docs/validation-modern.md reports the rows leave-one-model-out (each model's rows with the value fitted on
+# the other models' rows). torchtitan runs all local experts in one torch._grouped_mm and keeps 0.
+MEGATRON_EXPERT_KERNEL_GFLOP = 44.0
+_GROUPED_LINEAR = Sourced(MEGATRON_EXPERT_KERNEL_GFLOP, "per-expert GEMM/cast kernels of TE GroupedLinear (Megatron "
+                          "MoE README, --moe-grouped-gemm) [fit: held-out MoE set, docs/validation-modern.md]")
 
 _MEGATRON_RECIPE = MemoryRecipe(
     "Megatron bf16 + fp32 main grads + distributed optimizer", 2, 4, 12, 2, "layer",
@@ -228,7 +239,8 @@ PROFILES: dict[Framework, Profile] = {
             pp_needs_virtual=_P2P_NEEDS_VPP,
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
-        "allocated and reserved, MB = 2^20 B (report_memory, frameworks.md §2.5)", memory_fp16=_MEGATRON_FP16_RECIPE),
+        "allocated and reserved, MB = 2^20 B (report_memory, frameworks.md §2.5)", memory_fp16=_MEGATRON_FP16_RECIPE,
+        expert_kernel_gflop=_GROUPED_LINEAR),
     Framework.NEMO: Profile(
         Framework.NEMO, "NeMo 2 / Megatron-Bridge (Megatron-Core)", _MEGATRON_RECIPE,
         "core attention only (Megatron-Core fields, frameworks.md §4.4)",
@@ -242,7 +254,8 @@ PROFILES: dict[Framework, Profile] = {
             pp_needs_virtual=_P2P_NEEDS_VPP,
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
-        "allocated and reserved, MB (Megatron-Core report_memory)", memory_fp16=_MEGATRON_FP16_RECIPE),
+        "allocated and reserved, MB (Megatron-Core report_memory)", memory_fp16=_MEGATRON_FP16_RECIPE,
+        expert_kernel_gflop=_GROUPED_LINEAR),
     Framework.TORCHTITAN: Profile(
         Framework.TORCHTITAN, "torchtitan (FSDP2, torch.distributed.pipelining)", _FSDP2_RECIPE,
         "per-op SAC: saves matmul/attention/reduce-scatter outputs, recomputes every 2nd matmul and all elementwise "
