@@ -37,6 +37,19 @@ def test_layout_arg_round_trips(doc):
     assert "sp=0" in layout_arg(lay) and "layers_per_stage=1/1/" in layout_arg(lay)
 
 
+def test_layout_arg_keeps_the_context_and_expert_degrees():
+    """A CP/EP pick's --layout line gives the same layout back (it used to drop cp, cp_comm, ep and etp: pasting
+    Qwen3-30B-A3B's ep=8 pick into --layout estimated ep=1, twice the step time)."""
+    from planner.estimate import build_problem, layout_from_arg
+
+    problem = build_problem("dgx-h100", 2, "qwen3-30b-a3b", 512, 4096)
+    for text in ("tp=1,pp=1,dp=16,zero=1,ep=8,mbs=1,recompute=none",
+                 "tp=2,pp=1,dp=4,zero=1,cp=2,cp_comm=all_gather,ep=4,etp=2,mbs=1,recompute=full,sp=1"):
+        lay = layout_from_arg(text, problem)
+        assert layout_from_arg(layout_arg(lay), problem) == lay
+        assert "ep=" in layout_arg(lay)
+
+
 def test_wrap_at_commas_never_cuts_a_token():
     text = "tp=8,pp=56,dp=5,zero=1,mbs=1,recompute=none,sp=1,schedule=interleaved_1f1b,vpp=4"
     lines = wrap_at_commas(text, 30, "    ")

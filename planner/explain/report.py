@@ -111,6 +111,10 @@ def render_estimate_document(console: Console, doc) -> None:
 def layout_arg(lay) -> str:
     """The layout in `--layout` syntax, complete enough to give the same layout back with the same batch."""
     parts = [f"tp={lay.tp}", f"pp={lay.pp}", f"dp={lay.dp}", f"zero={lay.zero_stage}"]
+    if lay.cp > 1:  # context and expert degrees, as LayoutSpec.short() writes them
+        parts += [f"cp={lay.cp}"] + ([f"cp_comm={lay.cp_comm}"] if lay.cp_comm != "p2p" else [])
+    if lay.ep > 1 or lay.etp > 1:
+        parts += [f"ep={lay.ep}"] + ([f"etp={lay.etp}"] if lay.etp > 1 else [])
     if lay.offload != "none":
         parts.append(f"offload={lay.offload}")
     parts += [f"mbs={lay.micro_batch_size}", f"recompute={lay.recompute}"]
