@@ -38,8 +38,9 @@ def test_deepseek_v3_report_row_is_table_1_arithmetic():
 def test_no_moe_row_is_in_the_fitted_set():
     """Held out: none of these ids (or their model/GPU/layout) appears among the shared published runs the knobs are
     fitted on, where MoE rows are skipped."""
-    shared = ROOT.parent / "shared" / "validation" / "published_runs.json"
-    rows = json.loads(shared.read_text())
+    from tests.conftest import VALIDATION, require_shared
+
+    rows = json.loads(require_shared(VALIDATION).read_text())
     ids = {r.get("id") for r in rows}
     assert not ids & {r["id"] for r in RUNS["rows"]}
     from planner.validation import build_case
