@@ -80,8 +80,7 @@ class LayerExtras(NamedTuple):
         return Recomputed(0.0, 0.0, 0.0, 0.0, 0.0)
 
 
-@dataclass(frozen=True, slots=True)
-class Recomputed:
+class Recomputed(NamedTuple):
     """Per layer per micro-batch: the forward traffic and casts a recompute repeats (LayerExtras.recomputed)."""
 
     cp_seconds: float  # exposed
@@ -140,8 +139,7 @@ def _fp8_terms(model: Transformer, training: Training, hw: Hardware, layout: Lay
     return factor, fwd + bwd, fwd
 
 
-@dataclass(frozen=True, slots=True)
-class _CpTerms:
+class _CpTerms(NamedTuple):
     exposed_seconds: float = 0.0  # forward + backward
     buffer_bytes: float = 0.0
     total_seconds: float = 0.0  # before overlap, forward + backward
@@ -187,8 +185,7 @@ def _ep_seconds(moe: MoE, training: Training, hw: Hardware, layout: Layout, *, t
     return ep_all_to_all_seconds(traffic, ep=layout.ep, intra=intra, network_per_gpu=net)
 
 
-@dataclass(frozen=True, slots=True)
-class _EpTerms:
+class _EpTerms(NamedTuple):
     exposed_seconds: float = 0.0  # forward + backward
     activation_delta_bytes: float = 0.0
     buffer_bytes: float = 0.0
