@@ -1,4 +1,4 @@
-"""The held-out MoE validation set (planner/data/moe_runs.json): every row sourced and self-consistent, evaluated
+"""The MoE validation set (planner/data/moe_runs.json): every row sourced and self-consistent, evaluated
 through planner/validation_modern.py, and never part of the fit."""
 
 import json
@@ -53,7 +53,7 @@ def test_every_row_is_evaluated_and_reported():
     assert len(results) == len(RUNS["rows"]) >= 12
     assert all(r.error is not None and r.fits for r in results)  # each row ran, so none may be judged OOM
     lines = moe_section(results)
-    summary = next(line for line in lines if line.startswith("- MoE (held out, leave-one-model-out)"))
+    summary = next(line for line in lines if line.startswith("- MoE (leave-one-model-out)"))
     assert f"{len(results)} rows" in summary and "false OOM 0" in summary
     # the node-limited DeepSeek-V3 layout (EP 64 over 8 nodes) is within 15% of the report's arithmetic
     ds = next(r for r in results if r.case.row_id == "deepseek-v3-report-h800-2048gpu")
@@ -61,7 +61,7 @@ def test_every_row_is_evaluated_and_reported():
 
 
 def test_the_document_is_current():
-    """docs/validation-modern.md's held-out MoE section is what the code produces now."""
+    """docs/validation-modern.md's MoE section is what the code produces now."""
     doc = (ROOT / "docs" / "validation-modern.md").read_text()
     for line in moe_section(moe_results()):
         assert line in doc

@@ -150,12 +150,12 @@ class Profile:
 
 # Megatron-Core's GroupedMLP on TE GroupedLinear launches each local expert's GEMMs (and FP8 casts) as their own kernels
 # ("--moe-grouped-gemm: launch multiple local GEMM kernels in multiple streams", Megatron MoE README). Their fixed cost
-# per kernel, in GFLOP at the layer's GEMM rate, fitted on the held-out MoE set (planner/data/moe_runs.json) over all
+# per kernel, in GFLOP at the layer's GEMM rate, fitted on the MoE set (planner/data/moe_runs.json) over all
 # its rows; docs/validation-modern.md reports the rows leave-one-model-out (each model's rows with the value fitted on
 # the other models' rows). torchtitan runs all local experts in one torch._grouped_mm and keeps 0.
 MEGATRON_EXPERT_KERNEL_GFLOP = 44.0
 _GROUPED_LINEAR = Sourced(MEGATRON_EXPERT_KERNEL_GFLOP, "per-expert GEMM/cast kernels of TE GroupedLinear (Megatron "
-                          "MoE README, --moe-grouped-gemm) [fit: held-out MoE set, docs/validation-modern.md]")
+                          "MoE README, --moe-grouped-gemm) [fit: the MoE set, docs/validation-modern.md]")
 
 _MEGATRON_RECIPE = MemoryRecipe(
     "Megatron bf16 + fp32 main grads + distributed optimizer", 2, 4, 12, 2, "layer",
