@@ -35,3 +35,16 @@ def gpt_shape(**kw):
 @pytest.fixture
 def planner_cmd():
     return [sys.executable, "-m", "planner.cli"]
+
+
+@pytest.fixture(autouse=True)
+def _release_highs_threads():
+    """After each test, stop HiGHS's worker threads (highspy keeps a thread pool after its first solve). A process
+    forked while that pool is alive deadlocks in its own first solve (the fork copies only the calling thread):
+    `make mutate` forks one child per mutant from the process that ran the tests, so without this every mutant
+    whose tests call the ILP hung until mutmut's CPU limit and was counted "timeout" (= killed) whatever it changed
+    (docs/mutation.md)."""
+    yield
+    highspy = sys.modules.get("highspy")
+    if highspy is not None:
+        highspy.Highs.resetGlobalScheduler(True)

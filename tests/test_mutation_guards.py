@@ -1623,3 +1623,386 @@ def test_fp8_weight_copies_expert_optimizer_shards_and_offload_over_cp():
     buffers = off.lc.extras.transient_bytes  # CP receive buffers
     assert [m.transient_bytes for m in off.memories()] == [buffers + min(P / 16, 5e8) * 4
                                                            for P in off.params_per_stage()]
+
+
+# ---- planner/decisions/train.py: time, cost and energy to train, by hand from the module docstring's formulas ----
+
+
+def _run(**kw):
+    from planner.decisions.train import Power, StepTimeBand, training_run
+
+    args = {"tokens": 1e9, "global_batch_size": 8, "seq_length": 1024, "step_seconds": 2.0, "num_gpus": 64,
+            "power": Power(400.0, "A100 datasheet"), "price_per_gpu_hour": 1.5, "pue": 1.2,
+            "band": StepTimeBand(0.9, 1.25, "test band")}
+    return training_run(**{**args, **kw})
+
+
+def test_training_run_quantities_by_hand():
+    """1e9 tokens at 8 x 1,024 tokens per step: ceil(122,070.3) = 122,071 steps; 2 s each = 244,142 s = 2.8257 days;
+    64 GPUs: 4,340.30 GPU-hours, 6,510.45 at 1.5 per GPU-hour; 64 x 400 W x 244,142 s / 3.6e6 = 1,736.12 kWh, x PUE
+    1.2 = 2,083.35 kWh (hand arithmetic)."""
+    from planner.decisions.train import LEFT_OUT, NO_BAND, Power
+
+    r = _run()
+    assert (r.tokens_per_step, r.steps, r.step_seconds, r.num_gpus) == (8192, 122_071, 2.0, 64)
+    want = {"wall_clock_seconds": 244_142.0, "wall_clock_days": 244_142.0 / 86_400, "gpu_hours": 64 * 244_142 / 3600,
+            "cost": 64 * 244_142 / 3600 * 1.5, "gpu_energy_kwh": 64 * 400 * 244_142 / 3.6e6,
+            "facility_energy_kwh": 64 * 400 * 244_142 / 3.6e6 * 1.2}
+    assert r.quantities() == pytest.approx(want, rel=1e-12)
+    assert r.bounds() == {k: (pytest.approx(v * 0.9, rel=1e-12), pytest.approx(v * 1.25, rel=1e-12))
+                          for k, v in want.items()}
+    assert r.band.half_width == pytest.approx(0.175, rel=1e-12)  # (1.25 - 0.9) / 2
+    doc = r.as_json()
+    assert doc["wall_clock_seconds"] == {"value": 244_142.0, "low": pytest.approx(244_142 * 0.9),
+                                         "high": pytest.approx(244_142 * 1.25)}
+    assert {k: doc[k] for k in ("tokens", "tokens_per_step", "steps", "step_time_seconds", "num_gpus",
+                                "price_per_gpu_hour", "gpu_board_power_watts", "gpu_board_power_source", "pue",
+                                "energy_left_out", "error_band", "error_band_note")} == {
+        "tokens": 1e9, "tokens_per_step": 8192, "steps": 122_071, "step_time_seconds": 2.0, "num_gpus": 64,
+        "price_per_gpu_hour": 1.5, "gpu_board_power_watts": 400.0, "gpu_board_power_source": "A100 datasheet",
+        "pue": 1.2, "energy_left_out": ["CPUs and host memory", "NICs, switches and storage"],
+        "error_band": {"lower_factor": 0.9, "upper_factor": 1.25, "source": "test band"}, "error_band_note": "test band"}
+    assert len(doc) == 18  # 5 counts, 6 quantities, 7 inputs and notes
+    bare = _run(power=Power(None, "no power"), price_per_gpu_hour=None, pue=None, band=None)
+    assert (bare.cost, bare.gpu_energy_kwh, bare.facility_energy_kwh) == (None, None, None)
+    assert bare.bounds() == dict.fromkeys(want)
+    assert bare.as_json()["energy_left_out"] == list(LEFT_OUT) and bare.as_json()["error_band"] is None
+    assert bare.as_json()["cost"] == {"value": None, "low": None, "high": None}
+    assert bare.band_note == NO_BAND == ("no error band available for this prediction: the figures are point "
+                                         "estimates")
+    assert _run(pue=None).facility_energy_kwh is None and _run(pue=None).gpu_energy_kwh == pytest.approx(
+        want["gpu_energy_kwh"])
+    assert _run(band_note="given").band_note == "given"
+    assert _run(tokens=8192.0).steps == 1 and _run(tokens=8193.0).steps == 2  # ceil, not floor or round
+
+
+def test_step_time_band_bounds():
+    from planner.decisions.train import StepTimeBand
+
+    assert StepTimeBand(1.0, 1.0, "point").half_width == 0.0  # lower == upper is allowed
+    assert StepTimeBand(1e-9, 1e9, "wide").upper_factor == 1e9
+    for lo, hi in ((0.0, 1.0), (-1.0, 1.0), (1.2, 1.1), (0.5, float("inf"))):
+        with pytest.raises(ValueError, match=rf"^band: lower {lo}, upper {hi} -> need 0 < lower <= upper < inf$"):
+            StepTimeBand(lo, hi, "bad")
+
+
+def test_gpu_power_and_for_problem():
+    """The catalog's board power (NVIDIA H100 datasheet: 700 W); a GPU without one says so by name or file."""
+    from types import SimpleNamespace
+
+    from planner.decisions.train import Power, for_problem, gpu_power
+
+    p = _search_problem(nodes=2)
+    assert gpu_power(p.cluster) == Power(700.0, 'NVIDIA H100 datasheet, SXM "max TDP up to 700 W (configurable)" [S]')
+
+    def cluster(name, watts=None, source=""):
+        gpu = SimpleNamespace(name=name, board_power_watts=watts, board_power_source=source)
+        return SimpleNamespace(gpu="gpu.yaml", gpu_spec=lambda: gpu, num_gpus=16)
+
+    assert gpu_power(cluster("X1")) == Power(None, "no board power for X1 in the catalog: energy not estimated")
+    assert gpu_power(cluster("")).source == "no board power for gpu.yaml in the catalog: energy not estimated"
+    assert gpu_power(cluster("X1", 300.0)) == Power(300.0, "cluster file")
+    fake = SimpleNamespace(training=SimpleNamespace(global_batch_size=4, seq_length=100),
+                           cluster=cluster("X1", 300.0, "sheet"))
+    r = for_problem(fake, 3.0, tokens=1000.0, price_per_gpu_hour=2.0, pue=1.5)
+    assert (r.tokens, r.tokens_per_step, r.steps, r.step_seconds, r.num_gpus) == (1000.0, 400, 3, 3.0, 16)
+    assert (r.price_per_gpu_hour, r.pue, r.power, r.band) == (2.0, 1.5, Power(300.0, "sheet"), None)
+
+
+@pytest.mark.parametrize("tokens, price, pue, problems", [
+    (1.0, 0.0, 1.0, []), (1e17, 1e4, 5.0, []), (None, None, None, []),
+    (0.5, None, None, ["--tokens: 0.5 -> must be a number of tokens between 1 and 1e17"]),
+    (1.1e17, None, None, ["--tokens: 1.1e+17 -> must be a number of tokens between 1 and 1e17"]),
+    (float("nan"), None, None, ["--tokens: nan -> must be a number of tokens between 1 and 1e17"]),
+    (1e9, -0.01, None, ["--gpu-hour-price: -0.01 -> must be between 0 and 10000 per GPU-hour"]),
+    (1e9, 10000.5, None, ["--gpu-hour-price: 10000.5 -> must be between 0 and 10000 per GPU-hour"]),
+    (1e9, float("inf"), None, ["--gpu-hour-price: inf -> must be between 0 and 10000 per GPU-hour"]),
+    (1e9, None, 0.99, ["--pue: 0.99 -> must be between 1.0 and 5.0 (facility energy / IT energy)"]),
+    (1e9, None, 5.01, ["--pue: 5.01 -> must be between 1.0 and 5.0 (facility energy / IT energy)"]),
+    (1e9, None, float("nan"), ["--pue: nan -> must be between 1.0 and 5.0 (facility energy / IT energy)"]),
+    (None, 2.0, None, ["--gpu-hour-price/--pue: need --tokens (the token budget to train)"]),
+    (None, None, 1.1, ["--gpu-hour-price/--pue: need --tokens (the token budget to train)"]),
+    (0.0, -1.0, 9.0, ["--tokens: 0.0 -> must be a number of tokens between 1 and 1e17",
+                      "--gpu-hour-price: -1.0 -> must be between 0 and 10000 per GPU-hour",
+                      "--pue: 9.0 -> must be between 1.0 and 5.0 (facility energy / IT energy)"]),
+])
+def test_check_run_options_lists_every_bad_option(tokens, price, pue, problems):
+    from cluster_specs import SpecError
+    from planner.decisions.train import check_run_options
+
+    if not problems:
+        assert check_run_options(tokens, price, pue) is None
+        return
+    with pytest.raises(SpecError) as exc:
+        check_run_options(tokens, price, pue)
+    assert exc.value.problems == problems
+
+
+def test_energy_days_and_wrap_formats():
+    from planner.decisions.train import _days, _energy, wrap
+
+    assert [_energy(x) for x in (999.0, 1000.0, 12_345.0, 1e6, 2.5e6, 3.0e9)] == [
+        "999 kWh", "1 MWh", "12.3 MWh", "1 GWh", "2.5 GWh", "3e+03 GWh"]
+    assert [_days(x) for x in (1.0, 0.5, 1234.56)] == ["1.0 days", "12.0 hours", "1,234.6 days"]
+    assert wrap("note", "") == ["  note"]
+    assert wrap("label", "a " * 40) == ["  label       " + "a " * 32 + "a", "              " + "a " * 6 + "a"]
+    assert wrap("x", "one-two three", width=21) == ["  x           one-two", "              three"]
+    assert wrap("x", "aaaa-bbbb cc", width=22) == ["  x           aaaa-bbb", "              b cc"]  # no break at "-"
+
+
+def test_training_run_lines():
+    """Every line of the terminal block, from the numbers of test_training_run_quantities_by_hand: 2.83 days (band
+    x0.9 = 2.54, x1.25 = 3.53), 4,340 GPU-hours (3,906 - 5,425), cost 6,510 (5,859 - 8,138), 1.74 MWh (1.56 - 2.17),
+    facility 2.08 MWh."""
+    from planner.decisions.train import Power, render_lines
+
+    assert render_lines(_run()) == [
+        "Training 1.00B tokens: 122,071 steps of 8,192 tokens, 64 GPUs",
+        "  wall clock  2.8 days (band 2.5 days - 3.5 days)",
+        "  GPU-hours   4,340 (band 3,906 - 5,425)",
+        "  cost        6,510 at 1.5 per GPU-hour (band 5,859 - 8,138)",
+        "  GPU energy  1.74 MWh (band 1.56 MWh - 2.17 MWh), an upper bound: 400 W per GPU",
+        "              (A100 datasheet)",
+        "  facility    2.08 MWh with PUE 1.2 (the GPUs' share)",
+        "  left out    CPUs and host memory; NICs, switches and storage",
+        "  band        step time x0.90 to x1.25 (test band)"]
+    assert render_lines(_run(power=Power(None, "no board power for X1"), price_per_gpu_hour=None, pue=None,
+                             band=None)) == [
+        "Training 1.00B tokens: 122,071 steps of 8,192 tokens, 64 GPUs",
+        "  wall clock  2.8 days",
+        "  GPU-hours   4,340",
+        "  energy      no board power for X1",
+        "  note        no error band available for this prediction: the figures are point",
+        "              estimates"]
+    assert render_lines(_run(pue=None, band=None))[4:] == [
+        "  GPU energy  1.74 MWh, an upper bound: 400 W per GPU (A100 datasheet)",
+        "  left out    CPUs and host memory; NICs, switches and storage; cooling and",
+        "              power delivery (PUE)",
+        "  note        no error band available for this prediction: the figures are point",
+        "              estimates"]
+
+
+# ---- planner/decisions/waste.py: the wasted share and what would help, with the planner's plan() faked ----------
+
+
+def _est(step=2.0, bubble=0.0, tp=0.0, dp=0.0, p2p=0.0, rate=1000.0, mfu=0.4):
+    from types import SimpleNamespace
+
+    t = SimpleNamespace(pipeline_bubble_seconds=bubble, tp_comm_seconds=tp, dp_comm_seconds=dp, pp_p2p_seconds=p2p)
+    return SimpleNamespace(step_seconds=step, time=t, tokens_per_second=rate, mfu=mfu)
+
+
+def _pick(est, text="tp1 pp1 dp8"):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(estimate=est, layout=SimpleNamespace(short=lambda: text), step_seconds=est.step_seconds)
+
+
+class _PlanByShape:
+    """plan() faked: the pick for a problem by (nodes, global batch); a missing key is infeasible."""
+
+    def __init__(self, picks):
+        self.picks, self.seen = picks, []
+
+    def __call__(self, problem, opts):
+        from types import SimpleNamespace
+
+        from planner.errors import InfeasibleError
+
+        key = (problem.cluster.num_nodes, problem.training.global_batch_size)
+        self.seen.append((key, opts.use_solver, opts.progress))
+        if key not in self.picks:
+            raise InfeasibleError(f"nothing fits {key}")
+        return SimpleNamespace(pick=self.picks[key])
+
+
+def test_waste_utilisation_of_a_wasteful_pick(monkeypatch):
+    """A pick whose 2 s step holds 0.5 s bubble, 0.2 s TP, 0.1 s DP and 0.06 s p2p exposed: 43% wasted (>= 30%). Half
+    the nodes reach 90% of its 1,000 tokens/s on 50% of the GPUs (GPU-hours x0.5/0.9 = -44%), a quarter 30% on 25%
+    (x0.25/0.3 = -17%); batch x2 reaches 1,500 tokens/s, batch x4 does not fit (hand arithmetic)."""
+    from types import SimpleNamespace
+
+    import planner.search as search
+    from planner.decisions import waste
+    from planner.search import PlanOptions
+
+    p = _search_problem(nodes=8)
+    fake = _PlanByShape({(4, 64): _pick(_est(rate=900.0, mfu=0.36), "tp2 dp16"),
+                         (2, 64): _pick(_est(rate=300.0, mfu=0.12), "tp4 dp4"),
+                         (8, 128): _pick(_est(bubble=0.1, tp=0.1, rate=1500.0, mfu=0.6), "tp1 dp64")})
+    monkeypatch.setattr(search, "plan", fake)
+    result = SimpleNamespace(pick=_pick(_est(bubble=0.5, tp=0.2, dp=0.1, p2p=0.06)))
+    doc = waste.utilisation(p, result, PlanOptions(use_solver=True, progress=True))
+    assert doc["parts"] == pytest.approx({"pipeline_bubble": 0.25, "tp_comm_exposed": 0.1, "dp_comm_exposed": 0.05,
+                                          "pp_p2p_exposed": 0.03}, rel=1e-12)
+    assert doc["wasted_share"] == pytest.approx(0.43) and doc["wasteful"] is True and doc["threshold"] == 0.30
+    assert doc["fewer_gpus"] == [
+        {"nodes": 4, "num_gpus": 32, "tokens_per_second": 900.0, "mfu": 0.36, "relative_throughput": 0.9,
+         "gpu_hours_change": pytest.approx(0.5 / 0.9 - 1), "layout_text": "tp2 dp16"},
+        {"nodes": 2, "num_gpus": 16, "tokens_per_second": 300.0, "mfu": 0.12, "relative_throughput": 0.3,
+         "gpu_hours_change": pytest.approx(0.25 / 0.3 - 1), "layout_text": "tp4 dp4"}]
+    assert doc["larger_batches"] == [
+        {"global_batch_size": 128, "tokens_per_second": 1500.0, "mfu": 0.6, "wasted_share": pytest.approx(0.1),
+         "layout_text": "tp1 dp64", "relative_throughput": 1.5}]
+    assert doc["min_gpus_command"] == ("planner plan -c dgx-h100 -n 8 -m llama3-8b -b 64 -s 4096 --objective min-gpus "
+                                       "--target-tokens-per-second 900")
+    assert doc["scaling_command"] == ("planner scaling -c dgx-h100 -n 8 -m llama3-8b -b 64 -s 4096 "
+                                      "--batch-sizes 64,128,256")
+    # the smaller and larger plans run without the solver or a progress bar; batch x4 (256) does not fit: skipped
+    assert fake.seen == [((4, 64), False, False), ((2, 64), False, False), ((8, 128), False, False),
+                         ((8, 256), False, False)]
+    assert waste.render_lines(doc, p) == [
+        "",
+        "The pick wastes the cluster: 43% of each step is pipeline bubble (25%) or",
+        "exposed communication (18%), at least 30%. What would help:",
+        "  4 nodes     90% of the tokens/s on 50% of the GPUs (MFU 36.0%; GPU-hours to",
+        "              train -44%)",
+        "  2 nodes     30% of the tokens/s on 25% of the GPUs (MFU 12.0%; GPU-hours to",
+        "              train -17%)",
+        "  min-gpus    the fewest nodes for 90% of the tokens/s:",
+        "    planner plan -c dgx-h100 -n 8 -m llama3-8b -b 64 -s 4096 --objective min-gpus "
+        "--target-tokens-per-second 900",
+        "  batch x2    128 sequences: 1.50K tokens/s (+50%), MFU 60.0%, 10% wasted",
+        "              a larger batch changes the optimisation (fewer updates per token):",
+        "              check it with your training recipe",
+        "  curve       tokens/s, MFU and days over node counts and batch sizes:",
+        "    planner scaling -c dgx-h100 -n 8 -m llama3-8b -b 64 -s 4096 --batch-sizes 64,128,256"]
+
+
+def test_waste_stops_at_the_first_infeasible_smaller_cluster_and_skips_infeasible_batches(monkeypatch):
+    from types import SimpleNamespace
+
+    import planner.search as search
+    from planner.decisions import waste
+    from planner.search import PlanOptions
+
+    pick = SimpleNamespace(pick=_pick(_est(bubble=0.6)))  # exactly 30% wasted: wasteful (>=)
+    fake = _PlanByShape({(2, 64): _pick(_est()), (8, 256): _pick(_est(rate=2000.0))})  # 4 nodes and batch x2 fail
+    monkeypatch.setattr(search, "plan", fake)
+    p = _search_problem(nodes=8)
+    assert waste.fewer_gpus(p, pick, PlanOptions()) == []  # 4 nodes infeasible: 2 nodes not tried
+    assert [b["global_batch_size"] for b in waste.larger_batches(p, pick, PlanOptions())] == [256]
+    assert [k for k, *_ in fake.seen] == [(4, 64), (8, 128), (8, 256)]
+    three = _search_problem(nodes=3)
+    fake.picks[(1, 64)] = _pick(_est())
+    assert [f["nodes"] for f in waste.fewer_gpus(three, pick, PlanOptions())] == [1]  # 3 // 4 = 0 nodes: stop
+    assert waste.fewer_gpus(_search_problem(nodes=1), pick, PlanOptions()) == []
+    doc = waste.utilisation(p, pick, PlanOptions())
+    assert doc["wasteful"] is True and doc["wasted_share"] == pytest.approx(0.3)
+    assert doc["larger_batches"][0]["relative_throughput"] == 2.0
+    lines = waste.render_lines({**doc, "larger_batches": []}, p)
+    assert not any("a larger batch" in line for line in lines) and lines[-2].startswith("  curve")
+    calm = SimpleNamespace(pick=_pick(_est(bubble=0.5, tp=0.09)))  # 29.5%: not wasteful, nothing planned
+    fake.seen.clear()
+    assert waste.utilisation(p, calm, PlanOptions()) == {
+        "wasted_share": pytest.approx(0.295), "parts": pytest.approx({"pipeline_bubble": 0.25, "tp_comm_exposed": 0.045,
+                                                                      "dp_comm_exposed": 0.0, "pp_p2p_exposed": 0.0}),
+        "threshold": 0.3, "wasteful": False, "fewer_gpus": [], "min_gpus_command": None, "larger_batches": [],
+        "scaling_command": None}
+    assert fake.seen == [] and waste.render_lines(waste.utilisation(p, calm, PlanOptions()), p) == []
+
+
+# ---- planner/refine/ilp.py: the solver choice, its silence, and every status it reports ----------------------
+
+
+def test_ilp_solver_is_highs_when_available_else_cbc_silent_with_the_time_limit(monkeypatch, recwarn):
+    """HiGHS (highspy is a dependency) unless pulp lists no available HiGHS; CBC otherwise, its pulp 3.3
+    DeprecationWarning silenced; both without messages and with the caller's time limit."""
+    import warnings
+
+    import pulp
+
+    from planner.refine import ilp
+
+    backend, name = ilp._solver(7.0)
+    assert name == "HiGHS" and isinstance(backend, pulp.HiGHS) and backend.msg is False and backend.timeLimit == 7.0
+    listed = {True: ["PULP_CBC_CMD"], False: ["PULP_CBC_CMD", "HiGHS"]}  # HiGHS known to pulp but not installed
+    monkeypatch.setattr(pulp, "listSolvers", lambda onlyAvailable=False: listed[bool(onlyAvailable)])
+    warnings.simplefilter("always")
+    backend, name = ilp._solver(3.0)
+    assert name == "CBC" and isinstance(backend, pulp.PULP_CBC_CMD) and backend.msg is False and backend.timeLimit == 3.0
+    assert not [w for w in recwarn if w.category is DeprecationWarning]
+
+
+def _ilp_stages():
+    # two stages: 4 layers of 1 s each, the first with 1.5 s extra; memory is no constraint
+    return [StageCoefficients(1.0, 0.5, 1.5, 1.0, 1.0, 0.5, 0.0, 100.0),
+            StageCoefficients(1.0, 0.5, 0.0, 1.0, 1.0, 0.5, 0.0, 100.0)]
+
+
+def test_ilp_cbc_by_name_and_the_time_limit_reach_the_backend(monkeypatch, recwarn):
+    import warnings
+
+    import pulp
+
+    from planner.refine import ilp
+
+    warnings.simplefilter("always")
+    res = ilp.solve_stage_recompute(_ilp_stages(), 4, solver="CBC", time_limit_seconds=5.0)
+    assert (res.solver, res.status, res.optimal) == ("CBC", "optimal", True)
+    assert res.layers_per_stage == [1, 3] and res.recompute_layers_per_stage == [0, 0] and res.makespan_seconds == 3.0
+    assert not [w for w in recwarn if w.category is DeprecationWarning]
+    seen = []
+    real = ilp._solver
+
+    def spy(limit):
+        seen.append(limit)
+        return real(limit)
+
+    monkeypatch.setattr(ilp, "_solver", spy)
+    res = ilp.solve_stage_recompute(_ilp_stages(), 4, time_limit_seconds=5.0)
+    assert seen == [5.0] and res.solver == "HiGHS" and res.layers_per_stage == [1, 3]
+    ilp.solve_stage_recompute(_ilp_stages(), 4)
+    assert seen == [5.0, 10.0]  # the default limit: 10 s
+    assert isinstance(pulp.HiGHS, type)
+
+
+class _FakeBackend:
+    """A pulp solver stand-in: sets the solution status (and the variables' values) as a real one would."""
+
+    def __init__(self, sol_status, status=1, values=None, error=None):
+        self.sol_status, self.status, self.values, self.error = sol_status, status, values or {}, error
+
+    def actualSolve(self, prob, **kw):
+        if self.error:
+            raise self.error
+        for v in prob.variables():
+            v.varValue = self.values.get(v.name, 0.0)
+        prob.sol_status = self.sol_status
+        prob.status = self.status
+        return self.status
+
+
+@pytest.mark.parametrize("backend, want", [
+    (_FakeBackend(0, 0), ("no solution (No Solution Found)", False, None, None, None)),
+    (_FakeBackend(-1, -1), ("infeasible", False, None, None, None)),
+    (_FakeBackend(-2, -2), ("infeasible", False, None, None, None)),  # unbounded cannot happen: reported as infeasible
+    (_FakeBackend(0, -1), ("infeasible", False, None, None, None)),  # the problem status says infeasible
+    (_FakeBackend(2, 1, {"n_0": 1.2, "n_1": 2.8, "r_0": 0.0, "r_1": 1.0}), ("feasible", False, [1, 3], [0, 1], 3.5)),
+    (_FakeBackend(1, 1, {"n_0": 2.0, "n_1": 2.0, "r_0": 0.0, "r_1": 0.0}), ("optimal", True, [2, 2], [0, 0], 3.5)),
+    (_FakeBackend(1, 1, error=RuntimeError("solver crashed")), ("error: solver crashed", False, None, None, None)),
+])
+def test_ilp_reports_each_solution_status(monkeypatch, backend, want):
+    """Optimality is read from the solution status (a time-limited incumbent is "feasible", not optimal); counts are
+    the rounded variables; the makespan is recomputed from them: max(2 x 1 + 1.5, 2 x 1) = 3.5,
+    max(1 + 1.5, 3 + 0.5) = 3.5 (hand arithmetic); a crash is reported, not raised."""
+    from planner.refine import ilp
+
+    monkeypatch.setattr(ilp, "_solver", lambda limit: (backend, "Fake"))
+    res = ilp.solve_stage_recompute(_ilp_stages(), 4)
+    assert (res.status, res.optimal, res.layers_per_stage, res.recompute_layers_per_stage,
+            res.makespan_seconds) == want
+    assert res.solver == "Fake" and 0 <= res.seconds < 60
+
+
+def test_ilp_quiet_stdout_hides_fd_1_and_restores_it(capfd):
+    import os
+
+    from planner.refine.ilp import _quiet_stdout
+
+    print("before", flush=True)
+    with _quiet_stdout():
+        os.write(1, b"fd-level")  # where HiGHS writes its banner
+    os.write(1, b" after")
+    print(" end", flush=True)
+    assert capfd.readouterr().out == "before\n after end\n"
