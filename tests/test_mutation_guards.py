@@ -2006,3 +2006,239 @@ def test_ilp_quiet_stdout_hides_fd_1_and_restores_it(capfd):
     os.write(1, b" after")
     print(" end", flush=True)
     assert capfd.readouterr().out == "before\n after end\n"
+
+
+# ---- planner/decisions/sensitivity.py: perturbations, verdicts, ties and the report ------------------------------
+
+
+def test_sensitivity_perturbations_change_exactly_their_input():
+    """DGX H100 (8 x 400 Gbit/s NICs, NVLink 450 GB/s, matmul efficiency 0.803, end-to-end 0.8 by default)."""
+    from planner.decisions import sensitivity as s
+    from planner.decisions.train import StepTimeBand
+
+    p = _search_problem(nodes=2)
+    net = s._net(p, 0.5)
+    assert net.cluster.inter_node.nic_gbit_per_s == 200.0 and net.cluster.intra_node == p.cluster.intra_node
+    assert (net.model, net.training, net.knobs) == (p.model, p.training, p.knobs)
+    assert s._net(p, 2.0).cluster.inter_node.nic_gbit_per_s == 800.0
+    assert s._net(_search_problem(nodes=1), 0.5) is None  # one node: no network
+    no_nic = p.cluster.model_copy(update={"inter_node": p.cluster.inter_node.model_copy(update={"nics_per_node": 0})})
+    assert s._net(s._with(p, cluster=no_nic), 0.5) is None
+    intra = s._intra(p, 0.5)
+    assert intra.cluster.intra_node.gb_per_s == 225.0 and intra.cluster.inter_node == p.cluster.inter_node
+    assert s._intra(s._with(p, cluster=p.cluster.model_copy(update={"gpus_per_node": 1})), 0.5) is None
+    assert s._intra(s._with(p, cluster=p.cluster.model_copy(update={"gpus_per_node": 2})), 0.5) is not None
+    assert s._matmul(p, 0.9).cluster.gpu_spec().matmul_efficiency == pytest.approx(0.803 * 0.9, rel=1e-12)
+    assert s._matmul(p, 1.1).cluster.gpu_spec().matmul_efficiency == pytest.approx(0.803 * 1.1, rel=1e-12)
+    assert s._matmul(p, 2.0).cluster.gpu_spec().matmul_efficiency == 1.0  # capped at 1
+    assert s._compute(p, 1.25).knobs.end_to_end_efficiency == pytest.approx(0.8 / 1.25, rel=1e-12)
+    assert s._compute(p, 0.5).knobs.end_to_end_efficiency == 1.0  # 1.6 capped at 1
+    assert s._compute(p, 1.25).cluster is p.cluster
+    assert s._one_node_fewer(p).cluster.num_nodes == 1 and s._one_node_fewer(_search_problem(nodes=1)) is None
+    assert s._with(p).cluster is p.cluster and s._with(p).knobs is p.knobs
+    names = ["inter-node bandwidth x0.5", "inter-node bandwidth x2", "intra-node bandwidth x0.5",
+             "matmul efficiency +10%", "matmul efficiency -10%", "one node fewer"]
+    assert [sc.name for sc in s.scenarios(None)] == names
+    banded = s.scenarios(StepTimeBand(0.8, 1.3, "b"))
+    assert [sc.name for sc in banded] == [*names[:5], "error band top (compute x1.30 slower)",
+                                          "error band bottom (compute x0.80)", names[5]]
+    made = [sc.make(p) for sc in banded]
+    assert [m.cluster.inter_node.nic_gbit_per_s for m in made[:2]] == [200.0, 800.0]
+    assert made[2].cluster.intra_node.gb_per_s == 225.0
+    assert [m.cluster.gpu_spec().matmul_efficiency for m in made[3:5]] == pytest.approx([0.803 * 1.1, 0.803 * 0.9])
+    assert [m.knobs.end_to_end_efficiency for m in made[5:7]] == pytest.approx([0.8 / 1.3, 1.0])
+    assert made[7].cluster.num_nodes == 1
+
+
+def test_sensitivity_original_pick_under_a_perturbed_problem():
+    from planner.decisions import sensitivity as s
+    from planner.inputs.specs import LayoutSpec
+    from planner.rules import layout_violations
+
+    p = _search_problem(nodes=1)
+    ok = LayoutSpec(tp=1, pp=1, dp=8, zero_stage=1, recompute="full", num_micro_batches=8)
+    step, why = s._original_under(p, ok, False)
+    assert step == p.estimate(ok).step_seconds and why == ""
+    assert s._original_under(p, LayoutSpec(tp=1, pp=1, dp=16), False) == (
+        None, "the pick needs 16 GPUs; this cluster has 8")
+    big = _search_problem(nodes=2)
+    across = LayoutSpec(tp=16, pp=1, dp=1, zero_stage=0, num_micro_batches=64)
+    assert s._original_under(big, across, False) == (
+        None, str(layout_violations(across, big.model, big.training, big.cluster)[0]))
+    assert s._original_under(big, across, True) == (big.estimate(across).step_seconds, "")  # TP across nodes allowed
+    assert s._original_under(p, LayoutSpec(tp=1, pp=1, dp=8, zero_stage=0, num_micro_batches=8), False) == (
+        None, "the pick no longer fits in memory")  # 8B x 18 B of states on one 80 GB GPU
+
+
+def test_sensitivity_verdicts(monkeypatch):
+    """kept: the same layout and micro-batch; tie: another layout whose regret (the pick's step under the
+    perturbation / the new best's - 1) is within the tie tolerance; changes otherwise, or when the pick cannot run."""
+    from types import SimpleNamespace
+
+    import planner.search as search
+    from planner.decisions import sensitivity as s
+    from planner.errors import InfeasibleError
+    from planner.search import PlanOptions
+
+    pick = _fake_candidate({"dp": 8}, step=1.0)
+    other = _fake_candidate({"dp": 4, "tp": 2}, step=1.0)
+    seen = []
+
+    def fake_plan(problem, opts):
+        seen.append(opts.progress)
+        if problem == "none fits":
+            raise InfeasibleError("nothing fits\nsecond line")
+        return SimpleNamespace(pick=problem)
+
+    monkeypatch.setattr(search, "plan", fake_plan)
+    monkeypatch.setattr(s, "_original_under", lambda problem, layout, allow: (1.05, "") if allow else (None, "why"))
+    opts = PlanOptions(progress=True, allow_tp_across_nodes=True)
+    na = s.run_scenario(s.Scenario("x", lambda p: None), "p", pick, opts, 0.02)
+    assert (na.name, na.verdict, na.new_pick, na.note) == ("x", "not applicable", None,
+                                                           "the cluster has no such link or node to remove")
+    inf = s.run_scenario(s.Scenario("y", lambda p: "none fits"), "p", pick, opts, 0.02)
+    assert (inf.verdict, inf.note, inf.new_pick) == ("infeasible", "nothing fits", None)
+    same = _fake_candidate({"dp": 8}, step=1.04)
+    kept = s.run_scenario(s.Scenario("k", lambda p: same), "p", pick, opts, 0.02)
+    assert (kept.verdict, kept.new_pick, kept.original_step_seconds, kept.new_step_seconds) == ("kept", same, 1.05, 1.04)
+    tie = s.run_scenario(s.Scenario("t", lambda p: _fake_candidate({"dp": 4, "tp": 2}, step=1.03)), "p", pick, opts,
+                         0.02)
+    assert tie.verdict == "tie" and tie.regret == pytest.approx(1.05 / 1.03 - 1)  # 1.9% <= 2%
+    edge = s.run_scenario(s.Scenario("e", lambda p: _fake_candidate({"dp": 4, "tp": 2}, step=1.05)), "p", pick, opts,
+                          0.0)
+    assert edge.verdict == "tie" and edge.regret == 0.0  # regret exactly at the tolerance: a tie
+    changes = s.run_scenario(s.Scenario("c", lambda p: _fake_candidate({"dp": 4, "tp": 2}, step=1.02)), "p", pick,
+                             opts, 0.02)
+    assert changes.verdict == "changes" and changes.regret == pytest.approx(1.05 / 1.02 - 1)  # 2.9%
+    gone = s.run_scenario(s.Scenario("g", lambda p: other), "p", pick, PlanOptions(), 0.02)
+    assert (gone.verdict, gone.note, gone.regret) == ("changes", "why", None)  # the pick cannot run: no regret
+    assert set(seen) == {False}  # planned without a progress bar
+    assert s.identity(_fake_candidate({"dp": 8, "micro_batch_size": 2}).layout) != s.identity(pick.layout)
+    assert s.shape(_fake_candidate({"dp": 8, "micro_batch_size": 2}).layout) == s.shape(pick.layout)
+    assert s.Outcome("o", "kept", None, 2.0, 1.6).regret == pytest.approx(0.25)
+    assert s.Outcome("o", "kept", None, None, 1.6).regret is None and s.Outcome("o", "kept", None, 2.0).regret is None
+
+
+def _sensitivity_fixture():
+    from types import SimpleNamespace
+
+    from planner.decisions import sensitivity as s
+    from planner.decisions.ranking import RankingBand
+
+    pick = _fake_candidate({"dp": 8, "zero_stage": 1}, step=1.0)
+    c1 = _fake_candidate({"tp": 2, "dp": 4, "zero_stage": 1}, step=1.01)
+    c1b = _fake_candidate({"tp": 2, "dp": 4, "zero_stage": 1, "micro_batch_size": 2}, step=1.015)  # c1's shape
+    c2 = _fake_candidate({"dp": 8}, step=1.018)  # ZeRO-0: simpler than the pick
+    c3 = _fake_candidate({"pp": 2, "dp": 4}, step=1.05)
+    result = SimpleNamespace(pick=pick, ranked=[pick, c1, c1b, c2, c3])
+    ranking = RankingBand(0.02, 0.015, 1721, "vTrain")
+    outcomes = [s.Outcome("inter-node bandwidth x0.5", "kept", pick, 1.1, 1.1),
+                s.Outcome("intra-node bandwidth x0.5", "changes", c3, 1.3, 1.2),
+                s.Outcome("one node fewer", "changes", c1, None, 1.25, "the pick needs 16 GPUs; this cluster has 8"),
+                s.Outcome("error band top (compute x1.30 slower) and a very long name", "not applicable",
+                          note="the cluster has no such link or node to remove"),
+                s.Outcome("matmul efficiency -10%", "tie", c2, 0.99, 1.0),
+                s.Outcome("inter-node bandwidth x2", "infeasible", note="nothing fits: a very long explanation of why "
+                          "nothing fits that goes on past eighty columns of text")]
+    return result, ranking, outcomes, (pick, c1, c2, c3)
+
+
+def test_sensitivity_ties_short_list_and_recommendation(monkeypatch):
+    """Tied: the pick and the distinct shapes within 2% (c1 at +1.0%, c2 at +1.8%; c1's micro-batch-2 twin is the same
+    shape; c3 at +5%). Recommended: the simplest within 1.5% (the pick: c2 is simpler but +1.8%); within 2%, c2."""
+    from planner.decisions import sensitivity as s
+    from planner.search import PlanOptions
+
+    result, ranking, outcomes, (pick, c1, c2, c3) = _sensitivity_fixture()
+    assert s.tied_layouts(result, 0.02) == [pick, c1, c2]
+    assert s.tied_layouts(result, 0.01) == [pick, c1]  # 1.01 <= 1.01: inclusive
+    assert s.tied_layouts(result, 0.0) == [pick]
+    assert s.recommend([pick, c1, c2], 0.015) is pick and s.recommend([pick, c1, c2], 0.018) is c2
+    assert s.recommend([c1, c3], 0.0) is c1 and s.recommend([c1, c3], 0.04) is c3  # c3 (ZeRO-0) is 4.0% slower
+    equal = _fake_candidate({"dp": 8}, step=1.001)
+    assert s.recommend([pick, c2, equal], 0.02) is equal  # equally simple: the faster
+    calls = []
+
+    def fake_run(sc, problem, p, opts, tie):
+        calls.append((sc.name, problem, p, tie))
+        return outcomes[0]
+
+    monkeypatch.setattr(s, "run_scenario", fake_run)
+    many = [_fake_candidate({"tp": 2, "dp": 4, "pp": 1, "zero_stage": 1, "recompute": r}, step=1.0 + i / 1000)
+            for i, r in enumerate(("selective", "full"))]
+    many += [_fake_candidate({"dp": 8, "zero_stage": z}, step=1.003 + z / 1000) for z in (2, 3)]
+    many += [_fake_candidate({"dp": 8, "zero_stage": 1, "offload": "optimizer"}, step=1.0)]
+    result.ranked = [pick, *many, c2]
+    sens = s.sensitivity("prob", result, PlanOptions(), None, ranking)
+    assert [c[0] for c in calls] == [sc.name for sc in s.scenarios(None)] and {c[3] for c in calls} == {0.02}
+    assert all(c[1] == "prob" and c[2] is pick for c in calls)
+    assert sens.tied == [pick, *many, c2] and sens.short_list == [pick, *many[:4]] and sens.tie_tolerance == 0.02
+    assert sens.recommended is pick  # c2 (ZeRO-0) is not on the short list of 5
+    assert sens.outcomes == [outcomes[0]] * 6 and sens.ranking is ranking
+
+
+def test_sensitivity_document_and_lines():
+    from planner.decisions import sensitivity as s
+
+    result, ranking, outcomes, (pick, c1, c2, c3) = _sensitivity_fixture()
+    sens = s.Sensitivity(ranking, outcomes, [pick, c1, c2], pick)
+    doc = s.as_json(sens, pick)
+    assert doc["scenarios"][1] == {
+        "perturbation": "intra-node bandwidth x0.5", "verdict": "changes", "new_pick": c3.layout.model_dump(mode="json"),
+        "new_pick_text": "tp=1,pp=2,dp=4,zero=0,mbs=1,recompute=none,schedule=1f1b", "new_step_time_seconds": 1.2,
+        "original_step_time_seconds": 1.3, "step_time_change": pytest.approx(0.2), "regret": pytest.approx(1.3 / 1.2 - 1),
+        "note": ""}
+    assert doc["scenarios"][3]["new_pick"] is None and doc["scenarios"][3]["step_time_change"] is None
+    assert {k: v for k, v in doc.items() if k != "scenarios"} == {
+        "tie_tolerance": 0.02, "tie_source": "the ranking error of two layouts' predicted step times: 80% of 1,721 "
+        "pairs of layouts within 2.0% (vTrain)", "recommend_within": 0.015,
+        "tied": [{"layout_text": "tp=1,pp=1,dp=8,zero=1,mbs=1,recompute=none", "step_time_seconds": 1.0,
+                  "step_time_vs_pick": 0.0},
+                 {"layout_text": "tp=2,pp=1,dp=4,zero=1,mbs=1,recompute=none", "step_time_seconds": 1.01,
+                  "step_time_vs_pick": pytest.approx(0.01)},
+                 {"layout_text": "tp=1,pp=1,dp=8,zero=0,mbs=1,recompute=none", "step_time_seconds": 1.018,
+                  "step_time_vs_pick": pytest.approx(0.018)}],
+        "recommended": "tp=1,pp=1,dp=8,zero=1,mbs=1,recompute=none", "recommended_step_time_vs_pick": 0.0,
+        "short_list": ["tp=1,pp=1,dp=8,zero=1,mbs=1,recompute=none", "tp=2,pp=1,dp=4,zero=1,mbs=1,recompute=none",
+                       "tp=1,pp=1,dp=8,zero=0,mbs=1,recompute=none"], "short_list_size": 3}
+    assert s.render_lines(doc, "planner plan -m x") == [
+        "",
+        "Sensitivity: the plan made again under each perturbed input",
+        "tie tolerance 2.0%: the ranking error of two layouts' predicted step times: 80%",
+        "of 1,721 pairs of layouts within 2.0% (vTrain)",
+        "  perturbation                             best step  pick        regret",
+        "  inter-node bandwidth x0.5                   +10.0%  kept         +0.0%",
+        "  intra-node bandwidth x0.5                   +20.0%  changes      +8.3%",
+        "    -> tp=1,pp=2,dp=4,zero=0,mbs=1,recompute=none,schedule=1f1b",
+        "  one node fewer                              +25.0%  changes          -",
+        "    -> tp=2,pp=1,dp=4,zero=1,mbs=1,recompute=none",
+        "    the pick needs 16 GPUs; this cluster has 8",
+        "  error band top (compute x1.30 slower) a          -  not applicable       -",
+        "    the cluster has no such link or node to remove",
+        "  matmul efficiency -10%                       +0.0%  tie          +0.0%",
+        "    -> tp=1,pp=1,dp=8,zero=0,mbs=1,recompute=none",
+        "  inter-node bandwidth x2                          -  infeasible       -",
+        "    nothing fits: a very long explanation of why nothing fits that goes on past",
+        "    eighty columns of text",
+        "best step: the new best's step time against the pick's today; regret: the pick's",
+        "step time under the perturbation against the new best's.",
+        "",
+        "Tie: 3 layouts lie within 2.0% of the pick's step time: the model cannot order",
+        "them. The short list (3 fastest):",
+        "   +0.0%  tp=1,pp=1,dp=8,zero=1,mbs=1,recompute=none",
+        "   +1.0%  tp=2,pp=1,dp=4,zero=1,mbs=1,recompute=none",
+        "   +1.8%  tp=1,pp=1,dp=8,zero=0,mbs=1,recompute=none",
+        "Recommended: the pick (no simpler layout of the short list is within 1.5% of",
+        "it).",
+        "Measure the short list (3 layouts) before launching:",
+        "  planner plan -m x -o plan.json",
+        "  planner bench plan.json --top 3"]
+    other = s.as_json(s.Sensitivity(ranking, [], [pick, c1, c2], c2), pick)
+    assert s._tie_lines(other, "cmd")[5:8] == [
+        "Recommended, the simplest of the short list within 1.5% of the pick (+1.8% step",
+        "time):", "  tp=1,pp=1,dp=8,zero=0,mbs=1,recompute=none"]
+    alone = s.as_json(s.Sensitivity(ranking, [], [pick], pick), pick)
+    assert s._tie_lines(alone, "cmd") == ["No other layout lies within 2.0% of the pick's step time."]
+    kept_note = s.as_json(s.Sensitivity(ranking, [s.Outcome("k", "kept", pick, 1.0, 1.0, "a note")], [pick], pick),
+                          pick)
+    assert s._scenario_lines(kept_note)[1:] == ["  k                                            +0.0%  kept         +0.0%"]
