@@ -2242,3 +2242,48 @@ def test_sensitivity_document_and_lines():
     kept_note = s.as_json(s.Sensitivity(ranking, [s.Outcome("k", "kept", pick, 1.0, 1.0, "a note")], [pick], pick),
                           pick)
     assert s._scenario_lines(kept_note)[1:] == ["  k                                            +0.0%  kept         +0.0%"]
+
+
+_ILP_CASES = {  # found by a brute-force search for instances where one coefficient's misuse changes the optimum
+    "recompute 0.5 s of a 2 s layer": ([(2.0, 0.5, 0.0, 1.0, 3.0, 0.5, 0.0, 14.0), (2.0, 0.5, 8.0, 1.0, 2.0, 0.5, 0.0, 6.0)],
+                                       6),
+    "a stage that would rather hold no layer": ([(0.5, 0.5, 0.0, 1.0, 3.0, 0.5, 0.0, 10.0),
+                                                 (0.5, 1.5, 1.5, 1.0, 2.0, 0.5, 0.0, 10.0),
+                                                 (0.5, 0.2, 0.0, 1.0, 2.0, 0.5, 0.0, 6.0)], 4),
+    "2 s layers, three stages": ([(2.0, 0.5, 0.0, 1.0, 2.0, 0.5, 0.0, 14.0), (2.0, 0.5, 1.5, 1.0, 3.0, 0.5, 0.0, 8.0),
+                                  (2.0, 1.5, 1.5, 1.0, 3.0, 0.5, 0.0, 10.0)], 6),
+    "the same in tenths of a second": ([(0.2, 0.05, 0.0, 1.0, 2.0, 0.5, 0.0, 14.0),
+                                        (0.2, 0.05, 0.15, 1.0, 3.0, 0.5, 0.0, 8.0),
+                                        (0.2, 0.15, 0.15, 1.0, 3.0, 0.5, 0.0, 10.0)], 6),
+}
+
+
+@pytest.mark.parametrize("case", list(_ILP_CASES))
+def test_ilp_matches_enumeration_where_coefficients_matter(case):
+    """Layer seconds other than 1 (so n x layer_seconds and r x recompute_seconds cannot be swapped for a division),
+    a stage whose best count would be 0 (every stage holds >= 1 layer), a makespan below 1 s: the ILP's makespan and
+    total recomputation equal the enumeration's (`_brute_ilp`)."""
+    rows, L = _ILP_CASES[case]
+    stages = [StageCoefficients(*row) for row in rows]
+    want = _brute_ilp(stages, L)
+    res = solve_stage_recompute(stages, L)
+    assert res.status == "optimal" and min(res.layers_per_stage) >= 1
+    assert res.makespan_seconds == pytest.approx(want[0][0], abs=1e-9)
+    assert sum(res.recompute_layers_per_stage) == want[0][1]
+
+
+def test_ilp_cbc_gets_no_messages_and_the_time_limit(monkeypatch):
+    import pulp
+
+    from planner.refine import ilp
+
+    made = []
+
+    class Spy(pulp.PULP_CBC_CMD):
+        def __init__(self, **kw):
+            made.append(kw)
+            super().__init__(**kw)
+
+    monkeypatch.setattr(pulp, "PULP_CBC_CMD", Spy)
+    res = ilp.solve_stage_recompute(_ilp_stages(), 4, solver="CBC", time_limit_seconds=4.0)
+    assert made == [{"msg": False, "timeLimit": 4.0}] and res.solver == "CBC"
