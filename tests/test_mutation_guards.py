@@ -2287,3 +2287,138 @@ def test_ilp_cbc_gets_no_messages_and_the_time_limit(monkeypatch):
     monkeypatch.setattr(pulp, "PULP_CBC_CMD", Spy)
     res = ilp.solve_stage_recompute(_ilp_stages(), 4, solver="CBC", time_limit_seconds=4.0)
     assert made == [{"msg": False, "timeLimit": 4.0}] and res.solver == "CBC"
+
+
+# ---- planner/search.py: plan()'s refinement loop and ranking, with the search and the refinements faked ----------
+
+
+def _plan_fixture(monkeypatch, found, found_offload=(), least=(5.0, 3.0)):
+    """Fake search (returns `found`, then `found_offload` when offload is searched), refinements and explanations:
+    the log records every call in order."""
+    import planner.search as search
+
+    log = []
+
+    def fake_search(problem, opts, stats, *, offload):
+        log.append(("search", offload, stats))
+        return (list(found_offload) if offload else list(found)), least[offload]
+
+    def fake_split(problem, cand):
+        log.append(("split", cand.step_seconds))
+        return splits.get(cand.step_seconds)
+
+    def fake_ilp(problem, cand, opts, stats):
+        log.append(("ilp", cand.step_seconds, opts, stats))
+        return ilps.get(cand.step_seconds)
+
+    splits, ilps = {}, {}
+    monkeypatch.setattr(search, "search", fake_search)
+    monkeypatch.setattr(search, "refine_split", fake_split)
+    monkeypatch.setattr(search, "refine_ilp", fake_ilp)
+    monkeypatch.setattr(search, "reason", lambda problem, c, pick=None: f"{c.step_seconds} vs {pick.step_seconds}")
+    monkeypatch.setattr(search, "decide", lambda problem, ranked, pick: ("decision", tuple(ranked), pick))
+    return log, splits, ilps
+
+
+def test_plan_refines_the_best_few_then_ranks_everything(monkeypatch):
+    """Sorted by step time: the first max(solver_candidates, 1) go to the exact split; the ILP takes candidates in
+    order, skipping no-recompute, unpipelined and already-seen (tp, pp, dp, zero, mbs) ones, until it has seen
+    solver_candidates; refinements the options refuse are dropped; the pick is the fastest of all, the runners-up
+    distinct from it and each other (top_k), each explained against the pick."""
+    import planner.search as search
+    from planner.search import PlanOptions
+
+    def cand(step, origin="search", **lay):
+        return _fake_candidate({"dp": 8, "num_micro_batches": 8, **lay}, step=step, origin=origin)
+
+    f = {1.0: cand(1.0, pp=2, dp=4, recompute="selective"),
+         1.1: cand(1.1, recompute="full"),  # pp 1: no ILP
+         1.2: cand(1.2, pp=2, dp=4),  # no recompute: no ILP
+         1.25: cand(1.25, pp=2, dp=4, recompute="selective", schedule="zero_bubble"),  # the 1.0 one's key: seen
+         1.3: cand(1.3, pp=4, dp=2, recompute="full"),
+         1.4: cand(1.4, pp=8, dp=1, recompute="full")}
+    log, splits, ilps = _plan_fixture(monkeypatch, [f[k] for k in (1.3, 1.0, 1.4, 1.2, 1.1, 1.25)])
+    splits[1.0] = cand(0.95, "split", pp=2, dp=4, recompute="selective", layers_per_stage=(17, 15))
+    ilps[1.0] = cand(0.9, "ilp", tp=2, pp=2, dp=2, recompute="selective")  # refused below
+    ilps[1.3] = cand(0.97, "ilp", pp=4, dp=2, recompute="selective")
+
+    class NoTp2:
+        def adjust(self, fields):
+            return None if fields["tp"] == 2 else fields
+
+    opts = PlanOptions(solver_candidates=2, top_k=2, restriction=NoTp2())
+    res = search.plan(_search_problem(), opts)
+    stats = log[0][2]
+    assert [e[:2] for e in log] == [("search", False), ("split", 1.0), ("split", 1.1), ("ilp", 1.0), ("ilp", 1.3)]
+    assert all(e[2] is opts and e[3] is stats for e in log[3:]) and res.stats is stats
+    assert [c.step_seconds for c in res.ranked] == [0.95, 0.97, 1.0, 1.1, 1.2, 1.25, 1.3, 1.4]
+    assert res.pick is splits[1.0] and res.alternatives == [ilps[1.3], f[1.1]]  # f[1.0]: the pick's shape
+    assert res.reasons == {id(res.pick): "0.95 vs 0.95", id(ilps[1.3]): "0.97 vs 0.95", id(f[1.1]): "1.1 vs 0.95"}
+    assert res.decision == ("decision", tuple(res.ranked), res.pick) and res.compared == []
+    assert 0 <= stats.search_seconds <= stats.total_seconds < 60
+
+    log.clear()
+    res = search.plan(_search_problem(), PlanOptions(solver_candidates=0, use_solver=True, top_k=1))
+    assert [e[:2] for e in log] == [("search", False), ("split", 1.0), ("ilp", 1.0)]  # at least one of each
+    assert res.pick is ilps[1.0] and res.alternatives == [splits[1.0]]  # tp 2 allowed now; top_k 1
+    log.clear()
+    res = search.plan(_search_problem(), PlanOptions(use_solver=False))
+    assert [e[:2] for e in log] == [("search", False), ("split", 1.0), ("split", 1.1), ("split", 1.2)]
+    assert len(res.alternatives) == 5 and res.pick is splits[1.0]  # default top_k 5 of 6 distinct runners-up
+    log.clear()
+    assert search.plan(_search_problem()).pick is ilps[1.0]  # default options: the solver runs, 3 candidates
+    assert [e[:2] for e in log] == [("search", False), ("split", 1.0), ("split", 1.1), ("split", 1.2), ("ilp", 1.0),
+                                    ("ilp", 1.3), ("ilp", 1.4)]
+
+
+def test_plan_memory_objective_and_offload_fallback(monkeypatch):
+    import planner.search as search
+    from planner.search import PlanOptions
+
+    small = _fake_candidate({"dp": 8}, step=1.2, peak_gib=20.0)
+    fast = _fake_candidate({"dp": 8, "zero_stage": 1}, step=1.0, peak_gib=60.0)
+    log, _, _ = _plan_fixture(monkeypatch, [], [fast, small])
+    res = search.plan(_search_problem(), PlanOptions(objective="memory", use_solver=False))
+    assert [e[:2] for e in log] == [("search", False), ("search", True), ("split", 1.2), ("split", 1.0)]
+    assert log[0][2] is log[1][2]  # one SearchStats for both searches
+    assert res.pick is small and res.ranked == [small, fast]
+
+
+def test_plan_infeasible_passes_the_least_peak_of_both_searches(monkeypatch):
+    import planner.search as search
+    from planner.errors import InfeasibleError
+    from planner.search import PlanOptions
+
+    seen = []
+
+    def fake_infeasible(problem, least, opts):
+        seen.append((least, opts))
+        return InfeasibleError(f"least {least}")
+
+    _plan_fixture(monkeypatch, [], [], least=(5.0, 3.0))
+    monkeypatch.setattr(search, "infeasible", fake_infeasible)
+    opts = PlanOptions()
+    with pytest.raises(InfeasibleError, match=r"^least 3.0$"):
+        search.plan(_search_problem(), opts)
+    _plan_fixture(monkeypatch, [], [], least=(2.0, 3.0))
+    monkeypatch.setattr(search, "infeasible", fake_infeasible)
+    with pytest.raises(InfeasibleError, match=r"^least 2.0$"):
+        search.plan(_search_problem(), opts)
+    assert seen == [(3.0, opts), (2.0, opts)]
+
+
+def test_fits_one_card_estimates_the_plainest_one_gpu_layout():
+    """One GPU, no parallelism, full recompute, micro-batch 1: GPT-3 1.3B fits an 80 GB H100 (1.3B x 18 B of states
+    = 24 GB), Llama 3 8B does not (8B x 18 B = 145 GB)."""
+    from types import SimpleNamespace
+
+    from planner.inputs.specs import LayoutSpec
+    from planner.search import _fits_one_card
+
+    seen = []
+    p = _search_problem()
+    fake = SimpleNamespace(estimate=lambda lay: seen.append(lay) or p.estimate(lay), knobs=p.knobs)
+    assert _fits_one_card(fake) is False
+    assert seen == [LayoutSpec(tp=1, pp=1, dp=1, zero_stage=0, offload="none", micro_batch_size=1, num_micro_batches=1,
+                               recompute="full", sequence_parallel=False, schedule="1f1b", virtual_stages=1)]
+    assert _fits_one_card(_search_problem("gpt3-1.3b", seq=2048)) is True
