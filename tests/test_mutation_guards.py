@@ -2422,3 +2422,213 @@ def test_fits_one_card_estimates_the_plainest_one_gpu_layout():
     assert seen == [LayoutSpec(tp=1, pp=1, dp=1, zero_stage=0, offload="none", micro_batch_size=1, num_micro_batches=1,
                                recompute="full", sequence_parallel=False, schedule="1f1b", virtual_stages=1)]
     assert _fits_one_card(_search_problem("gpt3-1.3b", seq=2048)) is True
+
+
+# ---- planner/decisions/compare.py: entries, rankings, document and lines, with plan_all faked ---------------------
+
+
+@pytest.mark.parametrize("text, problems", [
+    ("x", ["--clusters: 'x' -> expected CLUSTER:NODES[@PRICE], NODES an integer 1..1000000"]),
+    (":4", ["--clusters: ':4' -> expected CLUSTER:NODES[@PRICE], NODES an integer 1..1000000"]),
+    ("a:0,a:1000001", ["--clusters: 'a:0' -> expected CLUSTER:NODES[@PRICE], NODES an integer 1..1000000",
+                       "--clusters: 'a:1000001' -> expected CLUSTER:NODES[@PRICE], NODES an integer 1..1000000"]),
+    ("a:x", ["--clusters: 'a:x' -> expected CLUSTER:NODES[@PRICE], NODES an integer 1..1000000"]),
+    ("a:1@abc", ["--clusters: 'a:1@abc' -> expected CLUSTER:NODES[@PRICE], NODES an integer 1..1000000"]),
+    ("a:1@-1,b:1@10001,c:1@nan", ["--clusters: 'a:1@-1' -> the price must be between 0 and 10000 per GPU-hour",
+                                  "--clusters: 'b:1@10001' -> the price must be between 0 and 10000 per GPU-hour",
+                                  "--clusters: 'c:1@nan' -> the price must be between 0 and 10000 per GPU-hour"]),
+    (" , ", ["--clusters: ' , ' -> give at least one CLUSTER:NODES"]),
+    ("a:1,a:1@2", ["--clusters: 'a:1,a:1@2' -> an entry is repeated"]),
+    (",".join(f"c{i}:1" for i in range(17)), ["--clusters: 17 entries -> at most 16"]),
+])
+def test_parse_clusters_names_each_bad_entry(text, problems):
+    from cluster_specs import SpecError
+    from planner.decisions.compare import parse_clusters
+
+    with pytest.raises(SpecError) as exc:
+        parse_clusters(text)
+    assert exc.value.problems == problems
+
+
+def test_parse_clusters_accepts_the_bounds():
+    from planner.decisions.compare import ClusterChoice, parse_clusters
+
+    assert parse_clusters("a:1000000@0, ,host:b:1@10000,c:2", 1.5) == [
+        ClusterChoice("a", 1_000_000, 0.0), ClusterChoice("host:b", 1, 10000.0), ClusterChoice("c", 2, 1.5)]
+    assert len(parse_clusters(",".join(f"c{i}:1" for i in range(16)))) == 16
+    assert parse_clusters("c:2")[0].price_per_gpu_hour is None and parse_clusters("c:2")[0].label == "c:2"
+
+
+def _entries():
+    """A feasible DGX H100 entry (8 GPUs at 2 s per 64 x 4,096-token step: 1e12 tokens in ceil(3,814,697.3) =
+    3,814,698 steps = 88.3 days, 16,954.2 GPU-hours = 0.016954 per million tokens, 0.033908 at 2.0 per GPU-hour,
+    8 x 700 W: 0.011868 kWh per million tokens) and an infeasible DGX A100 one."""
+    from types import SimpleNamespace
+
+    from planner.decisions.compare import ClusterChoice, Entry
+    from planner.decisions.train import for_problem
+
+    h100 = _search_problem(nodes=1)
+    est = SimpleNamespace(tokens_per_second_per_gpu=16384.0, mfu=0.42)
+    pick = SimpleNamespace(estimate=est, layout=SimpleNamespace(short=lambda: "tp=1,pp=1,dp=8"))
+    ok = Entry(ClusterChoice("dgx-h100", 1, 2.0), h100, SimpleNamespace(pick=pick),
+               for_problem(h100, 2.0, tokens=1e12, price_per_gpu_hour=2.0), None)
+    a100 = _search_problem(nodes=1, cluster="dgx-a100-80gb")
+    bad = Entry(ClusterChoice("dgx-a100-80gb", 1), a100, None, None, "nothing fits\nsecond line")
+    return ok, bad
+
+
+def test_compare_entries_per_million_tokens_and_lines():
+    from planner.decisions.compare import Comparison, render_lines
+
+    ok, bad = _entries()
+    assert ok.per_million_tokens() == pytest.approx({"gpu_hours": 0.016954213333, "cost": 0.033908426667,
+                                                     "gpu_energy_kwh": 0.011867949333}, rel=1e-9)
+    assert bad.per_million_tokens() == {"gpu_hours": None, "cost": None, "gpu_energy_kwh": None}
+    assert ok.training is ok.run and ok.label == "dgx-h100:1" and ok.feasible and not bad.feasible
+    with pytest.raises(ValueError, match=r"^dgx-a100-80gb:1: no layout fits$"):
+        bad.training  # noqa: B018
+    with pytest.raises(ValueError, match=r"^dgx-a100-80gb:1: no layout fits$"):
+        bad.pick  # noqa: B018
+    cmp = Comparison([ok, bad], 1e12, False)
+    assert cmp.priced is True
+    assert render_lines(cmp, "Title") == [
+        "Title", "time to train 1.00T tokens (no --tokens: per trillion)", "",
+        "cluster                GPUs tok/s/GPU    MFU     days  cost/Mtok  kWh/Mtok",
+        "dgx-h100:1                8    16,384  42.0%     88.3     0.0339    0.0119",
+        "  tp=1,pp=1,dp=8",
+        "dgx-a100-80gb:1           8  no layout fits",
+        "  nothing fits",
+        "",
+        "by time to train: 1. dgx-h100:1",
+        "by cost per million tokens: 1. dgx-h100:1",
+        "by tokens/s per GPU: 1. dgx-h100:1",
+        "  note        no error band available for this prediction: the figures are point",
+        "              estimates"]
+    unpriced = Comparison([ok, bad], 2e12, True)
+    ok.run = ok.run.__class__(**{**ok.run.__dict__, "price_per_gpu_hour": None})
+    lines = render_lines(unpriced, "T")
+    assert lines[1] == "time to train 2.00T tokens" and lines[3].endswith("GPU-h/Mtok  kWh/Mtok")
+    assert lines[4] == "dgx-h100:1                8    16,384  42.0%     88.3      0.017    0.0119"
+    assert lines[10] == "by GPU-hours per million tokens (no prices given): 1. dgx-h100:1"
+
+
+def test_compare_rankings_follow_their_metrics():
+    from types import SimpleNamespace
+
+    from planner.decisions.compare import ClusterChoice, Comparison, Entry
+    from planner.decisions.train import Power, training_run
+
+    def entry(name, step, per_gpu, price, gpus=8):
+        run = training_run(tokens=1e9, global_batch_size=1, seq_length=1000, step_seconds=step, num_gpus=gpus,
+                           power=Power(None, "-"), price_per_gpu_hour=price)
+        pick = SimpleNamespace(estimate=SimpleNamespace(tokens_per_second_per_gpu=per_gpu))
+        return Entry(ClusterChoice(name, 1, price), None, SimpleNamespace(pick=pick), run, None)
+
+    # a: fastest wall clock; b: most tokens/s per GPU; c: cheapest per million tokens (cost = GPUs x wall x price)
+    a, b, c = entry("a", 1.0, 100.0, 4.0, gpus=16), entry("b", 2.0, 300.0, 2.0), entry("c", 3.0, 200.0, 0.5)
+    infeasible = Entry(ClusterChoice("x", 1), None, None, None, "no")
+    cmp = Comparison([a, b, c, infeasible], 1e9, True)
+    assert [e.label for e in cmp.ranking("time_to_train")] == ["a:1", "b:1", "c:1"]
+    assert [e.label for e in cmp.ranking("tokens_per_second_per_gpu")] == ["b:1", "c:1", "a:1"]
+    assert [e.label for e in cmp.ranking("cost_per_million_tokens")] == ["c:1", "b:1", "a:1"]  # 0.5x3x8, 2x2x8, 4x1x16
+    with pytest.raises(ValueError, match="^days$"):
+        cmp.ranking("days")
+    free = entry("free", 3.0, 1.0, None, gpus=1)  # no price: GPU-hours per million tokens decide, 1 GPU x 3 s
+    cmp = Comparison([a, free], 1e9, True)
+    assert cmp.priced is False and [e.label for e in cmp.ranking("cost_per_million_tokens")] == ["free:1", "a:1"]
+
+
+def test_compare_plans_each_cluster_and_keeps_the_infeasible(monkeypatch):
+    from types import SimpleNamespace
+
+    import planner.decisions.parallel as parallel
+    from planner.decisions.compare import ClusterChoice, compare
+    from planner.decisions.train import StepTimeBand
+    from planner.search import PlanOptions
+
+    made, seen = [], []
+    pick = SimpleNamespace(step_seconds=2.0)
+
+    def make(cluster, nodes):
+        made.append((cluster, nodes))
+        return _search_problem(nodes=nodes, cluster=cluster)
+
+    def fake_plan_all(problems, opts):
+        seen.append(([p.cluster.num_nodes for p in problems], opts))
+        return [SimpleNamespace(pick=pick), "nothing fits"][:len(problems)]
+
+    monkeypatch.setattr(parallel, "plan_all", fake_plan_all)
+    band = StepTimeBand(0.9, 1.1, "b")
+    opts = PlanOptions()
+    choices = [ClusterChoice("dgx-h100", 2, 3.0), ClusterChoice("dgx-a100-80gb", 1)]
+    cmp = compare(choices, make, opts, pue=1.3, band_for=lambda problem, p: band if p is pick else None)
+    assert made == [("dgx-h100", 2), ("dgx-a100-80gb", 1)] and seen == [([2, 1], opts)]
+    assert (cmp.tokens, cmp.tokens_given) == (1e12, False)
+    ok, bad = cmp.entries
+    assert (ok.choice, ok.result.pick, ok.error) == (choices[0], pick, None)
+    run = ok.run
+    assert (run.tokens, run.step_seconds, run.price_per_gpu_hour, run.pue, run.band, run.num_gpus) == (
+        1e12, 2.0, 3.0, 1.3, band, 16)
+    assert (bad.result, bad.run, bad.error, bad.problem.cluster.num_nodes) == (None, None, "nothing fits", 1)
+    cmp = compare(choices[:1], make, opts, tokens=5e9)
+    assert (cmp.tokens, cmp.tokens_given, cmp.entries[0].run.tokens, cmp.entries[0].run.band) == (5e9, True, 5e9, None)
+
+
+def test_compare_document_and_report(monkeypatch):
+    from planner import SCHEMA_VERSION, __version__
+    from planner.decisions import compare as cmp_mod
+    from planner.decisions.compare import CompareRequest, Comparison, as_json, compare_report
+    from planner.inputs.specs import LayoutSpec
+    from planner.search import Candidate
+
+    ok, bad = _entries()
+    lay = LayoutSpec(tp=1, pp=1, dp=8, zero_stage=1, num_micro_batches=8)
+    real = Candidate(lay, ok.problem.estimate(lay))
+    ok.result.pick, ok.result.reasons = real, {id(real): "why"}
+    doc = as_json(Comparison([ok, bad], 1e12, False))
+    assert {k: v for k, v in doc.items() if k != "clusters"} == {
+        "tokens": 1e12, "tokens_given": False, "priced": True,
+        "rankings": {"time_to_train": ["dgx-h100:1"], "cost_per_million_tokens": ["dgx-h100:1"],
+                     "tokens_per_second_per_gpu": ["dgx-h100:1"]}}
+    first, second = doc["clusters"]
+    assert {k: first[k] for k in ("cluster", "nodes", "label", "num_gpus", "gpu", "price_per_gpu_hour", "feasible",
+                                  "infeasible_reason")} == {
+        "cluster": "dgx-h100", "nodes": 1, "label": "dgx-h100:1", "num_gpus": 8, "gpu": ok.problem.hardware.gpu_name,
+        "price_per_gpu_hour": 2.0, "feasible": True, "infeasible_reason": None}
+    assert first["pick"]["reason"] == "why" and first["pick"]["origin"] == "search"
+    assert first["pick"]["layout"]["dp"] == 8 and first["training_run"] == ok.run.as_json()
+    assert first["per_million_tokens"] == ok.per_million_tokens()
+    assert second == {"cluster": "dgx-a100-80gb", "nodes": 1, "label": "dgx-a100-80gb:1", "num_gpus": 8,
+                      "gpu": bad.problem.hardware.gpu_name, "price_per_gpu_hour": None, "feasible": False,
+                      "infeasible_reason": "nothing fits\nsecond line", "pick": None, "training_run": None,
+                      "per_million_tokens": {"gpu_hours": None, "cost": None, "gpu_energy_kwh": None}}
+    calls = []
+
+    def fake_compare(choices, make, opts, *, tokens=None, pue=None, band_for=None):
+        calls.append((choices, opts, tokens, pue, band_for))
+        problems = [make(c.cluster, c.nodes) for c in choices]
+        assert [p.cluster.num_nodes for p in problems] == [1]
+        ok.problem = problems[0]
+        return Comparison([ok, bad], tokens or 1e12, tokens is not None)
+
+    monkeypatch.setattr(cmp_mod, "compare", fake_compare)
+    req = CompareRequest(clusters="dgx-h100:1", model="llama3-8b", global_batch_size=64, seq_len=4096, tokens=2e9,
+                         gpu_hour_price=2.5, pue=1.1, use_solver=False)
+    rep = compare_report(req)
+    (choices, opts, tokens, pue, band_for), = calls
+    assert [c.price_per_gpu_hour for c in choices] == [2.5] and (tokens, pue) == (2e9, 1.1)
+    assert opts.use_solver is False and opts.restriction is None
+    from planner.decisions.plan_extras import step_time_band
+
+    assert band_for is step_time_band
+    assert rep.document["schema_version"] == SCHEMA_VERSION and rep.document["tool_version"] == __version__
+    assert rep.document["kind"] == "compare" and rep.document["framework"] is None
+    assert rep.document["inputs"]["model"]["name"] == "llama3-8b"
+    assert rep.document["inputs"]["training"]["global_batch_size"] == 64
+    assert rep.lines[0] == "llama3-8b, batch 64 x 4,096 tokens, on 2 clusters"
+    assert rep.document["rankings"] == doc["rankings"]
+    rep = compare_report(CompareRequest(clusters="dgx-h100:1", model="llama3-8b", global_batch_size=64, seq_len=4096,
+                                        framework="megatron"))
+    assert rep.document["framework"] == "megatron" and calls[-1][1].restriction is not None
+    assert calls[-1][1].use_solver is True
