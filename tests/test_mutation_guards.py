@@ -2632,3 +2632,169 @@ def test_compare_document_and_report(monkeypatch):
                                         framework="megatron"))
     assert rep.document["framework"] == "megatron" and calls[-1][1].restriction is not None
     assert calls[-1][1].use_solver is True
+
+
+# ---- planner/decisions/scaling.py: node counts, efficiency, where it stops paying, document and lines ----------
+
+
+def test_default_node_counts_double_up_to_four_times_the_nodes():
+    from planner.decisions.scaling import DEFAULT_POINTS, default_node_counts
+
+    assert DEFAULT_POINTS == 8
+    assert default_node_counts(16) == [1, 2, 4, 8, 16, 32, 64]  # 64 >> 7 = 0 is left out
+    assert default_node_counts(128) == [4, 8, 16, 32, 64, 128, 256, 512]  # nodes/32 ... nodes*4
+    assert default_node_counts(1) == [1, 2, 4]
+    assert default_node_counts(16, points=3) == [16, 32, 64]
+    assert default_node_counts(3) == [1, 3, 6, 12]  # 12 >> 2 = 3, 12 >> 3 = 1
+
+
+def _scaling_points(problem_for=None):
+    """Llama 3 8B on DGX H100 at batch 64: 1 node infeasible; per-GPU tokens/s 1,000 (2 nodes, the base), 800
+    (4: 80%), 690 (8: 69%, below 70%: stops paying), 700 (16: 70% is not below)."""
+    from types import SimpleNamespace
+
+    from planner.decisions.scaling import Point
+    from planner.inputs.specs import LayoutSpec
+
+    def res(gpus, per_gpu, mfu, tp, pp, dp, bubble):
+        est = SimpleNamespace(tokens_per_second=per_gpu * gpus, tokens_per_second_per_gpu=per_gpu, mfu=mfu,
+                              step_seconds=1.0, time=SimpleNamespace(pipeline_bubble_seconds=bubble))
+        return SimpleNamespace(pick=SimpleNamespace(estimate=est, layout=LayoutSpec(tp=tp, pp=pp, dp=dp)))
+
+    problem_for = problem_for or (lambda n: None)
+    return [Point(1, 8, 64, problem_for(1), None, "nothing fits"),
+            Point(2, 16, 64, problem_for(2), res(16, 1000.0, 0.5, 2, 1, 8, 0.1), None),
+            Point(4, 32, 64, problem_for(4), res(32, 800.0, 0.4, 2, 2, 8, 0.1), None),
+            Point(8, 64, 64, problem_for(8), res(64, 690.0, 0.345, 8, 1, 8, 0.2), None),
+            Point(16, 128, 64, problem_for(16), res(128, 700.0, 0.35, 8, 2, 8, 0.2), None)]
+
+
+def test_scaling_curve_efficiency_and_where_it_stops_paying():
+    from planner.decisions.scaling import STOP_EFFICIENCY, Curve, _curve
+
+    assert STOP_EFFICIENCY == 0.70
+    pts = _scaling_points()
+    curve = _curve(64, pts)
+    assert curve.global_batch_size == 64 and curve.points is pts and curve.base is pts[1]
+    assert [p.efficiency for p in pts] == [None, 1.0, 0.8, pytest.approx(0.69), pytest.approx(0.7)]
+    assert curve.stops_paying is pts[3]
+    assert pts[0].label == "1 nodes" and pts[0].tokens_per_second is None and pts[0].per_gpu is None
+    assert pts[1].tokens_per_second == 16000.0 and pts[1].per_gpu == 1000.0
+    assert Curve(64, [pts[0]]).base is None and Curve(64, [pts[0]]).stops_paying is None
+    assert _curve(64, [pts[0]]).points[0].efficiency is None
+
+
+def test_scaling_curves_plan_every_count_and_batch(monkeypatch):
+    from types import SimpleNamespace
+
+    import planner.decisions.parallel as parallel
+    from planner.decisions.scaling import scaling_curve, scaling_curves
+    from planner.search import PlanOptions
+
+    made, seen = [], []
+
+    def make(nodes, batch):
+        made.append((nodes, batch))
+        return _search_problem(nodes=nodes, batch=batch)
+
+    def est(per_gpu):
+        return SimpleNamespace(pick=SimpleNamespace(estimate=SimpleNamespace(tokens_per_second_per_gpu=per_gpu)))
+
+    def fake_plan_all(problems, opts):
+        seen.append(opts)
+        return ["none fits\nsecond line" if p.cluster.num_nodes == 1 else est(1000.0 / p.cluster.num_nodes)
+                for p in problems]
+
+    monkeypatch.setattr(parallel, "plan_all", fake_plan_all)
+    opts = PlanOptions()
+    curves = scaling_curves(make, opts, [4, 1, 2, 2], [64, 128])
+    assert made == [(1, 64), (2, 64), (4, 64), (1, 128), (2, 128), (4, 128)] and seen == [opts]
+    assert [c.global_batch_size for c in curves] == [64, 128]
+    pts = curves[1].points
+    assert [(p.nodes, p.num_gpus, p.global_batch_size, p.error) for p in pts] == [
+        (1, 8, 128, "none fits"), (2, 16, 128, None), (4, 32, 128, None)]
+    assert pts[0].result is None and pts[1].problem.training.global_batch_size == 128
+    assert [p.efficiency for p in pts] == [None, 1.0, 0.5]
+    one = scaling_curve(make, opts, [2, 4], 64)
+    assert [p.nodes for p in one.points] == [2, 4] and one.global_batch_size == 64
+
+
+def test_scaling_document_and_lines():
+    from planner.decisions.scaling import _curve, as_json, point_json, render_lines
+
+    curve = _curve(64, _scaling_points())
+    doc = as_json([curve], 1e12, False)
+    assert {k: v for k, v in doc.items() if k != "curves"} == {
+        "tokens": 1e12, "tokens_given": False, "stop_efficiency": 0.7,
+        "efficiency_definition": "tokens/s per GPU relative to the smallest node count that fits, same batch"}
+    (c,) = doc["curves"]
+    assert (c["global_batch_size"], c["base_nodes"], c["stops_paying_at_nodes"]) == (64, 2, 8)
+    assert c["points"][0] == {"nodes": 1, "num_gpus": 8, "global_batch_size": 64, "feasible": False,
+                              "infeasible_reason": "nothing fits", "layout": None, "step_time_seconds": None,
+                              "tokens_per_second": None, "tokens_per_second_per_gpu": None, "mfu": None,
+                              "pipeline_bubble_share": None, "scaling_efficiency": None, "time_to_train_days": None}
+    p = curve.points[2]
+    assert point_json(p, 2e12) == {
+        "nodes": 4, "num_gpus": 32, "global_batch_size": 64, "feasible": True, "infeasible_reason": None,
+        "layout": p.pick.layout.model_dump(mode="json"), "step_time_seconds": 1.0, "tokens_per_second": 25600.0,
+        "tokens_per_second_per_gpu": 800.0, "mfu": 0.4, "pipeline_bubble_share": 0.1, "scaling_efficiency": 0.8,
+        "time_to_train_days": pytest.approx(2e12 / 25600 / 86400)}
+    empty = _curve(128, [curve.points[0]])
+    assert as_json([empty], 1e9, True)["curves"][0]["base_nodes"] is None
+    title = "Scaling: llama3-8b, 4096-token sequences, on dgx-h100 (8 x H100-SXM per node)"
+    assert render_lines([curve], 1e12, False, title) == [
+        "Scaling: llama3-8b, 4096-token sequences, on dgx-h100 (8 x H100-SXM per node)",
+        "days: to train 1.00T tokens (no --tokens: per trillion); eff.: tokens/s per GPU",
+        "against the first row that fits",
+        "",
+        "global batch 64 sequences",
+        " nodes    GPUs   tokens/s   /GPU    MFU  eff.     days  tp x pp x dp  bubble",
+        "     1       8  no layout fits",
+        "     2      16     16.00K  1,000  50.0%  100%    723.4  2x1x8          10.0%",
+        "     4      32     25.60K    800  40.0%   80%    452.1  2x2x8          10.0%",
+        "     8      64     44.16K    690  34.5%   69%    262.1  8x1x8          20.0% <",
+        "    16     128     89.60K    700  35.0%   70%    129.2  8x2x8          20.0%",
+        "  stops       < marks where adding GPUs stops paying: at 8 nodes each GPU",
+        "              delivers 69% of its tokens/s on 2 nodes (below 70%)"]
+    steady = _curve(64, _scaling_points()[1:3])
+    lines = render_lines([steady, empty], 2e12, True, "T")
+    assert lines[1:3] == ["days: to train 2.00T tokens; eff.: tokens/s per GPU against the first row that", "fits"]
+    assert lines[8:] == [
+        "  paying      every count keeps scaling efficiency >= 70% of 2 nodes' tokens/s",
+        "              per GPU",
+        "",
+        "global batch 128 sequences",
+        " nodes    GPUs   tokens/s   /GPU    MFU  eff.     days  tp x pp x dp  bubble",
+        "     1       8  no layout fits",
+        "  note        no node count of the sweep fits this model"]
+
+
+def test_scaling_report_builds_problems_and_the_document(monkeypatch):
+    from planner.decisions import scaling as sc
+    from planner.decisions.scaling import ScalingRequest, _curve, scaling_report
+
+    calls = []
+
+    def fake_curves(make, opts, counts, batches):
+        calls.append((opts, counts, batches))
+        return [_curve(b, _scaling_points(lambda n, b=b: make(n, b))) for b in batches]
+
+    monkeypatch.setattr(sc, "scaling_curves", fake_curves)
+    rep = scaling_report(ScalingRequest(cluster="dgx-h100", model="llama3-8b", global_batch_size=64, seq_len=4096,
+                                        nodes=2, use_solver=False))
+    opts, counts, batches = calls[-1]
+    assert counts == [1, 2, 4, 8] and batches == [64] and opts.use_solver is False and opts.restriction is None
+    doc = rep.document
+    assert (doc["kind"], doc["framework"], doc["tokens"], doc["tokens_given"]) == ("scaling", None, 1e12, False)
+    assert doc["inputs"]["seq_length"] == 4096 and doc["inputs"]["model"]["name"] == "llama3-8b"
+    assert doc["inputs"]["cluster"]["num_nodes"] == 1 and doc["inputs"]["training"]["global_batch_size"] == 64
+    gpu = _search_problem().hardware.gpu_name
+    assert rep.lines[0] == f"Scaling: llama3-8b, 4096-token sequences, on dgx-h100 (8 x {gpu} per node)"
+    scaling_report(ScalingRequest(cluster="dgx-h100", model="llama3-8b", global_batch_size=64, seq_len=4096,
+                                  node_counts="2,4", batch_sizes="64,128", tokens=1e9, framework="megatron"))
+    opts, counts, batches = calls[-1]
+    assert counts == [2, 4] and batches == [64, 128] and opts.use_solver is True and opts.restriction is not None
+    from cluster_specs import load_cluster
+
+    scaling_report(ScalingRequest(cluster="dgx-h100", model="llama3-8b", global_batch_size=64, seq_len=4096))
+    assert calls[-1][1] == sc.default_node_counts(load_cluster("dgx-h100").num_nodes)
