@@ -2798,3 +2798,200 @@ def test_scaling_report_builds_problems_and_the_document(monkeypatch):
 
     scaling_report(ScalingRequest(cluster="dgx-h100", model="llama3-8b", global_batch_size=64, seq_len=4096))
     assert calls[-1][1] == sc.default_node_counts(load_cluster("dgx-h100").num_nodes)
+
+
+# ---- planner/decisions/ranking.py: the ranking error band, by hand on three groups of signed errors -------------
+
+
+def _ranking_results():
+    from types import SimpleNamespace
+
+    def r(err, source="s", model="m", gpus=8, batch=64, seq=2048, loso=None):
+        case = SimpleNamespace(source=source, model=SimpleNamespace(name=model), num_gpus=gpus,
+                               training=SimpleNamespace(global_batch_size=batch, seq_length=seq))
+        return SimpleNamespace(error=err, loso_error=loso, case=case)
+
+    return [r(0.1, loso=0.2), r(-0.1, loso=0.1), r(0.0), r(0.2, model="n"), r(0.2, model="n", loso=-0.1),
+            r(0.5, gpus=16), r(None, model="n"), r(0.3, source="t", loso=0.0), r(0.3, batch=128, loso=0.3),
+            r(0.3, seq=4096, loso=0.4)]
+
+
+def test_ranking_band_figures_by_hand():
+    """Groups [0.1, -0.1, 0.0], [0.2, 0.2] and [0.5]: |ln(1.1/0.9)| = 0.2006707, |ln 1.1| = 0.0953102,
+    |ln 0.9| = 0.1053605 and 0; the 80th percentile (position 2.4 of 4) 0.1434846 -> +15.428%; the 20th (position
+    0.6) 0.0571861 -> +5.8853% (hand arithmetic)."""
+    import math
+
+    from planner.decisions.ranking import (
+        BAND_COVERAGE,
+        RECOMMEND_MIN_CHANCE,
+        _quantile,
+        band_figures,
+        log_ratio_errors,
+    )
+
+    assert (BAND_COVERAGE, RECOMMEND_MIN_CHANCE) == (0.8, 0.4)
+    assert _quantile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.5 and _quantile([3.0, 1.0, 2.0, 4.0], 0.0) == 1.0
+    assert _quantile([3.0, 1.0, 2.0, 4.0], 1.0) == 4.0 and _quantile([5.0], 0.7) == 5.0
+    assert _quantile([1.0, 2.0, 3.0, 4.0], 0.8) == pytest.approx(3.4)
+    groups = [[0.1, -0.1, 0.0], [0.2, 0.2], [0.5]]
+    assert log_ratio_errors(groups) == pytest.approx([0.2006707, 0.0953102, 0.1053605, 0.0], abs=1e-7)
+    got = band_figures(groups)
+    assert got == {"pairs": 4, "groups": [3, 2, 1], "tie_tolerance": pytest.approx(math.expm1(0.1434846), abs=1e-7),
+                   "recommend_within": pytest.approx(math.expm1(0.0571861), abs=1e-7)}
+    with pytest.raises(ValueError, match="^no pair of layouts to measure a ranking error on$"):
+        band_figures([[0.1], []])
+
+
+def test_ranking_error_groups_and_tables(monkeypatch, tmp_path):
+    import json
+    from pathlib import Path
+
+    import planner.bands as bands
+    import planner.fileio as fileio
+    import planner.validation_vtrain as vt
+    from planner.decisions import ranking
+
+    res = _ranking_results()
+    # by (source, model, GPUs, batch, sequence); a missing error is left out; single rows are dropped
+    assert ranking.error_groups(res) == [[0.1, -0.1, 0.0], [0.2, 0.2]]
+    assert ranking.error_groups(res, loso=True) == [[0.2, 0.1]]
+    table = ranking.table_from_results(res)
+    assert table == {**ranking.band_figures([[0.1, -0.1, 0.0], [0.2, 0.2]]), "coverage": 0.8,
+                     "source": f"{vt.VTRAIN_SOURCE}, out of sample",
+                     "generated_by": "planner validate -o (make validate), or python -m planner.decisions.ranking"}
+    seen = []
+    monkeypatch.setattr(bands, "load_table", lambda: {"fitted_knobs": "K"})
+    monkeypatch.setattr(vt, "run_vtrain", lambda knobs: seen.append(knobs) or type("R", (), {"results": res})())
+    assert ranking.vtrain_table() == table and seen == ["K"]
+    path = ranking.write_table({"b": 1, "a": [1, 2]}, tmp_path / "band.json")
+    assert path == tmp_path / "band.json" and path.read_text() == '{\n "a": [\n  1,\n  2\n ],\n "b": 1\n}\n'
+    written = []
+    monkeypatch.setattr(fileio, "write_atomically", lambda p, text: written.append(p))
+    assert ranking.write_table({}) == Path(ranking.__file__).parent.parent / "data" / "ranking_band.json" == written[0]
+    shipped = json.loads((Path(ranking.__file__).parent.parent / "data" / "ranking_band.json").read_text())
+    ranking.ranking_band.cache_clear()
+    band = ranking.ranking_band()
+    assert band == ranking.RankingBand(shipped["tie_tolerance"], shipped["recommend_within"], shipped["pairs"],
+                                       shipped["source"])
+    assert band.description == (f"the ranking error of two layouts' predicted step times: 80% of {shipped['pairs']:,} "
+                                f"pairs of layouts within {shipped['tie_tolerance']:.1%} ({shipped['source']})")
+    assert ranking.RankingBand(0.123, 0.01, 1721, "src").description == (
+        "the ranking error of two layouts' predicted step times: 80% of 1,721 pairs of layouts within 12.3% (src)")
+
+
+# ---- planner/decisions/report.py and parallel.py -----------------------------------------------------------------
+
+
+def test_decision_report_helpers(tmp_path):
+    from cluster_specs import SpecError
+    from planner import SCHEMA_VERSION, __version__
+    from planner.decisions.report import Planned, check_figure, framework_restriction, header, parse_counts
+    from planner.frameworks.restriction import build_restriction
+    from planner.inputs.models import load_model
+
+    assert check_figure(None) is None and check_figure(tmp_path / "a.svg") is None
+    with pytest.raises(SpecError, match="the file name must end in .png or .svg"):
+        check_figure(tmp_path / "a.txt")
+    assert header("scaling") == {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "scaling"}
+    assert framework_restriction(None, "llama3-8b") is None
+    got = framework_restriction("megatron", "llama3-8b")
+    assert got == build_restriction("megatron", load_model("llama3-8b").vocab_size)
+    assert parse_counts(None, "--x") is None and parse_counts("64, 128,,256", "--x") == [64, 128, 256]
+    assert parse_counts("1000000", "--x") == [1_000_000] and parse_counts(",".join(["1"] * 32), "--x") == [1] * 32
+    assert parse_counts("100000000", "--b", 10**8) == [10**8]
+    for text, msg in (("a,1", "--x: 'a,1' -> comma-separated integers"),
+                      ("", "--x: '' -> 1 to 32 integers, each between 1 and 1,000,000"),
+                      ("0", "--x: '0' -> 1 to 32 integers, each between 1 and 1,000,000"),
+                      ("1000001", "--x: '1000001' -> 1 to 32 integers, each between 1 and 1,000,000"),
+                      (",".join(["1"] * 33), f"--x: {','.join(['1'] * 33)!r} -> 1 to 32 integers, each between 1 and "
+                                             "1,000,000")):
+        with pytest.raises(SpecError) as exc:
+            parse_counts(text, "--x")
+        assert exc.value.problems == [msg]
+    with pytest.raises(SpecError) as exc:
+        parse_counts("11", "--y", 10)
+    assert exc.value.problems == ["--y: '11' -> 1 to 32 integers, each between 1 and 10"]
+
+    class Named(Planned):
+        label = "here"
+
+        def __init__(self, result):
+            self.result = result
+
+    from types import SimpleNamespace
+
+    assert Named(SimpleNamespace(pick="p")).feasible is True and Named(SimpleNamespace(pick="p")).pick == "p"
+    with pytest.raises(ValueError, match="^here: no layout fits$"):
+        Named(None).pick  # noqa: B018
+    assert Named(None).feasible is False
+    with pytest.raises(NotImplementedError):
+        Planned().label  # noqa: B018
+
+
+def test_parallel_workers_for(monkeypatch):
+    import os
+
+    from planner.decisions import parallel
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    monkeypatch.setattr(parallel, "_single_threaded", lambda: True)
+    monkeypatch.delenv("PLANNER_WORKERS", raising=False)
+    assert [parallel.workers_for(j) for j in (0, 1, 3, 9)] == [1, 1, 3, 5]
+    for env, want in (("2", 2), (" 3 ", 3), ("0", 5), ("x", 5), ("-2", 5), ("", 5)):
+        monkeypatch.setenv("PLANNER_WORKERS", env)
+        assert parallel.workers_for(9) == want, env
+    monkeypatch.setattr(parallel, "_single_threaded", lambda: False)
+    assert parallel.workers_for(9) == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "listdir", lambda path: ["1"] if path == "/proc/self/task" else [])
+    assert parallel._single_threaded() is True
+    monkeypatch.setattr(os, "listdir", lambda path: ["1", "2"] if path == "/proc/self/task" else [])
+    assert parallel._single_threaded() is False
+
+    def no_proc(path):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(os, "listdir", no_proc)
+    assert parallel._single_threaded() is False
+
+
+def test_parallel_plan_one_pack_and_plan_all(monkeypatch):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import planner.search as search
+    from planner.decisions import parallel
+    from planner.errors import InfeasibleError
+    from planner.search import PlanOptions, PlanResult
+
+    a, b, c, d = (_fake_candidate({"dp": 8}, step=s) for s in (1.0, 1.1, 1.2, 1.3))
+    full = PlanResult(a, [b], [a, b, c], "decision", {id(a): "ra", id(b): "rb", id(d): "rd"}, SimpleNamespace(),
+                      [d])
+    seen = []
+
+    def fake_plan(problem, opts):
+        seen.append((problem, opts))
+        if problem == "bad":
+            raise InfeasibleError("nothing fits")
+        return replace(full) if problem == "ok" else full
+
+    monkeypatch.setattr(search, "plan", fake_plan)
+    opts = PlanOptions(progress=True, top_k=2)
+    assert parallel.plan_one("bad", opts) == "nothing fits"
+    assert seen[-1][1] == replace(opts, progress=False)
+    packed, reasons = parallel._packed("ok", opts)
+    assert packed.ranked == [a, b] and packed.reasons == {} and packed.compared == [d] and packed.pick is a
+    assert reasons == [(0, "ra"), (1, "rb"), (2, "rd")]
+    assert parallel._packed("bad", opts) == ("nothing fits", [])
+    back = parallel._unpacked(packed, reasons)
+    assert back.reasons == {id(a): "ra", id(b): "rb", id(d): "rd"}
+    assert parallel._unpacked("why", []) == "why"
+    monkeypatch.setenv("PLANNER_WORKERS", "1")
+    seen.clear()
+    assert parallel.plan_all(["ok", "bad"], opts)[1] == "nothing fits" and [s[0] for s in seen] == ["ok", "bad"]
+    monkeypatch.setenv("PLANNER_WORKERS", "2")
+    monkeypatch.setattr(parallel, "_single_threaded", lambda: True)
+    got = parallel.plan_all(["ok", "bad"], opts)  # two forked workers, each with the fake plan
+    assert got[1] == "nothing fits" and [c.step_seconds for c in got[0].ranked] == [1.0, 1.1]
+    assert sorted(got[0].reasons.values()) == ["ra", "rb", "rd"] and got[0].reasons[id(got[0].pick)] == "ra"
