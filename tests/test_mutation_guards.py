@@ -2995,3 +2995,115 @@ def test_parallel_plan_one_pack_and_plan_all(monkeypatch):
     got = parallel.plan_all(["ok", "bad"], opts)  # two forked workers, each with the fake plan
     assert got[1] == "nothing fits" and [c.step_seconds for c in got[0].ranked] == [1.0, 1.1]
     assert sorted(got[0].reasons.values()) == ["ra", "rb", "rd"] and got[0].reasons[id(got[0].pick)] == "ra"
+
+
+# ---- planner/decisions/plan_extras.py: what `plan` adds, each section wired to its source ------------------------
+
+
+def test_plan_extras_check_and_step_time_band(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    import planner.bands as bands
+    import planner.explain.figures as figures
+    from cluster_specs import SpecError
+    from planner.decisions.plan_extras import PlanExtras, step_time_band
+    from planner.decisions.train import StepTimeBand
+
+    with pytest.raises(SpecError) as exc:
+        PlanExtras(price_per_gpu_hour=2.0).check()
+    assert exc.value.problems == ["--gpu-hour-price/--pue: need --tokens (the token budget to train)"]
+    with pytest.raises(SpecError):
+        PlanExtras(tokens=1e9, pue=9.0).check()
+    asked = []
+    monkeypatch.setattr(figures, "require_matplotlib", lambda: asked.append(1))
+    assert PlanExtras(tokens=1e9, pue=1.2).check() is None and asked == []
+    PlanExtras(figures="out").check()
+    assert asked == [1]
+    p = _search_problem(nodes=2)
+    pick = SimpleNamespace(estimate=SimpleNamespace(step_seconds=2.0, peak_memory_bytes=5e10))
+    calls = []
+
+    def fake_band(**kw):
+        calls.append(kw)
+        return bands.Band(2.0, 1.6, 2.5, 5e10, 6e10, "hopper", kw.get("rows", 12))
+
+    monkeypatch.setattr(bands, "prediction_band", fake_band)
+    monkeypatch.setattr(bands, "band_level", lambda: 0.85)
+    got = step_time_band(p, pick, "megatron")
+    assert got == StepTimeBand(0.8, 1.25, "central 85% of leave-one-source-out errors (about 80% of held-out runs "
+                                          "inside), regime hopper, 12 published runs")
+    assert calls == [{"framework": "megatron", "gpu_name": p.hardware.gpu_name, "num_gpus": 16, "step_seconds": 2.0,
+                      "peak_memory_bytes": 5e10}]
+    monkeypatch.setattr(bands, "prediction_band", lambda **kw: bands.Band(2.0, 1.6, 2.5, 5e10, 6e10, "all", 0))
+    assert step_time_band(p, pick) is None  # a regime without rows: no band
+    monkeypatch.setitem(sys.modules, "planner.bands", None)
+    assert step_time_band(p, pick) is None  # the error-band table is not installed
+
+
+def test_plan_extras_extend_adds_each_requested_section(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import planner.contract as contract
+    import planner.decisions.sensitivity as sens
+    import planner.decisions.train as train
+    import planner.decisions.waste as waste
+    import planner.explain.figures as figures
+    from planner.decisions import plan_extras
+    from planner.decisions.plan_extras import PlanExtras, extend
+    from planner.search import PlanOptions
+
+    log = []
+
+    class Model:
+        def __init__(self, name):
+            self.name = name
+
+        def model_validate(self, data):
+            log.append((self.name, data))
+            return SimpleNamespace(model_dump=lambda: {"validated": data})
+
+    for name in ("Utilisation", "TrainingRun", "SensitivityReport"):
+        monkeypatch.setattr(contract, name, Model(name))
+    monkeypatch.setattr(waste, "utilisation", lambda problem, result, opts: {"waste": opts.top_k})
+    monkeypatch.setattr(waste, "render_lines", lambda doc, problem: [f"waste {doc}"])
+    band = object()
+    monkeypatch.setattr(plan_extras, "step_time_band", lambda problem, pick, fw: log.append(("band", fw)) or band)
+    run = SimpleNamespace(as_json=lambda: {"run": 1})
+
+    def fake_for_problem(problem, step, **kw):
+        log.append(("run", step, kw))
+        return run
+
+    monkeypatch.setattr(train, "for_problem", fake_for_problem)
+    monkeypatch.setattr(train, "render_lines", lambda r: ["run lines"])
+    monkeypatch.setattr(sens, "sensitivity", lambda problem, result, opts, b: log.append(("sens", b)) or "S")
+    monkeypatch.setattr(sens, "as_json", lambda s, pick: {"sens": s, "pick": pick})
+    monkeypatch.setattr(sens, "render_lines", lambda report, command: [f"sens {command}"])
+    monkeypatch.setattr(figures, "plan_figures", lambda problem, result, folder: [folder / "m.png", folder / "t.png"])
+    monkeypatch.setattr(figures, "memory_lines", lambda est, headroom: [f"mem {headroom}"])
+    monkeypatch.setattr(figures, "time_lines", lambda est: ["time"])
+    p = _search_problem()
+    pick = SimpleNamespace(step_seconds=3.0, estimate="E")
+    result = SimpleNamespace(pick=pick)
+    doc = SimpleNamespace(framework=SimpleNamespace(value="torchtitan"))
+    extras = PlanExtras(tokens=1e10, price_per_gpu_hour=2.0, pue=1.1, sensitivity=True, command="planner plan -m x",
+                        figures=tmp_path)
+    extend(doc, p, result, extras, PlanOptions(top_k=4))
+    assert doc.utilisation.model_dump() == {"validated": {"waste": 4}}
+    assert doc.training_run.model_dump() == {"validated": {"run": 1}}
+    assert doc.sensitivity.model_dump() == {"validated": {"sens": "S", "pick": pick}}
+    assert doc.figures == [str(tmp_path / "m.png"), str(tmp_path / "t.png")]
+    assert log == [("Utilisation", {"waste": 4}), ("band", "torchtitan"),
+                   ("run", 3.0, {"tokens": 1e10, "price_per_gpu_hour": 2.0, "pue": 1.1, "band": band}),
+                   ("TrainingRun", {"run": 1}), ("band", "torchtitan"), ("sens", band),
+                   ("SensitivityReport", {"sens": "S", "pick": pick})]
+    assert extras.lines == ["waste {'validated': {'waste': 4}}", "", "run lines", "sens planner plan -m x", "",
+                            f"mem {p.knobs.memory_headroom_bytes}", "time",
+                            f"figures: {tmp_path / 'm.png'}, {tmp_path / 't.png'}"]
+    log.clear()
+    bare = SimpleNamespace(framework="generic")
+    quiet = PlanExtras(objective="memory", sensitivity=True)
+    extend(bare, p, result, quiet, PlanOptions())
+    assert not hasattr(bare, "utilisation") and not hasattr(bare, "training_run") and not hasattr(bare, "figures")
+    assert log[0] == ("band", "generic") and quiet.lines == ["sens planner plan ..."]
