@@ -1707,6 +1707,10 @@ def test_gpu_power_and_for_problem():
     r = for_problem(fake, 3.0, tokens=1000.0, price_per_gpu_hour=2.0, pue=1.5)
     assert (r.tokens, r.tokens_per_step, r.steps, r.step_seconds, r.num_gpus) == (1000.0, 400, 3, 3.0, 16)
     assert (r.price_per_gpu_hour, r.pue, r.power, r.band) == (2.0, 1.5, Power(300.0, "sheet"), None)
+    from planner.decisions.train import StepTimeBand
+
+    band = StepTimeBand(0.9, 1.1, "b")
+    assert for_problem(fake, 3.0, tokens=1000.0, band=band).band is band
 
 
 @pytest.mark.parametrize("tokens, price, pue, problems", [
@@ -1802,7 +1806,7 @@ class _PlanByShape:
     """plan() faked: the pick for a problem by (nodes, global batch); a missing key is infeasible."""
 
     def __init__(self, picks):
-        self.picks, self.seen = picks, []
+        self.picks, self.seen, self.problems = picks, [], []
 
     def __call__(self, problem, opts):
         from types import SimpleNamespace
@@ -1811,6 +1815,7 @@ class _PlanByShape:
 
         key = (problem.cluster.num_nodes, problem.training.global_batch_size)
         self.seen.append((key, opts.use_solver, opts.progress))
+        self.problems.append(problem)
         if key not in self.picks:
             raise InfeasibleError(f"nothing fits {key}")
         return SimpleNamespace(pick=self.picks[key])
@@ -1851,6 +1856,8 @@ def test_waste_utilisation_of_a_wasteful_pick(monkeypatch):
     # the smaller and larger plans run without the solver or a progress bar; batch x4 (256) does not fit: skipped
     assert fake.seen == [((4, 64), False, False), ((2, 64), False, False), ((8, 128), False, False),
                          ((8, 256), False, False)]
+    assert all(q.model is p.model and q.knobs is p.knobs for q in fake.problems)
+    assert all(q.training is p.training for q in fake.problems[:2]) and fake.problems[2].cluster == p.cluster
     assert waste.render_lines(doc, p) == [
         "",
         "The pick wastes the cluster: 43% of each step is pipeline bubble (25%) or",
@@ -2091,16 +2098,24 @@ def test_sensitivity_verdicts(monkeypatch):
         return SimpleNamespace(pick=problem)
 
     monkeypatch.setattr(search, "plan", fake_plan)
-    monkeypatch.setattr(s, "_original_under", lambda problem, layout, allow: (1.05, "") if allow else (None, "why"))
+    under = []
+
+    def fake_under(problem, layout, allow):
+        under.append((problem, layout))
+        return (1.05, "") if allow else (None, "why")
+
+    monkeypatch.setattr(s, "_original_under", fake_under)
     opts = PlanOptions(progress=True, allow_tp_across_nodes=True)
     na = s.run_scenario(s.Scenario("x", lambda p: None), "p", pick, opts, 0.02)
     assert (na.name, na.verdict, na.new_pick, na.note) == ("x", "not applicable", None,
                                                            "the cluster has no such link or node to remove")
     inf = s.run_scenario(s.Scenario("y", lambda p: "none fits"), "p", pick, opts, 0.02)
-    assert (inf.verdict, inf.note, inf.new_pick) == ("infeasible", "nothing fits", None)
+    assert (inf.name, inf.verdict, inf.note, inf.new_pick) == ("y", "infeasible", "nothing fits", None)
     same = _fake_candidate({"dp": 8}, step=1.04)
-    kept = s.run_scenario(s.Scenario("k", lambda p: same), "p", pick, opts, 0.02)
-    assert (kept.verdict, kept.new_pick, kept.original_step_seconds, kept.new_step_seconds) == ("kept", same, 1.05, 1.04)
+    kept = s.run_scenario(s.Scenario("k", lambda p: same if p == "p" else None), "p", pick, opts, 0.02)
+    assert (kept.name, kept.verdict, kept.new_pick, kept.original_step_seconds, kept.new_step_seconds) == (
+        "k", "kept", same, 1.05, 1.04)
+    assert under == [(same, pick.layout)]  # the original pick, in the perturbed problem
     tie = s.run_scenario(s.Scenario("t", lambda p: _fake_candidate({"dp": 4, "tp": 2}, step=1.03)), "p", pick, opts,
                          0.02)
     assert tie.verdict == "tie" and tie.regret == pytest.approx(1.05 / 1.03 - 1)  # 1.9% <= 2%
@@ -2160,7 +2175,7 @@ def test_sensitivity_ties_short_list_and_recommendation(monkeypatch):
     calls = []
 
     def fake_run(sc, problem, p, opts, tie):
-        calls.append((sc.name, problem, p, tie))
+        calls.append((sc.name, problem, p, tie, opts))
         return outcomes[0]
 
     monkeypatch.setattr(s, "run_scenario", fake_run)
@@ -2169,9 +2184,15 @@ def test_sensitivity_ties_short_list_and_recommendation(monkeypatch):
     many += [_fake_candidate({"dp": 8, "zero_stage": z}, step=1.003 + z / 1000) for z in (2, 3)]
     many += [_fake_candidate({"dp": 8, "zero_stage": 1, "offload": "optimizer"}, step=1.0)]
     result.ranked = [pick, *many, c2]
-    sens = s.sensitivity("prob", result, PlanOptions(), None, ranking)
+    popts = PlanOptions()
+    sens = s.sensitivity("prob", result, popts, None, ranking)
     assert [c[0] for c in calls] == [sc.name for sc in s.scenarios(None)] and {c[3] for c in calls} == {0.02}
-    assert all(c[1] == "prob" and c[2] is pick for c in calls)
+    assert all(c[1] == "prob" and c[2] is pick and c[4] is popts for c in calls)
+    from planner.decisions.train import StepTimeBand
+
+    calls.clear()
+    s.sensitivity("prob", result, popts, StepTimeBand(0.8, 1.3, "b"), ranking)
+    assert len(calls) == 8 and calls[5][0] == "error band top (compute x1.30 slower)"
     assert sens.tied == [pick, *many, c2] and sens.short_list == [pick, *many[:4]] and sens.tie_tolerance == 0.02
     assert sens.recommended is pick  # c2 (ZeRO-0) is not on the short list of 5
     assert sens.outcomes == [outcomes[0]] * 6 and sens.ranking is ranking
@@ -3107,3 +3128,32 @@ def test_plan_extras_extend_adds_each_requested_section(monkeypatch, tmp_path):
     extend(bare, p, result, quiet, PlanOptions())
     assert not hasattr(bare, "utilisation") and not hasattr(bare, "training_run") and not hasattr(bare, "figures")
     assert log[0] == ("band", "generic") and quiet.lines == ["sens planner plan ..."]
+
+
+def test_sensitivity_lines_wrap_at_80_columns_and_ratios_divide_by_the_pick():
+    """Texts built so that a line would be exactly 81 columns: each must wrap at 80. Step-time ratios against a pick of
+    2 s: 3 s -> +50%, 2.5 s -> +25% (hand arithmetic)."""
+    from planner.decisions import sensitivity as s
+    from planner.decisions.ranking import RankingBand
+
+    ranking = RankingBand(1.0, 0.115, 1721, "vTrain")
+    pick = _fake_candidate({"dp": 8, "zero_stage": 1}, step=2.0)
+    other = _fake_candidate({"dp": 8}, step=2.5)
+    note = "word " * 15 + "ab"  # 4 + 77 = 81 columns on one line
+    sens = s.Sensitivity(ranking, [s.Outcome("n", "changes", other, 3.0, 3.0, note)], [pick, other], other)
+    doc = s.as_json(sens, pick)
+    assert doc["scenarios"][0]["step_time_change"] == pytest.approx(0.5)
+    assert doc["tied"][1]["step_time_vs_pick"] == pytest.approx(0.25)
+    assert doc["recommended_step_time_vs_pick"] == pytest.approx(0.25)
+    assert type(doc["scenarios"][0]["new_pick"]["schedule"]) is str  # JSON mode: plain strings, not enums
+    lines = s.render_lines(doc, "cmd")
+    assert lines[2:4] == ["tie tolerance 100.0%: the ranking error of two layouts' predicted step times:",
+                          "80% of 1,721 pairs of layouts within 100.0% (vTrain)"]
+    assert lines[7:9] == ["    word word word word word word word word word word word word word word word", "    ab"]
+    many = {**doc, "tied": doc["tied"] * 50, "tie_tolerance": 0.12, "short_list_size": 5,
+            "recommend_within": 0.115, "recommended_step_time_vs_pick": 0.118}
+    tie = s._tie_lines(many, "cmd")
+    assert tie[0] == "Tie: 100 layouts lie within 12.0% of the pick's step time: the model cannot"
+    assert tie[-6:-4] == ["Recommended, the simplest of the short list within 11.5% of the pick (+11.8%",
+                          "step time):"]
+    assert max(len(line) for line in lines + tie) <= 80
