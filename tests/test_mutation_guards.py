@@ -3157,3 +3157,71 @@ def test_sensitivity_lines_wrap_at_80_columns_and_ratios_divide_by_the_pick():
     assert tie[-6:-4] == ["Recommended, the simplest of the short list within 11.5% of the pick (+11.8%",
                           "step time):"]
     assert max(len(line) for line in lines + tie) <= 80
+
+
+def test_search_shows_a_transient_progress_bar_on_stderr_above_500_bases(monkeypatch):
+    """The bar (rich) appears only with opts.progress and more than 500 bases: transient, on a stderr console,
+    advanced once per base, started and stopped once; bases whose states cannot fit are counted, not evaluated."""
+    import rich.progress
+
+    import planner.search as search
+    from planner.contract import SearchStats
+    from planner.search import PlanOptions
+
+    made = []
+
+    class FakeProgress:
+        def __init__(self, **kw):
+            self.kw, self.tasks, self.advanced, self.events = kw, [], 0, []
+            made.append(self)
+
+        def add_task(self, label, total):
+            self.tasks.append((label, total))
+            return "task-id"
+
+        def advance(self, task):
+            assert task == "task-id"
+            self.advanced += 1
+
+        def start(self):
+            self.events.append("start")
+
+        def stop(self):
+            self.events.append("stop")
+
+    monkeypatch.setattr(rich.progress, "Progress", FakeProgress)
+    monkeypatch.setattr(search, "_states_lower_bound_bytes", lambda *a, **k: 1e30)  # nothing is evaluated
+    base = {"tp": 1, "pp": 1, "dp": 8, "cp": 1, "ep": 1, "zero_stage": 0, "offload": "none"}
+    p = _search_problem()
+    for n, progress, shown in ((501, True, True), (500, True, False), (501, False, False)):
+        monkeypatch.setattr(search, "enumerate_bases", lambda problem, opts, offload, n=n: [base] * n)
+        made.clear()
+        stats = SearchStats()
+        fitting, least = search.search(p, PlanOptions(progress=progress), stats, offload=False)
+        assert fitting == [] and least == 1e30 and stats.candidates_considered == 3 * n
+        assert stats.candidates_evaluated == 0
+        if not shown:
+            assert made == []
+            continue
+        (bar,) = made
+        assert bar.kw["transient"] is True and bar.kw["console"].stderr is True
+        assert bar.tasks == [("searching layouts", 501)] and bar.advanced == 501 and bar.events == ["start", "stop"]
+    assert search._stderr_console().stderr is True
+
+
+def test_published_layout_ranks_introduction():
+    from types import SimpleNamespace
+
+    from planner.search import published_layout_ranks
+
+    text = published_layout_ranks(SimpleNamespace(results=[]))
+    assert text.splitlines()[:6] == [
+        "## The planner against published layouts", "",
+        "For every evaluated row the planner plans the same model, batch and cluster (with the row's overlap knobs), "
+        "the published layout is estimated in the same model, and its rank among the planner's fitting candidates is "
+        "given (1 = the planner's pick; step times within 0.1% tie, and among ties the simpler layout is picked). "
+        "'pick vs published' is the pick's predicted step time relative to the published layout's (negative: the "
+        "pick is predicted faster).", "",
+        "- rows: 0; published layout is the pick or ties it: 0; in the top 10: 0; median predicted gain of the pick "
+        "+nan%; rows where the pick is predicted slower than the published layout by more than the 0.1% tie "
+        "tolerance: 0.", ""]
