@@ -5,12 +5,14 @@ layout as published) or a stated skip. Measured step time comes from the row's i
 tokens/s (B s / rate), or from its TFLOP/s converted back with the FLOP formula the source used (Narayanan
 Eq. 3 with recompute, or the model-FLOP formula of Megatron-Core and Korthikanti Eq. 7). Fields a source did
 not print are filled as stated in `ASSUMPTIONS`; unknown micro-batch sizes and recompute policies take the
-fastest choice the model finds that fits (what the team would have tuned to), and the report says so.
+fastest choice the model finds that fits (what the team would have tuned to) among those the row's software had
+and its FLOP convention allows (`recompute_choices`), and the report says so.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -44,9 +46,26 @@ ASSUMPTIONS = [
     "and NeMo rows -> megatron/nemo; torchtitan and llm-foundry (FSDP) -> torchtitan; DeepSpeed -> deepspeed; "
     "Megatron-DeepSpeed -> megatron-deepspeed. Megatron-LM rows of 2020-2022 use the megatron profile without the "
     "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3).",
-    "Unknown micro-batch size or recompute: the fastest fitting choice among mbs 1/2/4/8 and none/selective/full.",
+    "Unknown micro-batch size: the fastest fitting choice among mbs 1/2/4/8, except Megatron-LM rows dated 2020, "
+    "which ran the whole per-replica batch at once (global batch / DP): their Megatron-LM had no micro-batches "
+    "(--batch-size, 'batch size per model instance', became --micro-batch-size in commit 9019bbf400, 2020-12-06).",
+    "Unknown recompute: a row whose printed TFLOP/s count the recomputed forward pass ran with full recompute "
+    "(Narayanan et al. 2021 Eq. 3, 96 B s l h^2 (1 + s/6h + V/16lh), counts 4 passes: its definition says so, or "
+    "its TFLOP/s x GPUs x step time equal Eq. 3 within 2%, where the 3-pass count is 25% lower); otherwise the "
+    "fastest fitting of none/selective/full, but none/full for Megatron-LM rows dated before 2022: selective "
+    "recompute arrived with Korthikanti et al. 2022 (Megatron-LM commit cfd2e21607, 2022-04-28, "
+    "--checkpoint-granularity selective); until then Megatron-LM had only --checkpoint-activations, i.e. full.",
     "Sequence parallelism unprinted: on with TP for Megatron-Core/NeMo, off otherwise.",
 ]
+
+
+RECOMPUTE_POLICIES = ("none", "selective", "full")
+SELECTIVE_RECOMPUTE_YEAR = 2022
+MICRO_BATCHES_YEAR = 2021
+"""Megatron-LM split a replica's batch into micro-batches from commit 9019bbf400 (2020-12-06, --micro-batch-size);
+rows dated before 2021 ran the whole per-replica batch (--batch-size) in one forward and backward."""
+"""Megatron-LM gained selective recompute with Korthikanti et al. 2022 (commit cfd2e21607, 2022-04-28, the
+--checkpoint-granularity flag); before it, --checkpoint-activations recomputed whole layers (full)."""
 
 
 @dataclass
@@ -63,6 +82,8 @@ class Case:
     measured_memory_gib: float | None
     searched: list[str] = field(default_factory=list)
     family: str = "megatron-classic"
+    recompute_choices: tuple[str, ...] = RECOMPUTE_POLICIES  # searched when the row printed none
+    inferred: list[str] = field(default_factory=list)  # fields set by a stated rule, not printed by the source
 
     @property
     def gpu_generation(self) -> str:
@@ -248,25 +269,92 @@ def _layout_fields(row: dict, family: str, n: int) -> dict | str:
     return fields
 
 
-def _searched_fields(row: dict, fields: dict) -> list[str]:
-    """Fill the recompute policy and micro-batch the row reports into `fields`; return those it leaves to search."""
-    searched = []
+def _row_year(row: dict) -> int | None:
+    """The year a row's software or source is dated (the framework field first, then the source); arXiv ids such
+    as 2005.14165 are not years."""
+    for text in (row.get("framework"), row.get("source")):
+        m = re.search(r"(?<![\w.:])(?:19|20)\d\d(?![\w.])", text or "")
+        if m:
+            return int(m.group(0))
+    return None
+
+
+def _flops_count_recompute(row: dict, model: ModelSpec, training: TrainingSpec, n: int,
+                           step_seconds: float | None) -> bool:
+    """Whether the row's printed TFLOP/s count a recomputed forward pass (Narayanan et al. 2021 Eq. 3, 4 passes):
+    its definition says so, or it printed a step time too and TFLOP/s x GPUs x step equals Eq. 3 within 2% (the
+    3-pass count of the same shape is 25% lower)."""
+    if _counts_recompute_definition(row):
+        return True
+    x = _num(row.get("tflops_per_gpu"))
+    if not x or not step_seconds or step_seconds != step_seconds or not _gpt_like(model):
+        return False
+    eq3 = compute.flops_narayanan_eq3(**_flop_shape(model, training))
+    return abs(x * 1e12 * n * step_seconds / eq3 - 1) <= 0.02
+
+
+def recompute_choices(row: dict, family: str, flops_count_recompute: bool) -> tuple[tuple[str, ...], str | None]:
+    """The recompute policies a row that printed none may have run with, and the rule that narrowed them (None:
+    every policy). The one place for this rule (ASSUMPTIONS states it)."""
+    if flops_count_recompute:
+        return ("full",), "recompute=full: its TFLOP/s count the recomputed forward, Narayanan Eq. 3"
+    year = _row_year(row)
+    if family == "megatron-classic" and year is not None and year < SELECTIVE_RECOMPUTE_YEAR:
+        return ("none", "full"), None
+    return RECOMPUTE_POLICIES, None
+
+
+def _printed_recompute(row: dict) -> str | None:
+    """The recompute policy the row prints ('' when it prints none it can be held to; None: not printed)."""
     rec = (row.get("activation_recomputation") or "").lower()
     if "(op)" in rec:
+        return ""  # torchtitan's op-level policy is not modelled: searched
+    if rec.startswith("full"):
+        return "full"
+    if "selective" in rec:
+        return "selective"
+    if rec.startswith("none") or rec.startswith("baseline no"):
+        return "none"
+    return None
+
+
+def _searched_fields(row: dict, fields: dict, choices: tuple[tuple[str, ...], str | None]
+                     ) -> tuple[list[str], list[str], tuple[str, ...]]:
+    """Fill the recompute policy and micro-batch the row reports (or a stated rule fixes) into `fields`; return the
+    fields left to search, the fields a rule set, and the recompute policies to search."""
+    searched: list[str] = []
+    inferred: list[str] = []
+    rec = _printed_recompute(row)
+    options, why = choices
+    if rec:
+        fields["recompute"] = rec
+        options = (rec,)
+    elif rec == "":
         searched.append("recompute (torchtitan's op-level policy is not modelled)")
-    elif rec.startswith("full"):
-        fields["recompute"] = "full"
-    elif rec.startswith("selective") or "selective" in rec:
-        fields["recompute"] = "selective"
-    elif rec.startswith("none") or rec.startswith("baseline no"):
-        fields["recompute"] = "none"
+        options = RECOMPUTE_POLICIES
+    elif len(options) == 1:
+        fields["recompute"] = options[0]
+        inferred.append(why or f"recompute={options[0]}")
     else:
-        searched.append("recompute")
+        searched.append("recompute" if options == RECOMPUTE_POLICIES else f"recompute ({'/'.join(options)})")
     if row.get("micro_batch_size"):
         fields["micro_batch_size"] = row["micro_batch_size"]
+    elif (whole := _whole_batch_per_replica(row, fields)) is not None:
+        fields["micro_batch_size"] = whole
+        inferred.append(f"micro_batch_size={whole}: Megatron-LM of 2020 ran one batch per replica per iteration")
     else:
         searched.append("micro_batch_size")
-    return searched
+    return searched, inferred, options
+
+
+def _whole_batch_per_replica(row: dict, fields: dict) -> int | None:
+    """Megatron-LM before micro-batches (commit 9019bbf400, 2020-12-06, renamed --batch-size, 'batch size per model
+    instance', to --micro-batch-size): a 2020 row ran its whole per-replica batch at once (None: not such a row)."""
+    year = _row_year(row)
+    if _framework_family(row) != "megatron-classic" or year is None or year >= MICRO_BATCHES_YEAR:
+        return None
+    per_dp, rest = divmod(row["global_batch_size"], fields["dp"])
+    return per_dp if per_dp and not rest else None
 
 
 def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
@@ -293,7 +381,6 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     fields = _layout_fields(row, family, n)
     if isinstance(fields, str):
         return fields
-    searched = _searched_fields(row, fields)
     knobs = family_knobs(family, precision)
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
@@ -301,8 +388,10 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
         measured, basis = float("nan"), "memory only"
     if measured is None:
         return basis
+    choices = recompute_choices(row, family, _flops_count_recompute(row, model_spec, training, n, measured))
+    searched, inferred, options = _searched_fields(row, fields, choices)
     return Case(row["id"], row.get("source", "")[:60], model_spec, training, cluster, fields, knobs, measured, basis,
-                mem, searched, family=family)
+                mem, searched, family=family, recompute_choices=options, inferred=inferred)
 
 
 def _measured_step(row, model: ModelSpec, training: TrainingSpec, n: int) -> tuple[float | None, str]:
@@ -316,12 +405,10 @@ def _measured_step(row, model: ModelSpec, training: TrainingSpec, n: int) -> tup
     x = _num(row.get("tflops_per_gpu"))
     definition = (row.get("tflops_definition") or "").lower()
     if x:
-        kw = dict(global_batch_size=training.global_batch_size, seq_length=training.seq_length,
-                  num_layers=model.num_layers, hidden_size=model.hidden_size, vocab_size=model.vocab_size)
-        gpt_like = model.ffn == 4 * model.hidden_size and model.kv_heads == model.num_attention_heads
-        if not gpt_like:
+        kw = _flop_shape(model, training)
+        if not _gpt_like(model):
             return None, "TFLOP/s for a non-GPT shape: the source's FLOP formula is not known exactly"
-        if "eq.3" in definition or "eq. 3" in definition or "narayanan table 1" in definition or "incl. recompute" in definition:
+        if _counts_recompute_definition(row):
             return compute.flops_narayanan_eq3(**kw) / (x * 1e12 * n), "TFLOP/s via Narayanan Eq. 3"
         if "model flops" in definition and "megatron formula" in definition:
             return compute.flops_korthikanti_eq7(**kw) / (x * 1e12 * n), "TFLOP/s via model FLOPs (Eq. 7)"
@@ -329,9 +416,25 @@ def _measured_step(row, model: ModelSpec, training: TrainingSpec, n: int) -> tup
     return None, "no measured throughput"
 
 
+def _flop_shape(model: ModelSpec, training: TrainingSpec) -> dict[str, int]:
+    return dict(global_batch_size=training.global_batch_size, seq_length=training.seq_length,
+                num_layers=model.num_layers, hidden_size=model.hidden_size, vocab_size=model.vocab_size)
+
+
+def _gpt_like(model: ModelSpec) -> bool:
+    """The shape the papers' FLOP formulas are written for (4h MLP, one KV head per head)."""
+    return model.ffn == 4 * model.hidden_size and model.kv_heads == model.num_attention_heads
+
+
+def _counts_recompute_definition(row: dict) -> bool:
+    """The row's TFLOP/s definition names Narayanan Eq. 3 (one recomputed forward counted)."""
+    definition = (row.get("tflops_definition") or "").lower()
+    return any(k in definition for k in ("eq.3", "eq. 3", "narayanan table 1", "incl. recompute"))
+
+
 def _candidates(case: Case) -> list[dict]:
     mbs_opts = [case.layout_fields["micro_batch_size"]] if "micro_batch_size" in case.layout_fields else [1, 2, 4, 8]
-    rec_opts = [case.layout_fields["recompute"]] if "recompute" in case.layout_fields else ["none", "selective", "full"]
+    rec_opts = [case.layout_fields["recompute"]] if "recompute" in case.layout_fields else list(case.recompute_choices)
     out = []
     per_dp = case.training.global_batch_size / case.layout_fields["dp"]
     for mbs in mbs_opts:
@@ -839,6 +942,8 @@ def _rows_section(report: Report) -> list[str]:
         lay = r.layout.short() if r.layout else "-"
         if c.searched:
             lay += f" (searched: {', '.join(c.searched)})"
+        if c.inferred:
+            lay += f" ({'; '.join(c.inferred)})"
         out.append(
             f"| {c.row_id} | {c.measured_basis} | {lay} | {c.measured_step_seconds:.3g} | "
             f"{'-' if r.predicted_step_seconds is None else f'{r.predicted_step_seconds:.3g}'} | "
