@@ -217,3 +217,35 @@ def test_ordered_pairs_counts_the_whole_ranking():
     rows = [row(1.0, 1.1), row(2.0, 3.2), row(3.0, 2.9), row(3.0, 5.0), row(4.0, None)]
     # pairs with the fourth: (1,4) and (2,4) in order, (3,4) tied measured (skipped)
     assert ordered_pairs(rows) == (4, 5)
+
+
+def _row(row_id):
+    return next(r for r in load_rows(VALIDATION) if r["id"] == row_id)
+
+
+def test_unprinted_recompute_follows_the_flop_convention_and_the_software_era():
+    from planner.validation import _row_year
+
+    # Megatron-LM README of 2020-09-11 (tables.tex, 8B on 8 A100): 109.3 TFLOP/s x 8 GPUs x 1.343 s = 1.174e18,
+    # Narayanan Eq. 3 (96 B s l h^2 (1 + s/6h + V/16lh), 4 passes) of B 16, s 1024, l 42, h 4096 = 1.175e18
+    case = build_case(_row("mlm2020-mp-dgxa100-8B"))
+    assert case.layout_fields["recompute"] == "full" and case.recompute_choices == ("full",)
+    # that Megatron-LM had no micro-batches (--batch-size per model instance until 2020-12-06): mbs = 16 / dp 1
+    assert case.layout_fields["micro_batch_size"] == 16 and "micro_batch_size" not in case.searched
+    # a 3-pass count (72 instead of 96: 25% fewer FLOPs) is not Eq. 3: recompute is searched, without selective,
+    # which Megatron-LM gained in 2022 (commit cfd2e21607)
+    three_pass = dict(_row("mlm2020-mp-dgxa100-8B"), tflops_per_gpu=109.3 * 0.75)
+    case = build_case(three_pass)
+    assert "recompute" not in case.layout_fields and case.recompute_choices == ("none", "full")
+    # the Jan-2021 README rows state the Narayanan Table 1 convention: full, micro-batch searched (2021 code)
+    case = build_case(_row("mlm-readme-jan2021-145B"))
+    assert case.layout_fields["recompute"] == "full" and "micro_batch_size" in case.searched
+    # a Megatron-Core row that printed no recompute keeps every policy
+    case = build_case(_row("mlm-h100-weak-7.1B"))
+    assert "recompute" in case.searched and case.recompute_choices == ("none", "selective", "full")
+    # a printed policy wins over any rule
+    assert build_case(_row("korthikanti22-22B-sp-selective")).layout_fields["recompute"] == "selective"
+    # years: the framework field first, then the source; an arXiv id is no year
+    assert _row_year({"framework": "Megatron-LM (Jan 2021)", "source": "x 2024"}) == 2021
+    assert _row_year({"framework": "Megatron-LM", "source": "Narayanan et al. 2021 (arXiv:2104.04473)"}) == 2021
+    assert _row_year({"framework": "X", "source": "Brown et al. (arXiv:2005.14165)"}) is None
