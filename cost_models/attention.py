@@ -34,7 +34,9 @@ def attention_extra_count(model: Transformer) -> int:
 
     GPT-style `bias`: q, k, v and o biases. Qwen2 `qkv_bias`: q, k, v only (Qwen2.5-0.5B: 494,032,768 needs it).
     Llama `attention_bias`: `qkv_bias` and `o_bias`. Qwen3 `qk_norm`: two RMSNorms of size d. MLA: q_a_layernorm
-    d'_c and kv_a_layernorm d_c; with `o_bias` (DeepSeek `attention_bias`) q_a, kv_a and o carry biases.
+    d'_c and kv_a_layernorm d_c; with `o_bias` (DeepSeek `attention_bias`) q_a (d'_c), kv_a (d_c + d_r) and o (h)
+    carry biases; a plain q_proj (no q_lora_rank), q_b and kv_b never do (HF transformers@000c33fd
+    modular_deepseek_v3.py DeepseekV3Attention: `q_proj = nn.Linear(..., bias=False)`).
     """
     h, a = model.hidden_size, model.num_attention_heads
     mla = model.mla
@@ -42,8 +44,7 @@ def attention_extra_count(model: Transformer) -> int:
         norms = (mla.q_lora_rank or 0) + mla.kv_lora_rank
         biases = 0
         if model.bias or model.o_bias:
-            q_bias = a * mla.qk_head_dim if mla.q_lora_rank is None else mla.q_lora_rank
-            biases = q_bias + mla.kv_lora_rank + mla.qk_rope_head_dim + h
+            biases = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim + h
         return norms + biases
     d = model.head_dim
     qkv = (a + 2 * model.num_kv_heads) * d
