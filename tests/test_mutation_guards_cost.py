@@ -9,10 +9,26 @@ from types import SimpleNamespace
 
 import pytest
 
+from cost_models.attention import (
+    attention_extra_count,
+    attention_saved_elements_per_token,
+    attention_weight_count,
+    core_attention_forward_flops,
+    mla_latent_elements_per_token,
+    window_context,
+    window_fraction,
+)
 from cost_models.communication import group_link
-from cost_models.compute import layer_forward_flops
+from cost_models.compute import (
+    hardware_flops_per_step,
+    layer_forward_flops,
+    model_flops_per_step,
+    parameter_counts,
+    recompute_extra_forward_flops,
+    step_flops,
+)
 from cost_models.data_parallel import embedding_sync_seconds, zero_comm_seconds
-from cost_models.inputs import Hardware, Knobs, Layout, Link, Training
+from cost_models.inputs import MLA, Hardware, Knobs, Layout, Link, Training
 from cost_models.memory import vocab_padded
 from cost_models.pipeline import Makespan, pipeline_makespan
 from cost_models.stage import StageTime, stage_model
@@ -346,3 +362,118 @@ def test_estimate_step_plans_unfused_swiglu_unless_told():
     assert peaks[False] != peaks[True]
     assert estimate_step(SWIGLU, BF16, HW, lay).peak_memory_bytes == pytest.approx(peaks[False], rel=1e-12)
     assert estimate_step(SWIGLU, BF16, HW, lay, fused_swiglu=True).peak_memory_bytes == pytest.approx(peaks[True])
+
+
+# ---- attention.py: windows, MLA, saved elements ----------------------------------------------------------------
+
+V3 = gpt_shape(num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128, ffn_hidden_size=18432,
+               vocab_size=129280, swiglu=True, tied_embeddings=False, rms_norm=True, flash_attention=True,
+               learned_position_embeddings=False, bias=False, dropout=False,
+               mla=MLA(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128))
+LLAMA3_70B = gpt_shape(num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8, ffn_hidden_size=28672,
+                       vocab_size=128256, swiglu=True, tied_embeddings=False, rms_norm=True, bias=False)
+
+
+@pytest.mark.parametrize("window,s,ctx,fraction", [
+    (4096, 16384, 3584.125, 0.437),  # Mistral-7B (modern-training.md §5: ctx 3584, 0.437 of full causal)
+    (4096, 32768, 3840.0625, 0.234),  # Mistral-7B at 32k: 0.234
+    (4096, 8192, 3072.25, 0.750),  # Gemma-2's SWA layers at 8k: 0.750
+    (8192, 8192, 4096.5, 1.0),  # a window as long as the sequence is plain causal: (s + 1) / 2
+    (9000, 8192, 4096.5, 1.0),
+])
+def test_window_context_and_fraction_against_the_published_ratios(window, s, ctx, fraction):
+    """ctx(W, s) = W - W(W-1)/(2s) for W < s, else (s+1)/2 (Megatron-Bridge flop_utils L752-764, modern-training.md
+    §5), and the fraction of a full causal layer's core-attention FLOPs, ctx / ((s+1)/2), to the table's 3 digits."""
+    assert window_context(window, s) == pytest.approx(ctx, rel=1e-12)
+    assert window_fraction(window, s) == pytest.approx(ctx / ((s + 1) / 2), rel=1e-12)
+    assert window_fraction(window, s) == pytest.approx(fraction, abs=5e-4)
+
+
+def test_no_window_is_full_attention():
+    assert window_fraction(None, 4096) == 1.0 and window_fraction(0, 4096) == 1.0
+
+
+def test_gemma2_alternating_windows_average_to_0875():
+    """Gemma-2 at s = 8192, W = 4096 on every other layer: the core attention averages (1 + 0.75) / 2 = 0.875 of a
+    full causal model's (modern-training.md §5)."""
+    kw = dict(num_layers=4, hidden_size=2304, num_attention_heads=8, num_kv_heads=4, ffn_hidden_size=9216,
+              vocab_size=256000, head_dim_size=256)
+    full = gpt_shape(**kw)
+    gemma = gpt_shape(**kw, sliding_window=4096, sliding_window_layers=2)
+    ratio = (core_attention_forward_flops(gemma, tokens=8192, seq_length=8192)
+             / core_attention_forward_flops(full, tokens=8192, seq_length=8192))
+    assert ratio == pytest.approx((1 + window_fraction(4096, 8192)) / 2, rel=1e-12)
+    assert ratio == pytest.approx(0.875, abs=5e-4)
+
+
+def test_saved_attention_elements_of_mla_and_gqa_per_token():
+    """Per token and layer (modern-training.md §4.3): DeepSeek-V3 saves Q and K at n_h d_qk = 24,576 each, V and O at
+    n_h d_v = 16,384 each (81,920), and the latents c_Q + norm(c_Q) 2 x 1536, the kv_a output 576, norm(c_KV) 512
+    (4,160): with the norm output h = 7168, 93,248 elements. Llama-3-70B (GQA 64/8 heads of 128) stores 26,624 with
+    the norm output, i.e. 2 a d + 2 g d = 18,432 in the attention block; no latents without MLA."""
+    assert attention_saved_elements_per_token(V3) == 81_920
+    assert mla_latent_elements_per_token(V3) == 4_160
+    assert V3.hidden_size + 81_920 + 4_160 == 93_248
+    assert attention_saved_elements_per_token(LLAMA3_70B) == 26_624 - 8192 == 18_432
+    assert mla_latent_elements_per_token(LLAMA3_70B) == 0
+    v2_lite = replace(V3, mla=replace(V3.mla, q_lora_rank=None))
+    assert mla_latent_elements_per_token(v2_lite) == 512 + 64 + 512  # no c_Q without q_lora_rank
+
+
+# ---- compute.py: norms, flash attention, the vocabulary argument ------------------------------------------------
+
+
+@pytest.mark.parametrize("kw,norm", [({"rms_norm": True}, 1), ({"rms_norm": False}, 2),
+                                     ({"rms_norm": False, "norm_has_params": False}, 0)])
+def test_norm_weights_rmsnorm_layernorm_and_non_parametric(kw, norm):
+    """RMSNorm has a weight of h, LayerNorm a weight and a bias (2h), OLMo's non-parametric LayerNorm none."""
+    model = replace(SMALL, **kw)
+    pc = parameter_counts(model)
+    assert pc.final_norm == norm * 512
+    assert pc.per_layer_norms == 2 * norm * 512
+
+
+def _gpt_flops(B, s, L, h, V):
+    """Korthikanti et al. 2022 Eq. 7 (cost-models.md §3.2): model FLOPs 72 B s L h^2 (1 + s/(6h) + V/(12 h L))."""
+    return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def test_flash_attention_backward_recomputes_qk_once_more():
+    """Flash attention's backward recomputes Q K^T once more: 2 T s h per layer, i.e. half the core's 4 T s h
+    (FlashAttention §3.1, compute.py). Model FLOPs keep Eq. 7; hardware FLOPs add L x 2 B s^2 h without recompute,
+    L x (4 + 2) B s^2 h with selective recompute, and Narayanan Eq. 3's 96 B s L h^2 (1 + s/(6h) + V/(16 h L)) plus the
+    flash term with full recompute. The vocabulary argument overrides the model's (the TP-padded one)."""
+    B, s, L, h, V = 8, 2048, 4, 1024, 51200
+    gpt = gpt_shape(num_layers=L, hidden_size=h, num_attention_heads=16, num_kv_heads=16, ffn_hidden_size=4 * h,
+                    vocab_size=50000, flash_attention=True)
+    flash = L * 2 * B * s * s * h
+    assert model_flops_per_step(gpt, global_batch_size=B, seq_length=s, vocab_size=V) == pytest.approx(
+        _gpt_flops(B, s, L, h, V), rel=1e-12)
+    assert model_flops_per_step(gpt, global_batch_size=B, seq_length=s) == pytest.approx(
+        _gpt_flops(B, s, L, h, 50000), rel=1e-12)
+    hw_flops = {r: hardware_flops_per_step(gpt, global_batch_size=B, seq_length=s, recompute=r, vocab_size=V)
+                for r in ("none", "selective", "full")}
+    assert hw_flops["none"] == pytest.approx(_gpt_flops(B, s, L, h, V) + flash, rel=1e-12)
+    assert hw_flops["selective"] == pytest.approx(_gpt_flops(B, s, L, h, V) + L * 4 * B * s * s * h + flash, rel=1e-12)
+    eq3 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * h * L))
+    assert hw_flops["full"] == pytest.approx(eq3 + flash, rel=1e-12)
+    assert recompute_extra_forward_flops(gpt, tokens=B * s, seq_length=s, recompute="selective") == pytest.approx(
+        (4 + 2) * B * s * s * h, rel=1e-12)
+    assert step_flops(gpt, global_batch_size=B, seq_length=s, vocab_size=V)[2] == pytest.approx(flash / L, rel=1e-12)
+
+
+def test_mla_attention_parameters_of_deepseek_v3_by_weight():
+    """DeepSeek-V3's attention per layer (modern-training.md §4.1 table): q_a 11,010,048 + q_a_layernorm 1,536 +
+    q_b 37,748,736 + kv_a 4,128,768 + kv_a_layernorm 512 + kv_b 16,777,216 + o 117,440,512 = 187,107,328. With
+    DeepSeek's `attention_bias`, q_a (1536), kv_a (512 + 64) and o (7168) carry biases, q_b and kv_b none. Without
+    q_lora_rank (V2-Lite's plain q_proj, h x n_h d_qk) there is no q_a norm and q_proj has no bias (HF
+    transformers@000c33fd modular_deepseek_v3.py: `q_proj = nn.Linear(..., bias=False)`)."""
+    assert attention_weight_count(V3) == 11_010_048 + 37_748_736 + 4_128_768 + 16_777_216 + 117_440_512
+    assert attention_extra_count(V3) == 1_536 + 512
+    assert attention_weight_count(V3) + attention_extra_count(V3) == 187_107_328
+    assert attention_extra_count(replace(V3, o_bias=True)) == 1_536 + 512 + 1_536 + 576 + 7_168
+    assert attention_extra_count(replace(V3, bias=True)) == attention_extra_count(replace(V3, o_bias=True))
+    lite = replace(V3, mla=replace(V3.mla, q_lora_rank=None))
+    assert attention_weight_count(lite) == 7168 * 128 * 192 + 4_128_768 + 16_777_216 + 117_440_512
+    assert attention_extra_count(lite) == 512
+    assert attention_extra_count(replace(lite, o_bias=True)) == 512 + 576 + 7_168
