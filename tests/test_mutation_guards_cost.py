@@ -27,9 +27,17 @@ from cost_models.compute import (
     recompute_extra_forward_flops,
     step_flops,
 )
+from cost_models.context_parallel import qkvo_elements_per_token, ring_overlap_min_tokens
 from cost_models.data_parallel import embedding_sync_seconds, zero_comm_seconds
-from cost_models.inputs import MLA, Hardware, Knobs, Layout, Link, Training
+from cost_models.inputs import MLA, Hardware, Knobs, Layout, Link, MoE, Training
 from cost_models.memory import vocab_padded
+from cost_models.moe import (
+    all_to_all_bytes_per_layer,
+    expert_kernel_seconds,
+    expert_kernels,
+    node_limited,
+    nodes_per_token,
+)
 from cost_models.pipeline import Makespan, pipeline_makespan
 from cost_models.stage import StageTime, stage_model
 from cost_models.step import (
@@ -477,3 +485,63 @@ def test_mla_attention_parameters_of_deepseek_v3_by_weight():
     assert attention_weight_count(lite) == 7168 * 128 * 192 + 4_128_768 + 16_777_216 + 117_440_512
     assert attention_extra_count(lite) == 512
     assert attention_extra_count(replace(lite, o_bias=True)) == 512 + 576 + 7_168
+
+
+# ---- context_parallel.py / moe.py -----------------------------------------------------------------------------
+
+
+def test_ulysses_moves_q_k_v_and_o_per_tp_rank_with_replicated_kv_heads():
+    """What Ulysses' all-to-alls move per token on one TP rank (modern-training.md §2.3): (2a + 2g)·d/t, the KV heads
+    replicated when t exceeds them (max(g/t, 1): Megatron copies a KV head to each TP rank of its query group); MLA
+    moves the expanded heads, a·(2 d_qk + 2 d_v)/t. Llama-3-8B (a 32, g 8, d 128), DeepSeek-V3 (128 heads, d_qk 192,
+    d_v 128)."""
+    llama = gpt_shape(num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+                      vocab_size=128256, swiglu=True, rms_norm=True, bias=False)
+    assert qkvo_elements_per_token(llama, tp=1) == (64 + 16) * 128
+    assert qkvo_elements_per_token(llama, tp=2) == (32 + 8) * 128
+    assert qkvo_elements_per_token(llama, tp=16) == (4 + 2) * 128  # 8 KV heads over 16 ranks: one copy each
+    assert qkvo_elements_per_token(V3, tp=2) == 128 * (2 * 192 + 2 * 128) / 2
+
+
+def test_expert_all_to_all_bytes_from_two_ranks_on():
+    """(ep-1)/ep of the T·k·h copies leave the rank, dispatch + combine at 2 B each (modern-training.md §3.4): at ep 2
+    half of them; nothing at ep 1."""
+    fwd, bwd = all_to_all_bytes_per_layer(tokens=4096, top_k=8, hidden_size=7168, ep=2)
+    assert fwd == bwd == 4096 * 8 * 7168 / 2 * (2 + 2)
+
+
+def test_nodes_per_token_without_a_group_limit_is_k_or_the_nodes():
+    """Group-limited routing only with both fields (HF n_group and topk_group) and fewer chosen groups than groups
+    (moe.py nodes_per_token): n_group alone does not limit a token's nodes, min(N, k) = min(8, 6)."""
+    moe = MoE(num_experts=64, top_k=6, expert_ffn_hidden_size=1408, expert_groups=8, groups_per_token=None)
+    assert nodes_per_token(moe, ep_nodes=8) == 6 and not node_limited(moe, ep_nodes=8)
+    assert nodes_per_token(replace(moe, groups_per_token=3), ep_nodes=8) == 3
+
+
+@pytest.mark.parametrize("fp8,kernels", [(False, (2, 4)), (True, (4, 6))])
+def test_per_expert_kernels_and_their_fixed_seconds(fp8, kernels):
+    """Each local expert launches its own fc1 and fc2 GEMMs forward, dgrad and wgrad of each backward, and in FP8 a
+    cast of each fresh operand (moe.py EXPERT_KERNELS: 2 + 4 in BF16, 4 + 6 in FP8; Qwen3-30B-A3B at EP 8: 16 local
+    experts, 160 kernels per layer in FP8); each costs kernel_gflop GFLOP at the layer's rate."""
+    assert expert_kernels(fp8=fp8) == kernels
+    fwd, bwd = expert_kernel_seconds(local_experts=16, fp8=fp8, kernel_gflop=0.5, rate_flops_per_second=4e14)
+    per_kernel = 0.5e9 / 4e14
+    assert (fwd, bwd) == (pytest.approx(16 * kernels[0] * per_kernel, rel=1e-12),
+                          pytest.approx(16 * kernels[1] * per_kernel, rel=1e-12))
+    if fp8:
+        assert 16 * sum(kernels) == 160
+
+
+def test_mla_ring_hides_from_beta_f_over_b_tokens():
+    """MLA's ring exchanges the expanded K and V, a·(d_qk + d_v) per token, and a ring step computes a·(d_qk + d_v)·s_l²
+    (modern-training.md §2.4, §4.2): the heads and head sizes cancel, s_l >= β·F_att/B = 2 x 500e12 / 450e9 = 2222
+    tokens for DeepSeek-V3 over NVLink at 500 TFLOP/s."""
+    got = ring_overlap_min_tokens(V3, attention_flops_per_second=500e12, link=Link(450e9, 0.0))
+    assert got == pytest.approx(2 * 500e12 / 450e9, rel=1e-12)
+
+
+def test_one_chosen_group_limits_a_token_to_one_of_two_nodes():
+    """Two nodes, 8 expert groups, each token picks 1 group (k = 6): a group sits inside one node, so the token
+    reaches 1 node although k and N would allow 2: node-limited (DeepSeek-V3 §3.2.2's dispatch)."""
+    moe = MoE(num_experts=64, top_k=6, expert_ffn_hidden_size=1408, expert_groups=8, groups_per_token=1)
+    assert nodes_per_token(moe, ep_nodes=2) == 1 and node_limited(moe, ep_nodes=2)
