@@ -45,7 +45,10 @@ ASSUMPTIONS = [
     "Framework profile (planner/frameworks/profiles.py, the same one `estimate --framework` uses): Megatron-Core "
     "and NeMo rows -> megatron/nemo; torchtitan and llm-foundry (FSDP) -> torchtitan; DeepSpeed -> deepspeed; "
     "Megatron-DeepSpeed -> megatron-deepspeed. Megatron-LM rows of 2020-2022 use the megatron profile without the "
-    "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3).",
+    "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3). "
+    "DeepSpeed ZeRO-3 rows dated 2021 or earlier hide none of their ZeRO-3 traffic: DeepSpeed's ZeRO-3 of "
+    "2021 (v0.3.13-v0.5.4) synchronised the device before every per-parameter gather (DeepSpeed PR #1188: 'the "
+    "async version is not async at all').",
     "Unknown micro-batch size: the fastest fitting choice among mbs 1/2/4/8, except Megatron-LM rows dated 2020, "
     "which ran the whole per-replica batch at once (global batch / DP): their Megatron-LM had no micro-batches "
     "(--batch-size, 'batch size per model instance', became --micro-batch-size in commit 9019bbf400, 2020-12-06).",
@@ -190,13 +193,26 @@ FAMILY_FRAMEWORK = {"mcore": Framework.MEGATRON, "fsdp": Framework.TORCHTITAN, "
 """The profile each family of published rows runs with (report groups keep the family apart)."""
 
 
-def family_knobs(family: str, precision: str = "bf16") -> Knobs:
+def family_knobs(family: str, precision: str = "bf16", year: int | None = None) -> Knobs:
     """The framework profile's knobs, with what a row's software era fixes: Megatron-LM before 2023 had no
-    --overlap-grad-reduce / --overlap-param-gather / --tp-comm-overlap (Korthikanti et al. 2022 §6.3)."""
+    --overlap-grad-reduce / --overlap-param-gather / --tp-comm-overlap (Korthikanti et al. 2022 §6.3); DeepSpeed's
+    ZeRO-3 before 2022 did not overlap its parameter gathers with compute (ZERO3_SYNC_GATHERS_UNTIL)."""
     knobs = profile_knobs(FAMILY_FRAMEWORK[family], precision=precision)
     if family == "megatron-classic":
         knobs = replace(knobs, dp_overlap_fraction=0.0, pp_overlap_fraction=0.0, tp_overlap_fraction=0.0)
+    if family == "deepspeed" and year is not None and year <= ZERO3_SYNC_GATHERS_UNTIL:
+        knobs = replace(knobs, zero3_overlap_fraction=0.0)
     return knobs
+
+
+ZERO3_SYNC_GATHERS_UNTIL = 2021
+"""DeepSpeed's ZeRO-3 of 2021 (v0.3.13, 2021-03-16, through v0.5.4, 2021-10-06) gathered each parameter on its own
+(partition_parameters.py _allgather_param) after a torch.cuda.synchronize(), so a prefetched gather waited for
+the compute queued before it and fetch_sub_module waited for the gather (comm_stream.synchronize()): compute and
+gathers took turns. DeepSpeed PR #1188 (v0.5.5, 2021-11): "the async version is not async at all, because each
+all_gather calls torch.cuda.synchronize()"; coalesced gathers from v0.6.0 (2022-03). Rows dated 2021 or earlier
+run with none of the ZeRO-3 traffic hidden [U: the gradient reduce-scatter ran on a side stream and may have
+overlapped; the profile has one share for both]."""
 
 
 def _unrepresentable(row: dict) -> str | None:
@@ -381,7 +397,7 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     fields = _layout_fields(row, family, n)
     if isinstance(fields, str):
         return fields
-    knobs = family_knobs(family, precision)
+    knobs = family_knobs(family, precision, _row_year(row))
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
     if measured is None and memory_only and mem:

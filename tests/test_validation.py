@@ -249,3 +249,15 @@ def test_unprinted_recompute_follows_the_flop_convention_and_the_software_era():
     assert _row_year({"framework": "Megatron-LM (Jan 2021)", "source": "x 2024"}) == 2021
     assert _row_year({"framework": "Megatron-LM", "source": "Narayanan et al. 2021 (arXiv:2104.04473)"}) == 2021
     assert _row_year({"framework": "X", "source": "Brown et al. (arXiv:2005.14165)"}) is None
+
+
+def test_deepspeed_zero3_of_2021_hides_no_gather():
+    # DeepSpeed v0.3.13-v0.5.4 (2021) synchronised the device before every per-parameter ZeRO-3 gather
+    # (partition_parameters.py _allgather_param; DeepSpeed PR #1188: 'the async version is not async at all')
+    from planner.frameworks import Framework
+    from planner.frameworks.profiles import profile_knobs
+
+    row = _row("narayanan21-t2-zero3-174.6B-768gpu")  # Narayanan et al. 2021 Table 2, ZeRO-3 baseline
+    assert build_case(row).knobs.zero3_overlap_fraction == 0.0
+    later = dict(row, framework="DeepSpeed ZeRO-3", source="a DeepSpeed benchmark of 2023")
+    assert build_case(later).knobs.zero3_overlap_fraction == profile_knobs(Framework.DEEPSPEED).zero3_overlap_fraction > 0
