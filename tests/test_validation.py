@@ -46,11 +46,12 @@ def test_loso_targets_of_issue_10(report):
     s = summary(report)
     assert s["rows_evaluated"] >= 250
     # issue #10: LOSO median <= 10% and 90th percentile <= 25%, both met since the 2020-21 Megatron-LM README rows
-    # run with the recompute their printed TFLOP/s count (full, Narayanan Eq. 3) and 2020's whole batch per replica
-    # (validation.py ASSUMPTIONS): make validate's full grid 8.1% / 21.9% (docs/validation.md), this grid 8.0% /
-    # 21.9%; 9.4% / 26.0% before. The bounds are those figures plus about half a point, to catch a regression.
+    # run with the recompute their printed TFLOP/s count (full, Narayanan Eq. 3) and 2020's whole batch per replica,
+    # and DeepSpeed's ZeRO-3 of 2021 hides no gather (validation.py ASSUMPTIONS): make validate's full grid 8.1% /
+    # 21.8% (docs/validation.md), this grid 8.0% / 21.5%; 9.4% / 26.0% before. The bounds are those figures plus
+    # about half a point, to catch a regression.
     assert s["loso_median_abs_error"] <= 0.085
-    assert s["loso_p90_abs_error"] <= 0.225
+    assert s["loso_p90_abs_error"] <= 0.22
     assert s["false_out_of_memory"] == 0  # every published run fit in memory
     # held-out figures cannot beat the in-sample ones by construction of the folds
     assert s["loso_median_abs_error"] >= s["fitted_on_all_median_abs_error"] - 1e-9
@@ -76,8 +77,8 @@ def test_source_balanced_objective():
 
 def test_band_coverage_near_80_percent(report):
     # the nominal band (central 80% of the other sources' LOSO errors) covers fewer held-out rows than it claims
-    # (74.5% on this grid); the calibrated one, its level chosen on the other sources only, about 80% (78.2% on
-    # this grid, 80.0% on make validate's full grid, docs/validation.md)
+    # (73.8% on this grid); the calibrated one, its level chosen on the other sources only, about 80% (78.5% on
+    # this grid, 80.3% on make validate's full grid, docs/validation.md)
     inside, total = band_coverage(report)
     assert total >= 250
     assert inside / total < 0.8
@@ -86,8 +87,8 @@ def test_band_coverage_near_80_percent(report):
     assert 0.78 <= sum(h.inside for h in hits) / total <= 0.86
     assert set(levels.values()) <= set(BAND_LEVELS)
     # the band is not right because it is wide: the calibrated median width (high - low over the prediction) stays
-    # under 70% (67.4% on this grid, 69.2% on the full grid; 68.9% before the Megatron-LM README rows ran with full
-    # recompute). It is 1.6x the nominal width (42.0%): with those rows' residuals tight, the central 80% of most
+    # under 70% (65.3% on this grid, 67.1% on the full grid; 68.9% before the Megatron-LM README rows ran with full
+    # recompute). It is 1.6x the nominal width (40.3%): with those rows' residuals tight, the central 80% of most
     # regimes narrowed, and coverage comes from the tails (ZeRO-3 baselines, BLOOM prequel, llm-foundry on H100)
     nominal = statistics.median(h.width for h in band_hits(report, BAND_COVERAGE))
     calibrated = statistics.median(h.width for h in hits)
