@@ -20,6 +20,7 @@ from cost_models.fp8 import (
     saved_activation_saving_bytes,
 )
 from cost_models.inputs import Hardware, Knobs, Layout, Link, MoE, Training, Transformer
+from cost_models.memory import mlp_intermediate_coefficient
 from cost_models.moe import (
     dispatch_buffer_bytes,
     ep_all_to_all_seconds,
@@ -206,10 +207,13 @@ def _ep_terms(model: Transformer, training: Training, hw: Hardware, layout: Layo
     routed = routed_tokens_per_rank(moe, tokens=int(t_moe), imbalance=knobs.moe_imbalance)
     seconds = _ep_seconds(moe, training, hw, layout, tokens=t_moe * knobs.moe_imbalance, hidden_size=h)
     forward = _ep_seconds(moe, training, hw, layout, tokens=t_moe * knobs.moe_imbalance, hidden_size=h, passes=1)
-    # replace the dense-MLP activations memory.py counted (8 f bytes per token / tp, 2-byte, gated) by the routed ones
-    dense_mlp = tokens * (8 if model.swiglu else 4) * model.ffn_hidden_size * act_b / 2 / layout.tp
-    moe_mlp = (routed_activation_bytes(model, routed_tokens=routed, activation_bytes=act_b, etp=layout.etp)
-               + tokens * (8 if model.swiglu else 4) * moe.shared_expert_ffn_hidden_size * act_b / 2 / layout.tp
+    # replace the dense-MLP activations memory.py counted (mlp_intermediate_coefficient x f bytes per token / tp)
+    # by the routed ones
+    mlp = mlp_intermediate_coefficient(model, fused_swiglu=knobs.fused_swiglu)
+    dense_mlp = tokens * mlp * model.ffn_hidden_size * act_b / 2 / layout.tp
+    moe_mlp = (routed_activation_bytes(model, routed_tokens=routed, fused_swiglu=knobs.fused_swiglu,
+                                       activation_bytes=act_b, etp=layout.etp)
+               + tokens * mlp * moe.shared_expert_ffn_hidden_size * act_b / 2 / layout.tp
                + router_activation_bytes(tokens=int(t_moe), num_experts=moe.num_experts))
     buffer = dispatch_buffer_bytes(routed_tokens=routed, hidden_size=h, activation_bytes=act_b) if layout.ep > 1 else 0
     expose = (1 - knobs.ep_overlap_fraction) * frac

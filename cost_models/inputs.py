@@ -244,3 +244,6 @@ class Knobs:
     # GFLOP-equivalent fixed cost of each per-expert kernel (cost_models/moe.py expert_kernel_seconds) [fit: held-out
     # MoE set, leave-one-model-out; docs/validation-modern.md]
     moe_expert_kernel_gflop: float = 0.0
+    # SwiGLU runs as one fused kernel that saves only its input (Megatron-Core's bias_swiglu_impl), not autograd's
+    # gate, up, SiLU output and product: 6 s b f bytes kept per layer instead of 8 (memory.mlp_intermediate_coefficient)
+    fused_swiglu: bool = False

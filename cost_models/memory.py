@@ -47,10 +47,7 @@ def activation_bytes_per_layer(
     replicated = (4 + 2 + 2) * scale + 2 * mask
     # sharded by TP: Q, K, V, output-projection input, MLP intermediates
     attn = (2 + 4 * g_over_a + 2) * scale
-    if model.swiglu:
-        mlp = (6 if fused_swiglu else 8) * f_over_h * scale
-    else:
-        mlp = 4 * f_over_h * scale
+    mlp = mlp_intermediate_coefficient(model, fused_swiglu=fused_swiglu) * f_over_h * scale
     per_layer = sbh * (replicated / rep + (attn + mlp) / t)
     if recompute == "selective":
         return per_layer  # the a s^2 terms are recomputed (Korthikanti §5)
@@ -58,6 +55,18 @@ def activation_bytes_per_layer(
         return per_layer + 4 * a * s * b / t  # fp32 softmax statistics
     return per_layer + attention_score_bytes(model, seq_length=s, micro_batch_size=b, tp=t,
                                              activation_bytes=activation_bytes)
+
+
+def mlp_intermediate_coefficient(model: Transformer, *, fused_swiglu: bool) -> int:
+    """Bytes the MLP's intermediates keep per token and FFN unit, for 2-byte activations (x s b f per layer).
+
+    GeLU: FC1 output and GeLU output, 4. SwiGLU under autograd (torchtitan's FeedForward, HF's LlamaMLP): the gate
+    and up outputs, the SiLU output and the product (FC2's input), 8. Fused SwiGLU (Megatron-Core's bias_swiglu_impl,
+    fusions/fused_bias_swiglu.py: `ctx.save_for_backward(input)`): FC1's output (gate and up, 2 f) and FC2's input
+    (f), 6 [cost-models.md §2.6]."""
+    if not model.swiglu:
+        return 4
+    return 6 if fused_swiglu else 8
 
 
 def sp_gathered_input_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, tp: int,

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from cost_models.inputs import Link, MoE, Transformer
+from cost_models.memory import mlp_intermediate_coefficient
 
 # Default load imbalance γ = max rank load / mean load. The NVIDIA benchmark rows force-balance routing (γ = 1,
 # Megatron-Bridge performance-summary footnote); trained routers with an auxiliary loss or DeepSeek's bias
@@ -200,14 +201,15 @@ def ep_all_to_all_seconds(traffic: EpTraffic, *, ep: int, intra: Link, network_p
     return (ep - 1) * latency + max(t_intra, t_net)
 
 
-def routed_activation_bytes(model: Transformer, *, routed_tokens: float, activation_bytes: float = 2,
-                            etp: int = 1) -> float:
+def routed_activation_bytes(model: Transformer, *, routed_tokens: float, fused_swiglu: bool,
+                            activation_bytes: float = 2, etp: int = 1) -> float:
     """Bytes an MoE layer saves for backward for its routed tokens (no recompute, gated MLP; modern-training.md §3.7):
-    permuted fc1 input h, fc1 output 2 f_e, SwiGLU output f_e, fc2 output h: T·k·γ·(2h + 3 f_e) elements (plain MLP:
-    2h + 2 f_e); the f_e parts are split by expert-TP."""
+    permuted fc1 input h, fc1 output 2 f_e, SwiGLU output f_e, fc2 output h: T·k·γ·(2h + 3 f_e) elements with
+    Megatron's fused SwiGLU (plain MLP: 2h + 2 f_e; SwiGLU under autograd, torchtitan's GroupedExperts: 2h + 4 f_e,
+    memory.mlp_intermediate_coefficient); the f_e parts are split by expert-TP."""
     assert model.moe is not None
     h, fe = model.hidden_size, model.moe.expert_ffn_hidden_size
-    ffn_elems = (3 if model.swiglu else 2) * fe / etp
+    ffn_elems = mlp_intermediate_coefficient(model, fused_swiglu=fused_swiglu) / 2 * fe / etp
     return routed_tokens * (2 * h + ffn_elems) * activation_bytes
 
 

@@ -188,8 +188,7 @@ def _recompute_seconds(gemm: float, core: float, ext: LayerExtras, *, flash: boo
     return flops / tp / rate + ext.recomputed(recompute).seconds
 
 
-def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs,
-                *, fused_swiglu: bool = False) -> LayerCosts:
+def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs) -> LayerCosts:
     h, t, act_b = model.hidden_size, layout.tp, training.activation_bytes
     b, s = layout.micro_batch_size, training.seq_length
     V = vocab_padded(model.vocab_size, tp=t)
@@ -207,7 +206,7 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
 
     def act(rec: Recompute) -> float:
         base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
-                                          recompute=rec, activation_bytes=act_b, fused_swiglu=fused_swiglu)
+                                          recompute=rec, activation_bytes=act_b, fused_swiglu=knobs.fused_swiglu)
         return base if rec == _REC_FULL else base + ext.activation_delta_bytes + gathered
     act_none = act(_REC_NONE)
     act_policy = act_none if policy == _REC_NONE else act(policy)
@@ -525,13 +524,12 @@ class StageModel(NamedTuple):
         )
 
 
-def stage_model(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs,
-                *, fused_swiglu: bool = False) -> StageModel:
+def stage_model(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs) -> StageModel:
     """The stages of `layout`: its split (or THE split), its full-recompute counts, its schedule as run."""
     p = layout.pp
     split = layout.layers_per_stage or _stage_split(model.num_layers, p)
     full = layout.recompute_layers_per_stage or (split if layout.recompute == _REC_FULL else (0,) * p)
     schedule = (_SCHEDULES.get(layout.schedule) or Schedule(layout.schedule)) if p > 1 else _ONE_F_ONE_B
     v = layout.virtual_stages if schedule == _INTERLEAVED else 1
-    lc = layer_costs(model, training, hw, layout, knobs, fused_swiglu=fused_swiglu)
+    lc = layer_costs(model, training, hw, layout, knobs)
     return StageModel(layout, training, knobs, lc, tuple(split), tuple(full), schedule, v)

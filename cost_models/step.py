@@ -246,10 +246,10 @@ def _stage_seconds(times: Sequence[StageTime]) -> tuple[float, ...]:
     return tuple(out)
 
 
-def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs | None = None,
-                  *, fused_swiglu: bool = False) -> StepEstimate:
+def estimate_step(model: Transformer, training: Training, hw: Hardware, layout: Layout,
+                  knobs: Knobs | None = None) -> StepEstimate:
     knobs = knobs or Knobs()
-    sm = stage_model(model, training, hw, layout, knobs, fused_swiglu=fused_swiglu)
+    sm = stage_model(model, training, hw, layout, knobs)
     times = sm.times()
     params = sm.params_per_stage()
     stage_seconds = _stage_seconds(times)

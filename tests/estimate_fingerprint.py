@@ -81,8 +81,8 @@ def random_layout(rng: random.Random, num_layers: int, moe: bool) -> Layout:
 
 def outcome(problem: Problem, layout: Layout, fused_swiglu: bool) -> str:
     try:
-        est = estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout, problem.knobs,
-                            fused_swiglu=fused_swiglu)
+        est = estimate_step(problem.cm_model, problem.cm_training, problem.hardware, layout,
+                            replace(problem.knobs, fused_swiglu=fused_swiglu))
     except Exception as exc:  # noqa: BLE001 - an error is part of the fingerprint
         return f"EXC {type(exc).__name__}: {exc}"
     return f"{est!r} props={est.time.total_seconds!r},{est.peak_allocated_bytes!r},{est.peak_reserved_bytes!r}"

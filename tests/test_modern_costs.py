@@ -111,7 +111,9 @@ def test_expert_gemm_rows_capacity_and_placement():
     assert capacity_tokens(tokens=4096, top_k=2, num_experts=8, capacity_factor=1.25) == 1280
     assert routed_tokens_per_rank(v3.moe, tokens=4096, imbalance=1.0) == 4096 * 8
     # routed-token activations: T·k·γ·(2h + 3 f_e)·2 bytes (§3.7)
-    assert routed_activation_bytes(v3, routed_tokens=4096 * 8) == 4096 * 8 * (2 * 7168 + 3 * 2048) * 2
+    assert routed_activation_bytes(v3, routed_tokens=4096 * 8, fused_swiglu=True) == 4096 * 8 * (2 * 7168 + 3 * 2048) * 2
+    # SwiGLU under autograd (torchtitan's GroupedExperts: silu(x w1) * (x w3)) also keeps the SiLU output: 4 f_e
+    assert routed_activation_bytes(v3, routed_tokens=4096 * 8, fused_swiglu=False) == 4096 * 8 * (2 * 7168 + 4 * 2048) * 2
 
 
 # measured kernel speedups, tensorwise (modern-training.md §1.5.2 [X], H200)

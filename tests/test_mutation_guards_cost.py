@@ -360,16 +360,18 @@ def test_fits_needs_peak_plus_headroom_within_the_gpu_and_host_bytes_within_the_
 
 
 def test_estimate_step_plans_unfused_swiglu_unless_told():
-    """fused_swiglu defaults to False (the stage model's unfused SwiGLU keeps both FC1 halves and the product)."""
+    """Knobs.fused_swiglu defaults to False (the stage model's unfused SwiGLU keeps both FC1 halves, the SiLU output
+    and the product); set, each layer keeps 2 s b f bytes fewer (memory.mlp_intermediate_coefficient: 8 -> 6)."""
     lay = Layout(dp=8, tp=1, pp=1, zero_stage=1, num_micro_batches=2)
-    peaks = {}
+    peaks, acts = {}, {}
     for fused in (False, True):
-        sm = stage_model(SWIGLU, BF16, HW, lay, Knobs(), fused_swiglu=fused)
+        sm = stage_model(SWIGLU, BF16, HW, lay, Knobs(fused_swiglu=fused))
         stages, i = sm.memories_and_peak(sm.params_per_stage())
-        peaks[fused] = stages[i].total_bytes
-    assert peaks[False] != peaks[True]
+        peaks[fused], acts[fused] = stages[i].total_bytes, sm.lc.act_none_bytes
+    s, f = BF16.seq_length, SWIGLU.ffn_hidden_size
+    assert acts[False] - acts[True] == pytest.approx(2 * s * f * 2 / 2, rel=1e-12)  # 2 s b f bytes, b = 1
     assert estimate_step(SWIGLU, BF16, HW, lay).peak_memory_bytes == pytest.approx(peaks[False], rel=1e-12)
-    assert estimate_step(SWIGLU, BF16, HW, lay, fused_swiglu=True).peak_memory_bytes == pytest.approx(peaks[True])
+    assert estimate_step(SWIGLU, BF16, HW, lay, Knobs(fused_swiglu=True)).peak_memory_bytes == pytest.approx(peaks[True])
 
 
 # ---- attention.py: windows, MLA, saved elements ----------------------------------------------------------------

@@ -107,3 +107,42 @@ def test_megatron_deepspeed_states_per_zero_stage():
     assert states("bf16", 1) == (2, 2, 2.5)
     assert states("bf16", 0) == (2, 4, 1.5)
     assert states("fp16", 0) == (2, 2, 20)  # fp16 at ZeRO-0: the same optimizer's bytes, unsharded
+
+
+LLAMA3_8B = gpt_shape(num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+                      vocab_size=128256, swiglu=True, tied_embeddings=False, rms_norm=True, flash_attention=True,
+                      learned_position_embeddings=False, bias=False, dropout=False)
+
+
+def test_swiglu_activations_follow_the_frameworks_kernel():
+    """Megatron-Core fuses SwiGLU (bias_swiglu_impl saves FC1's output only: Megatron-LM's --bias-swiglu-fusion
+    default, NeMo 2's LlamaConfig bias_activation_fusion=True); torchtitan's FeedForward, HF models under DeepSpeed
+    and the generic profile run silu(x w1) * (x w3) under autograd, which also keeps the SiLU output and the up
+    projection."""
+    from cost_models.memory import activation_bytes_per_layer
+
+    fused = {f for f in Framework if profile_knobs(f).fused_swiglu}
+    assert fused == {Framework.MEGATRON, Framework.NEMO}
+    # Llama 3 8B, 4096 tokens on the rank, tp 1, no recompute. By hand (memory.py's component list, bytes per token
+    # and hidden unit): norm inputs 4 + QKV and FC1 inputs 4 + Q 2 + K and V 2 x 2 x 8/32 = 1 + projection input 2
+    # = 13, plus the MLP's 6 f/h (fused: FC1's 2 f outputs and FC2's f input) or 8 f/h (autograd), plus flash
+    # attention's fp32 log-sum-exp, 4 a s b
+    s, h, f, a = 4096, 4096, 14336, 32
+    for kernel_fused, mlp in ((True, 6), (False, 8)):
+        got = activation_bytes_per_layer(LLAMA3_8B, seq_length=s, micro_batch_size=1, fused_swiglu=kernel_fused)
+        assert got == pytest.approx(s * h * 13 + s * mlp * f + 4 * a * s, rel=1e-12)
+
+
+def test_nemo_llama31_8b_cp2_fits_without_recompute_as_it_ran():
+    """NVIDIA's DGX Cloud Llama 3.1 8B recipe ran TP 1, CP 2, DP 4, MBS 1 at 8192 tokens on 8 H100 without
+    activation checkpointing (NeMo-Framework-Launcher llama3_1_8b.yaml: activations_checkpoint_granularity null;
+    published_runs.json dgxc-llama31-8B-bf16-8gpu, 12.78 s). With NeMo's fused SwiGLU the layout fits at the
+    estimate; with autograd's SwiGLU bytes (8 s b f) the same recipe would not."""
+    from planner.estimate import build_problem, estimate_layout, fits_in_memory, layout_from_arg
+
+    problem = build_problem("dgx-h100", 1, "llama3-8b", 128, 8192, framework="nemo", headroom_gib=0)
+    layout = layout_from_arg("tp=1,pp=1,dp=4,cp=2,zero=1,mbs=1,recompute=none", problem)
+    est = estimate_layout(problem, layout)
+    assert fits_in_memory(est, 0.0)
+    unfused = replace(problem, knobs=replace(problem.knobs, fused_swiglu=False))
+    assert not fits_in_memory(estimate_layout(unfused, layout), 0.0)

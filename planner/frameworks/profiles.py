@@ -95,6 +95,9 @@ class Profile:
     # sharded and re-gathered in backward, as Megatron does
     sp_gathered_inputs: str | None = None
     expert_kernel_gflop: Sourced | None = None  # per-expert kernels' fixed cost (cost_models/moe.py); None: 0
+    # where SwiGLU runs as one fused kernel that saves only its input (Knobs.fused_swiglu); None: autograd's SiLU and
+    # product keep their own operands (8 s b f bytes, not 6)
+    fused_swiglu: str | None = None
 
     def recipe(self, precision: str = "bf16") -> MemoryRecipe:
         return self.memory_fp16 if precision == "fp16" and self.memory_fp16 is not None else self.memory
@@ -126,6 +129,7 @@ class Profile:
             profile=self.framework.value,
             sp_saves_gathered_inputs=self.sp_gathered_inputs is not None,
             moe_expert_kernel_gflop=self.expert_kernel_gflop.value if self.expert_kernel_gflop else 0.0,
+            fused_swiglu=self.fused_swiglu is not None,
         )
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -145,7 +149,9 @@ class Profile:
             ("memory_recipe", f"{m.name}: {m.bytes_per_param:g} B/param", m.source),
         ] + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
-             if self.sp_gathered_inputs else [])
+             if self.sp_gathered_inputs else []) + ([
+            ("fused_swiglu", "SwiGLU fused: saves FC1's output and FC2's input only (6 s b f bytes per layer, not "
+             "autograd's 8)", self.fused_swiglu)] if self.fused_swiglu else [])
 
 
 # Megatron-Core's GroupedMLP on TE GroupedLinear launches each local expert's GEMMs (and FP8 casts) as their own kernels
@@ -214,6 +220,13 @@ _NO_EXPANDABLE = ("reserved/allocated without expandable segments: single-GPU H2
 _EXPANDABLE = ("torchtitan's run_train.sh sets PYTORCH_ALLOC_CONF=expandable_segments:True (frameworks.md §1.6); "
                "PyTorch PR #113481: expandable segments remove most fragmentation [U: no torchtitan ratio published]")
 
+_FUSED_SWIGLU = ("Megatron-Core's bias_swiglu_impl (fusions/fused_bias_swiglu.py: save_for_backward(input), FC1's "
+                 "output) when bias_activation_fusion is set: Megatron-LM sets it from --bias-swiglu-fusion, on unless "
+                 "--no-bias-swiglu-fusion (arguments.py, core_transformer_config_from_args)")
+_FUSED_SWIGLU_NEMO = ("NeMo 2's LlamaConfig 'Fusions': bias_activation_fusion=True (nemo/collections/llm/gpt/model/"
+                      "llama.py), as NeMo 1's llama3_1_8b.yaml (activation fast-swiglu, bias_activation_fusion: true) "
+                      "and Megatron-Bridge's Llama providers; Megatron-Core's bias_swiglu_impl saves FC1's output only")
+
 _P2P_NEEDS_VPP = Sourced(0.0, "without virtual stages Megatron forces overlap_p2p_comm off: 'Overlap P2P communication is "
                                "disabled if not using the interleaved schedule' (megatron/training/arguments.py "
                                "validate_args; frameworks.md §2.3)")
@@ -240,7 +253,7 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "allocated and reserved, MB = 2^20 B (report_memory, frameworks.md §2.5)", memory_fp16=_MEGATRON_FP16_RECIPE,
-        expert_kernel_gflop=_GROUPED_LINEAR),
+        expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU),
     Framework.NEMO: Profile(
         Framework.NEMO, "NeMo 2 / Megatron-Bridge (Megatron-Core)", _MEGATRON_RECIPE,
         "core attention only (Megatron-Core fields, frameworks.md §4.4)",
@@ -255,7 +268,7 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "allocated and reserved, MB (Megatron-Core report_memory)", memory_fp16=_MEGATRON_FP16_RECIPE,
-        expert_kernel_gflop=_GROUPED_LINEAR),
+        expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU_NEMO),
     Framework.TORCHTITAN: Profile(
         Framework.TORCHTITAN, "torchtitan (FSDP2, torch.distributed.pipelining)", _FSDP2_RECIPE,
         "per-op SAC: saves matmul/attention/reduce-scatter outputs, recomputes every 2nd matmul and all elementwise "
