@@ -378,7 +378,9 @@ def json_error_documents() -> bool:
 def assert_outcome(argv: list[str], code: int, out: str, err: str) -> None:
     assert code in ALLOWED_EXIT, f"{argv}: exit {code}\n{err[-2000:]}"
     assert "Traceback" not in err, f"{argv}:\n{err[-2000:]}"
-    if "--json" in argv and (code == 0 or json_error_documents()):
+    # --help is eager (click prints the help text and exits 0 before any other option is read), so `--json --help`
+    # is help, not a document; every other --json outcome is exactly one JSON document
+    if "--json" in argv and "--help" not in argv and (code == 0 or json_error_documents()):
         json.loads(out)  # exactly one JSON document (json.loads refuses trailing data)
 
 
