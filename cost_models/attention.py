@@ -102,6 +102,28 @@ def attention_saved_elements_per_token(model: Transformer) -> int:
     return 2 * a * mla.qk_head_dim + 2 * a * mla.v_head_dim
 
 
+def selective_saved_elements_per_token(model: Transformer) -> int:
+    """attention_saved_elements_per_token under selective recompute. MLA: the up-projections are recomputed
+    (DeepSeek-V3 §3.2.3 'Recomputation of ... MLA Up-Projection'; Megatron --recompute-modules mla_up_proj), so Q,
+    K and V are dropped and O kept: a·d_v (V3: 16,384 of 81,920; modern-training.md §4.3: 'drops Q, K, V').
+    Otherwise the attention core is recomputed and its inputs Q, K, V stay saved (Korthikanti §5): as without."""
+    if model.mla is None:
+        return attention_saved_elements_per_token(model)
+    return model.num_attention_heads * model.mla.v_head_dim
+
+
+def up_projection_forward_flops(model: Transformer, *, tokens: float) -> float | None:
+    """The forward FLOPs selective recompute runs again on an MLA layer: its up-projections, 2 T (d'_c·a·d_qk +
+    d_c·a(d_n + d_v)) (q_proj's h·a·d_qk without q_lora_rank; V3: 2 T x 54.5M). None without MLA, where selective
+    recomputes the attention core instead (compute.recompute_extra_of)."""
+    mla = model.mla
+    if mla is None:
+        return None
+    a = model.num_attention_heads
+    q_in = mla.q_lora_rank or model.hidden_size
+    return 2.0 * tokens * (q_in * a * mla.qk_head_dim + mla.kv_lora_rank * a * (mla.qk_nope_head_dim + mla.v_head_dim))
+
+
 def mla_latent_elements_per_token(model: Transformer) -> int:
     """MLA's replicated latent activations per token: c_Q and its norm, the kv_a output, norm(c_KV)."""
     mla = model.mla

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cost_models.attention import attention_extra_count, attention_weight_count, core_attention_forward_flops
+from cost_models.attention import (
+    attention_extra_count,
+    attention_weight_count,
+    core_attention_forward_flops,
+    up_projection_forward_flops,
+)
 from cost_models.inputs import Transformer
 from cost_models.memo import per_model
 from cost_models.moe import mlp_forward_flops_per_token, mlp_parameter_counts
@@ -108,20 +113,25 @@ def recompute_extra_forward_flops(model: Transformer, *, tokens: int, seq_length
     selective: one more forward of the attention core, 4 T s q. Korthikanti et al. 2022 Eq. 8 writes
       1 + s/(3h), i.e. three times that (the core's forward and backward again); we keep Eq. 3's own
       accounting (recompute = one extra forward) and record the difference (tests/test_cost_vectors.py).
+      MLA: its up-projections instead (attention.up_projection_forward_flops; the core stays fused).
     Flash attention's backward recomputes Q K^T once more, 2 T s q (FlashAttention §3.1; torchtitan's
     comment: "flash attention does 1 more matmul recomputation in the backward").
     """
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
-    return recompute_extra_of(gemm, core, flash_attention=model.flash_attention, recompute=recompute)
+    return recompute_extra_of(gemm, core, flash_attention=model.flash_attention, recompute=recompute,
+                              selective=up_projection_forward_flops(model, tokens=tokens))
 
 
-def recompute_extra_of(gemm: float, core: float, *, flash_attention: bool, recompute: str) -> float:
-    """recompute_extra_forward_flops from a layer's forward (GEMM, attention core) FLOPs."""
+def recompute_extra_of(gemm: float, core: float, *, flash_attention: bool, recompute: str,
+                       selective: float | None = None) -> float:
+    """recompute_extra_forward_flops from a layer's forward (GEMM, attention core) FLOPs. `selective`: what
+    selective recompute runs again where it is not the attention core (MLA's up-projections,
+    attention.up_projection_forward_flops); None: the core."""
     flash_extra = core / 2 if flash_attention else 0.0
     if recompute == "full":
         return gemm + core + flash_extra
     if recompute == "selective":
-        return core + flash_extra
+        return (core if selective is None else selective) + flash_extra
     return flash_extra
 
 
@@ -151,7 +161,8 @@ def step_flops(model: Transformer, *, global_batch_size: int, seq_length: int, v
     v = vocab_size or model.vocab_size
     model_flops = 3 * (model.num_layers * (gemm + core)
                        + logits_forward_flops(tokens=tokens, hidden_size=model.hidden_size, vocab_size=v))
-    extra = recompute_extra_of(gemm, core, flash_attention=model.flash_attention, recompute=recompute)
+    extra = recompute_extra_of(gemm, core, flash_attention=model.flash_attention, recompute=recompute,
+                               selective=up_projection_forward_flops(model, tokens=tokens))
     return model_flops, model_flops + model.num_layers * extra, extra
 
 

@@ -56,6 +56,9 @@ class LayerExtras(NamedTuple):
     ep_forward_total_seconds: float = 0.0
     expert_kernel_seconds: float = 0.0  # per-expert kernels' fixed cost (moe.py expert_kernel_seconds), f+b
     expert_kernel_forward_seconds: float = 0.0
+    # selective recompute runs the attention core again (Megatron's core_attn, with its CP exchange); False for MLA,
+    # where it runs the up-projections (attention.up_projection_forward_flops) and no CP traffic
+    selective_in_core_attention: bool = True
 
     @property
     def extra_seconds(self) -> float:
@@ -71,12 +74,13 @@ class LayerExtras(NamedTuple):
         all-to-alls (the MoE layer is inside the checkpoint) and its FP8 casts of fresh operands run again.
         selective: Megatron's default recompute_modules ["core_attn"] checkpoints `self.core_attention`
         (attention.py L328-331, L381-415, L1134), i.e. TEDotProductAttention with its CP exchange: the forward CP
-        traffic repeats, EP (outside the attention) and the Linear layers' FP8 casts do not."""
+        traffic repeats, EP (outside the attention) and the Linear layers' FP8 casts do not. MLA's selective
+        recomputes the up-projections only (--recompute-modules mla_up_proj): no traffic repeats."""
         if recompute == "full":
             return Recomputed(self.cp_forward_seconds, self.ep_forward_seconds,
                               self.fp8_quant_forward_seconds + self.expert_kernel_forward_seconds,
                               self.cp_forward_total_seconds, self.ep_forward_total_seconds)
-        if recompute == "selective":
+        if recompute == "selective" and self.selective_in_core_attention:
             return Recomputed(self.cp_forward_seconds, 0.0, 0.0, self.cp_forward_total_seconds, 0.0)
         return Recomputed(0.0, 0.0, 0.0, 0.0, 0.0)
 
@@ -284,5 +288,5 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
         cp_forward_seconds=cp.exposed_forward_seconds, ep_forward_seconds=ep.exposed_forward_seconds,
         fp8_quant_forward_seconds=quant_fwd, cp_forward_total_seconds=cp.total_forward_seconds,
         ep_forward_total_seconds=ep.total_forward_seconds, expert_kernel_seconds=kernels,
-        expert_kernel_forward_seconds=kernels_fwd,
+        expert_kernel_forward_seconds=kernels_fwd, selective_in_core_attention=model.mla is None,
     )

@@ -11,6 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from cost_models.attention import (
+    attention_saved_elements_per_token,
+    mla_latent_elements_per_token,
+    selective_saved_elements_per_token,
+)
 from cost_models.inputs import Transformer
 
 # ---------------------------------------------------------------------------------------------------
@@ -27,6 +32,8 @@ def activation_bytes_per_layer(
     Korthikanti et al. 2022 Table 2 for a GPT layer (dropout on, standard attention):
       none: s b h (34 + 5 a s / h); TP: s b h (10 + 24/t + 5 a s/(h t)); TP+SP: s b h/t (34 + 5 a s/h);
       selective drops the a s^2 terms; full keeps the layer input, 2 s b h (/t with SP).
+    MLA (modern-training.md §4.3): the latents c_Q, norm(c_Q), the kv_a output and norm(c_KV) (replicated) and
+    Q, K (a·d_qk), V, O (a·d_v) instead of the GQA terms; selective recomputes its up-projections and drops Q, K, V.
     Component list generalised to GQA (K, V are 2 s b h g/a each), SwiGLU (gate, up, SiLU output and product,
     8 s b f; 6 s b f fused), no dropout (no masks, no dropout outputs), flash attention (no a s^2 terms; 4 a s b
     bytes of fp32 log-sum-exp) [D, cost-models.md §2.6]. Masks take 1 byte; other tensors `activation_bytes`.
@@ -47,9 +54,14 @@ def activation_bytes_per_layer(
     replicated = (4 + 2 + 2) * scale + 2 * mask
     # sharded by TP: Q, K, V, output-projection input, MLP intermediates
     attn = (2 + 4 * g_over_a + 2) * scale
+    if model.mla is not None:  # MLA: its latents (replicated) and Q, K, V, O at their own widths (attention.py)
+        replicated += 2 * mla_latent_elements_per_token(model) / h * scale
+        kept = (selective_saved_elements_per_token if recompute == "selective"
+                else attention_saved_elements_per_token)(model)
+        attn = 2 * kept / h * scale
     mlp = mlp_intermediate_coefficient(model, fused_swiglu=fused_swiglu) * f_over_h * scale
     per_layer = sbh * (replicated / rep + (attn + mlp) / t)
-    if recompute == "selective":
+    if recompute == "selective" and model.mla is None:
         return per_layer  # the a s^2 terms are recomputed (Korthikanti §5)
     if model.flash_attention:
         return per_layer + 4 * a * s * b / t  # fp32 softmax statistics

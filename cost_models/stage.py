@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from cost_models.attention import up_projection_forward_flops
 from cost_models.communication import all_reduce_seconds, group_link, tp_bytes_per_layer_per_micro_batch
 from cost_models.compute import layer_forward_flops, parameter_counts, recompute_extra_of
 from cost_models.extensions import LayerExtras, expert_data_parallel, layer_extras
@@ -181,10 +182,13 @@ def _policy(recompute: str) -> Recompute:
 
 
 def _recompute_seconds(gemm: float, core: float, ext: LayerExtras, *, flash: bool, recompute: str, tp: int,
-                       rate: float) -> float:
+                       rate: float, up_projections: float | None = None) -> float:
     """Extra seconds of a layer's recompute under `recompute`: its FLOPs, the GEMMs at the forward's rate (FP8,
-    expert GEMMs), plus the CP/EP traffic and FP8 casts the recomputed forward repeats (LayerExtras.recomputed)."""
-    flops = recompute_extra_of(gemm * ext.gemm_time_factor, core, flash_attention=flash, recompute=recompute)
+    expert GEMMs), plus the CP/EP traffic and FP8 casts the recomputed forward repeats (LayerExtras.recomputed).
+    `up_projections`: MLA's up-projection FLOPs, what its selective recompute runs (GEMMs, at the forward's rate)."""
+    selective = None if up_projections is None else up_projections * ext.gemm_time_factor
+    flops = recompute_extra_of(gemm * ext.gemm_time_factor, core, flash_attention=flash, recompute=recompute,
+                               selective=selective)
     return flops / tp / rate + ext.recomputed(recompute).seconds
 
 
@@ -220,7 +224,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     return LayerCosts(
         t_layer_forward=(gemm * ext.gemm_time_factor + core) / t / rate + t_layer_mem + t_tp_dispatch
         + ext.extra_seconds / FORWARD_PASSES_PER_TRAINING_PASS,
-        t_recompute_policy=_recompute_seconds(gemm, core, ext, flash=flash, recompute=policy, tp=t, rate=rate),
+        t_recompute_policy=_recompute_seconds(gemm, core, ext, flash=flash, recompute=policy, tp=t, rate=rate,
+                                              up_projections=up_projection_forward_flops(model, tokens=tokens)),
         t_recompute_full=_recompute_seconds(gemm, core, ext, flash=flash, recompute="full", tp=t, rate=rate) + t_layer_mem,
         t_tp_all_reduce=t_ar,
         tp_expose=1 - knobs.tp_overlap_fraction,

@@ -143,6 +143,8 @@ for case in json.loads(sys.stdin.read()):
         kw.update(gated_linear_unit=True, activation_func=F.silu)
     if "moe_layer_freq" in kw:
         kw["moe_layer_freq"] = eval(kw["moe_layer_freq"])  # Megatron-LM parses this Python list expression too
+    if isinstance(kw.get("recompute_modules"), str):
+        kw["recompute_modules"] = kw["recompute_modules"].split()  # argparse nargs="*": a list
     dtype = torch.bfloat16 if args.get("bf16") else torch.float16 if args.get("fp16") else torch.float32
     kw.update(params_dtype=dtype, pipeline_dtype=dtype)
     if args.get("use_megatron_fsdp"):
@@ -156,7 +158,7 @@ for case in json.loads(sys.stdin.read()):
                     "sp": c.sequence_parallel, "overlap_grad_reduce": d.overlap_grad_reduce,
                     "overlap_param_gather": d.overlap_param_gather, "tp_comm_overlap": c.tp_comm_overlap,
                     "cp": c.context_parallel_size, "ep": c.expert_model_parallel_size, "fp8": c.fp8,
-                    "experts": c.num_moe_experts})
+                    "experts": c.num_moe_experts, "recompute_modules": c.recompute_modules})
     except Exception as exc:
         out.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
 print(json.dumps(out))
@@ -236,8 +238,14 @@ def _modern_megatron_exports() -> list[tuple[str, str, dict]]:
                                          fp8_recipe="delayed")), "megatron").text
     moe = export(modern_plan("deepseek-v3", LayoutSpec(dp=64, pp=16, ep=64, zero_stage=1),
                              TrainingSpec(global_batch_size=64, seq_length=4096)), "megatron").text
+    # selective on MLA recomputes the up-projections: Megatron-Bridge's DeepSeek-V3 B200 recipe
+    # (recompute_modules=["mla_up_proj"]); MLATransformerConfig checks the module name against MLA
+    up = export(modern_plan("deepseek-v3", LayoutSpec(dp=64, pp=16, ep=64, zero_stage=1, recompute="selective"),
+                            TrainingSpec(global_batch_size=64, seq_length=4096)), "megatron").text
     return [("llama3.1-405b cp16 fp8", cp, {"cp": 16, "tp": 8, "pp": 16, "fp8": "hybrid"}),
-            ("deepseek-v3 ep64 mla", moe, {"ep": 64, "pp": 16, "experts": 256})]
+            ("deepseek-v3 ep64 mla", moe, {"ep": 64, "pp": 16, "experts": 256}),
+            ("deepseek-v3 ep64 mla_up_proj", up, {"ep": 64, "pp": 16, "recompute": "selective",
+                                                  "recompute_modules": ["mla_up_proj"]})]
 
 
 # ---- torchtitan 0.3.0: its config dataclasses and its own pipeline split ----------------------------------------------

@@ -430,6 +430,71 @@ def test_saved_attention_elements_of_mla_and_gqa_per_token():
     assert mla_latent_elements_per_token(v2_lite) == 512 + 64 + 512  # no c_Q without q_lora_rank
 
 
+def test_mla_layer_keeps_its_own_attention_tensors_and_selective_drops_q_k_v():
+    """The production activation count (memory.activation_bytes_per_layer) holds MLA's tensors, not GQA's:
+    modern-training.md §4.3's 93,248 elements per token (norm output 7,168 + latents 4,160 + Q, K, V, O 81,920), plus
+    the layer's other kept tensors (norm inputs 2 h, FC1 input h, the MLP's 6 f fused), 2 bytes each, plus flash
+    attention's fp32 log-sum-exp 4 a per token. Selective recompute on MLA recomputes the up-projections
+    (DeepSeek-V3 §3.2.3; Megatron --recompute-modules mla_up_proj): Q, K and V (24,576 + 24,576 + 16,384 = 65,536,
+    '≈ 65.5K of the 93K', §4.3) are dropped and the log-sum-exp stays (the core is not recomputed)."""
+    from cost_models.memory import activation_bytes_per_layer
+
+    s, h, f, a = 4096, 7168, 18432, 128
+    others = 2 * h + h + 3 * f  # two norm inputs, the FC1 input, fused SwiGLU's FC1 output (2 f) and FC2 input (f)
+    none = activation_bytes_per_layer(V3, seq_length=s, micro_batch_size=1, fused_swiglu=True)
+    assert none == pytest.approx(s * 2 * (93_248 + others) + 4 * a * s, rel=1e-12)
+    sel = activation_bytes_per_layer(V3, seq_length=s, micro_batch_size=1, fused_swiglu=True, recompute="selective")
+    assert none - sel == pytest.approx(s * 2 * 65_536, rel=1e-12)
+    # GQA is unchanged by selective under flash attention but for the log-sum-exp (the core is recomputed)
+    llama = replace(LLAMA3_70B, flash_attention=True, dropout=False)
+    g_none = activation_bytes_per_layer(llama, seq_length=s, micro_batch_size=1)
+    g_sel = activation_bytes_per_layer(llama, seq_length=s, micro_batch_size=1, recompute="selective")
+    assert g_none - g_sel == pytest.approx(4 * 64 * s, rel=1e-12)
+
+
+def test_mla_selective_recomputes_the_up_projections_only():
+    """V3's up-projections per token: q_b 1536 x 128 x 192 + kv_b 512 x 128 x (128 + 128) = 37,748,736 + 16,777,216
+    = 54,525,952 weights (modern-training.md §4.1), 2 FLOPs each: selective adds that forward (and flash attention's
+    own QK^T recompute, half the core), not the attention core; full adds the whole layer; without MLA selective
+    adds the core."""
+    from cost_models.attention import up_projection_forward_flops
+    from cost_models.compute import layer_forward_flops, recompute_extra_forward_flops
+
+    T, s = 4096, 4096
+    assert up_projection_forward_flops(V3, tokens=T) == 2 * T * 54_525_952
+    assert up_projection_forward_flops(LLAMA3_70B, tokens=T) is None
+    gemm, core = layer_forward_flops(V3, tokens=T, seq_length=s)
+    extra = recompute_extra_forward_flops(V3, tokens=T, seq_length=s, recompute="selective")
+    assert extra == pytest.approx(2 * T * 54_525_952 + core / 2, rel=1e-12)
+    assert recompute_extra_forward_flops(V3, tokens=T, seq_length=s, recompute="full") == pytest.approx(
+        gemm + core + core / 2, rel=1e-12)
+    llama = replace(LLAMA3_70B, flash_attention=True)
+    _, g_core = layer_forward_flops(llama, tokens=T, seq_length=s)
+    assert recompute_extra_forward_flops(llama, tokens=T, seq_length=s, recompute="selective") == pytest.approx(
+        g_core + g_core / 2, rel=1e-12)
+    # V2-Lite has no q_lora_rank: its Q comes from q_proj on the hidden state (h x a d_qk)
+    v2_lite = replace(V3, mla=replace(V3.mla, q_lora_rank=None))
+    assert up_projection_forward_flops(v2_lite, tokens=1) == 2 * (7168 * 128 * 192 + 512 * 128 * 256)
+
+
+def test_mla_selective_repeats_no_cp_exchange():
+    """Megatron's core_attn checkpoint holds the CP exchange, so a GQA layer's selective recompute repeats its
+    forward CP traffic; MLA's selective recomputes the up-projections only, outside the attention core: nothing
+    repeats (LayerExtras.recomputed)."""
+    from cost_models.extensions import layer_extras
+
+    hw = HW
+    lay = Layout(dp=1, tp=1, pp=1, cp=2, num_micro_batches=1)
+    training = replace(BF16, seq_length=8192)
+    for model, repeats in ((LLAMA3_70B, True), (V3, False)):
+        ext = layer_extras(model, training, hw, lay, Knobs(), gemm_flops_per_gpu=1e12, core_seconds=1e-3,
+                           rate_flops_per_second=1e15)
+        sel = ext.recomputed("selective")
+        assert ext.cp_forward_total_seconds > 0
+        assert (sel.cp_total_seconds == ext.cp_forward_total_seconds) is repeats
+        assert (sel.cp_total_seconds == 0.0) is not repeats
+
+
 # ---- compute.py: norms, flash attention, the vocabulary argument ------------------------------------------------
 
 

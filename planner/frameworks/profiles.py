@@ -241,7 +241,8 @@ _OVERLAP_COMM = ("zero_optimization.overlap_comm: true, which the DeepSpeed expo
 PROFILES: dict[Framework, Profile] = {
     Framework.MEGATRON: Profile(
         Framework.MEGATRON, "Megatron-LM / Megatron-Core", _MEGATRON_RECIPE,
-        "core attention only (--recompute-granularity selective, --recompute-modules core_attn) (frameworks.md §2.4)",
+        "core attention only (--recompute-granularity selective, --recompute-modules core_attn) (frameworks.md §2.4); "
+        "on an MLA model the up-projections (--recompute-modules mla_up_proj, Megatron MoE README)",
         Overlap(
             Sourced(0.9, "--overlap-grad-reduce --overlap-param-gather, bucketed, hidden behind backward except the "
                          "last bucket (frameworks.md §2.6; Megatron-Core performance recipes set both)"),
@@ -256,7 +257,8 @@ PROFILES: dict[Framework, Profile] = {
         expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU),
     Framework.NEMO: Profile(
         Framework.NEMO, "NeMo 2 / Megatron-Bridge (Megatron-Core)", _MEGATRON_RECIPE,
-        "core attention only (Megatron-Core fields, frameworks.md §4.4)",
+        "core attention only (Megatron-Core fields, frameworks.md §4.4); on an MLA model the up-projections "
+        "(recompute_modules=['mla_up_proj'], Megatron-Bridge's DeepSeek-V3 recipes)",
         Overlap(
             Sourced(0.9, "Bridge's _pretrain_common: overlap_grad_reduce=True, overlap_param_gather=True, 128 Mi-param "
                          "buckets (frameworks.md §4.4)"),

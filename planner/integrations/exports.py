@@ -268,7 +268,7 @@ def _megatron_model_args(model: ModelSpec, training: TrainingSpec) -> list[tuple
     return args
 
 
-def _megatron_recompute(lay: LayoutSpec, *, deepspeed: bool) -> list[tuple[str, object]]:
+def _megatron_recompute(lay: LayoutSpec, *, deepspeed: bool, mla: bool = False) -> list[tuple[str, object]]:
     if lay.recompute_layers_per_stage:  # one count for every stage (same_count, ensured by nearest())
         return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
                 ("--recompute-num-layers", max(lay.recompute_layers_per_stage))]
@@ -277,7 +277,10 @@ def _megatron_recompute(lay: LayoutSpec, *, deepspeed: bool) -> list[tuple[str, 
             return [("--checkpoint-activations", None), ("--checkpoint-num-layers", 1)]
         return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     if lay.recompute == "selective":
-        return [("--recompute-granularity", "selective")]
+        # on an MLA model the cost model's selective recomputes the up-projections (Megatron's mla_up_proj module,
+        # what Megatron-Bridge's DeepSeek-V3 recipes run); elsewhere the default module, core_attn
+        args: list[tuple[str, object]] = [("--recompute-granularity", "selective")]
+        return args + ([("--recompute-modules", "mla_up_proj")] if mla else [])
     return []
 
 
@@ -352,7 +355,7 @@ def to_megatron(parts: PlanParts, lay: LayoutSpec, *, deepspeed: bool = False) -
             args.append(("--cpu-optimizer", None))
     else:
         args += _megatron_sharding(lay) + _megatron_overlap(lay) + _megatron_pipeline(lay, model)
-    args += _megatron_recompute(lay, deepspeed=deepspeed)
+    args += _megatron_recompute(lay, deepspeed=deepspeed, mla=model.mla is not None)
     args += [a for a in megatron_args(lay, model, training) if a[0] != "--bf16" or ("--bf16", None) not in args]
     env = _env_lines(lay, parts.cluster) if not deepspeed else []
     notes = [f"environment: {e}" for e in env]
@@ -387,8 +390,8 @@ def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
                ("checkpoint.ckpt_format", "fsdp_dtensor")]
     if lay.offload == "optimizer":
         kv += [("optimizer.optimizer_cpu_offload", True), ("optimizer.optimizer_offload_fraction", 1.0)]
-    for flag, value in _megatron_recompute(lay, deepspeed=False):
-        kv.append((f"model.{flag[2:].replace('-', '_')}", value))
+    for flag, value in _megatron_recompute(lay, deepspeed=False, mla=parts.model.mla is not None):
+        kv.append((f"model.{flag[2:].replace('-', '_')}", f"[{value}]" if flag == "--recompute-modules" else value))
     lines = [f"{k}={_override(v)}" for k, v in kv]
     return "\n".join(lines), ["run: torchrun ... scripts/training/run_recipe.py --recipe <recipe> $(grep -v '^#' FILE)"]
 

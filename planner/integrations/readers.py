@@ -527,6 +527,7 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--overlap-param-gather", "--tp-comm-overlap", "--no-overlap-p2p-communication"]:
         p.add_argument(name, action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-modules", nargs="*")
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--data-parallel-sharding-strategy",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
@@ -735,6 +736,19 @@ def _megatron_zero(args: argparse.Namespace, view: ConfigView) -> int:
     return 1 if args.use_distributed_optimizer else 0
 
 
+# what the cost model's selective recomputes: the attention core, or on an MLA model its up-projections
+_SELECTIVE_MODULES = {"core_attn", "mla_up_proj"}
+
+
+def _note_recompute_modules(view: ConfigView, modules: list[str] | None) -> None:
+    """Megatron's --recompute-modules (default core_attn): modules beyond the attention core (an MLA model's
+    mla_up_proj) are predicted as the cost model's selective, and the note says so."""
+    other = sorted(set(modules or []) - _SELECTIVE_MODULES)
+    if other:
+        view.notes.append(f"--recompute-modules {' '.join(modules or [])}: modelled as selective (the attention core; "
+                          f"on an MLA model its up-projections); {', '.join(other)} not modelled one by one")
+
+
 def _megatron_recompute(args: argparse.Namespace, view: ConfigView, ds: bool) -> None:
     f = view.fields
     if args.checkpoint_activations:
@@ -749,6 +763,7 @@ def _megatron_recompute(args: argparse.Namespace, view: ConfigView, ds: bool) ->
     gran = args.recompute_granularity or ("selective" if args.recompute_activations else None)
     if gran == "selective":
         f["recompute"] = "selective"
+        _note_recompute_modules(view, args.recompute_modules)
     elif gran == "full":
         method, n = args.recompute_method, args.recompute_num_layers
         if method is None or (n is None and not ds):
@@ -870,6 +885,8 @@ def _nemo(text: str, gpus: int) -> ConfigView:
     gran, method = kv.get("model.recompute_granularity"), kv.get("model.recompute_method")
     if gran == "selective":
         view.fields["recompute"] = "selective"
+        modules = kv.get("model.recompute_modules")
+        _note_recompute_modules(view, None if modules is None else modules.strip("[]").replace(",", " ").split())
     elif gran == "full" and method == "block":
         view.model["recompute_block"] = num("model.recompute_num_layers", 1)
     elif gran == "full":
