@@ -255,8 +255,8 @@ def moe_section(results) -> list[str]:
              "Published mixture-of-experts runs gathered for issue 14 (planner/data/moe_runs.json, each row with its "
              "source and table). They are not in the shared validation set, where every MoE row is skipped. Stated "
              "facts of a run set knobs (NVIDIA's benchmarks force-balance routing: imbalance 1.0; DeepSeek's DualPipe "
-             "hides the all-to-all). Micro-batch and recomputation, where the source does not print them, are "
-             "searched (the fastest that fits). One knob is fitted on this set: the fixed cost of each per-expert "
+             "hides the all-to-all; the recompute modules a recipe's config sets). Micro-batch and recomputation, where "
+             "neither the source nor its recipe states them, are searched (the fastest that fits). One knob is fitted on this set: the fixed cost of each per-expert "
              "kernel (cost_models/moe.py expert_kernel_seconds, in GFLOP at the layer's GEMM rate). Each row is "
              "reported leave-one-model-out: with the value that fits the other models' rows best (median |error|, "
              "grid 0-56 GFLOP), so no row, nor its model, sets the value it is judged with. The Megatron and NeMo "
@@ -307,9 +307,15 @@ MOE_READING = [
     "one by one (per-expert padding and splits, the dropless dispatcher's host synchronisation before the "
     "all-to-all, token_dispatcher.py 'before_ep_alltoall', small-GEMM waves). What it leaves: Qwen3-235B-A22B at "
     "EP 32 over 4 H100 nodes is over-predicted by ~40% (its cross-node all-to-all, charged in full, is most of its "
-    "predicted step; Megatron-Bridge's recipe may overlap it) and DeepSeek-V3 on B200 with full recompute by "
-    "25-48% (the recomputed forward repeats the per-expert kernels). The DeepSeek-V3 report row is DeepSeek's own "
-    "framework, evaluated with the Megatron profile.",
+    "predicted step; Megatron-Bridge's recipe may overlap it). DeepSeek-V3 on H100 runs the recompute its recipe "
+    "states (Megatron-Bridge's deepseek_workload_base_configs.py: recompute_modules ['mla_up_proj'], the planner's "
+    "selective on MLA: the up-projections are recomputed and Q, K and V dropped). On B200 the same recipe is judged "
+    "0.8% over the GPU's memory (180.6 of 179.1 GiB): the stage model averages DeepSeek-V3's 3 dense and 58 MoE "
+    "layers, so stage 0, with 16 micro-batches in flight, carries MoE states and routed activations; the search "
+    "then takes full recompute, and those two rows are over-predicted by 26-50% (at the recipe's selective they "
+    "would be +14% and -4%). The DeepSeek-V3 report row is DeepSeek's own framework, evaluated with the Megatron "
+    "profile; its recompute is searched (full), since the memory that lets its selective fit (BF16 Adam moments, "
+    "FP8-cached activations) is not modelled.",
 ]
 
 
