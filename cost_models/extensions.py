@@ -225,6 +225,17 @@ def _ep_terms(model: Transformer, training: Training, hw: Hardware, layout: Layo
                     forward * frac)
 
 
+def _routed_fc1_rows_beyond_tokens(model: Transformer, layout: Layout, knobs: Knobs, tokens: float) -> float:
+    """FC1 input rows of an MoE layer beyond one per token, averaged over the layers: TE's GroupedLinear keeps
+    each expert's FP8 copy of its permuted input (Megatron "stores linear layer inputs in FP8", modern-training.md
+    §1.3), i.e. T·k·γ rows (routed_activation_bytes' h per routed copy), where fp8.saved_activation_saving_bytes
+    counts the dense layer's T."""
+    assert model.moe is not None
+    t_moe = _moe_tokens(layout, tokens)
+    rows = routed_tokens_per_rank(model.moe, tokens=int(t_moe), imbalance=knobs.moe_imbalance)
+    return (rows - t_moe) * _moe_fraction(model)
+
+
 def _grouped_gemm_slowdown(model: Transformer, layout: Layout, knobs: Knobs, tokens: float) -> float:
     """How much slower the expert GEMMs run than the layer's GEMM efficiency assumes: the stage model rates every
     GEMM of a layer at the size of the dense FC1 (b·s·h·f), but each local expert's grouped-GEMM slice has only
@@ -280,6 +291,8 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
         saving = saved_activation_saving_bytes(tokens=int(tokens), hidden_size=model.hidden_size // rep,
                                                q_width=model.num_attention_heads * model.head_dim // layout.tp,
                                                ffn=ffn // layout.tp)
+        if model.moe is not None:  # the experts' FC1 input is every routed copy (T·k·γ rows), kept in FP8 as well
+            saving += _routed_fc1_rows_beyond_tokens(model, layout, knobs, tokens) * model.hidden_size
     return LayerExtras(
         tokens_per_rank=tokens, gemm_time_factor=factor, cp_seconds=cp.exposed_seconds, ep_seconds=ep.exposed_seconds,
         fp8_quant_seconds=quant, activation_delta_bytes=ep.activation_delta_bytes - saving,

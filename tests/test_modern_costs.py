@@ -240,3 +240,34 @@ def test_fine_grained_expert_gemms_run_below_the_dense_gemm_rate():
     assert expected > 1.0
     # without EP a rank runs all 128 experts on its own T·k copies: slices of 256 rows, slower still
     assert _grouped_gemm_slowdown(qwen, replace(lay, ep=1), knobs, 4096) > expected
+
+
+def test_fp8_keeps_every_routed_copy_of_an_experts_input_in_fp8():
+    """TE's GroupedLinear stores its FP8-quantised input for the weight gradient (Megatron "stores linear layer
+    inputs in FP8", §1.3) and the permute keeps nothing of its own, so in FP8 each routed copy of a token's FC1 input
+    (T·k·γ rows of h) saves 1 B of its 2 per element, not the one row per token a dense FC1 saves. Qwen3-30B-A3B
+    (h 2048, top-8, every layer MoE) at 4096 tokens, EP 8, γ 1.1: (4096·8·1.1 - 4096)·2048 bytes more saved than
+    fp8.saved_activation_saving_bytes' dense count."""
+    from dataclasses import replace
+
+    from cost_models.extensions import _routed_fc1_rows_beyond_tokens, layer_extras
+    from cost_models.inputs import Hardware, Knobs, Layout, Training
+
+    qwen = load_model("qwen3-30b-a3b").to_cost_model()
+    lay, knobs = Layout(tp=1, pp=1, dp=8, ep=8), Knobs(moe_imbalance=1.1)
+    assert _routed_fc1_rows_beyond_tokens(qwen, lay, knobs, 4096) == pytest.approx(4096 * 8 * 1.1 - 4096)
+    hw = Hardware(gpu_name="t", gpu_memory_bytes=80e9, peak_flops_per_second=1e15, matmul_efficiency=0.8,
+                  hbm_bytes_per_second=3e12, num_nodes=1, gpus_per_node=8, intra_node=NVLINK, intra_node_kind="nvlink",
+                  nic=None, nics_per_node=0, host_to_device=Link(20e9, 0.0), host_memory_bytes_per_node=1e12)
+    bf16 = Training(global_batch_size=64, seq_length=4096, activation_bytes=2, param_bytes=2, grad_bytes=4,
+                    optimizer_bytes=12, grad_reduce_bytes=2)
+    fp8 = replace(bf16, fp8_recipe="tensorwise")
+
+    def delta(training):
+        return layer_extras(qwen, training, hw, lay, knobs, gemm_flops_per_gpu=1e12, core_seconds=1e-3,
+                            rate_flops_per_second=1e15).activation_delta_bytes
+
+    moe = qwen.moe
+    dense_count = saved_activation_saving_bytes(tokens=4096, hidden_size=2048, q_width=qwen.num_attention_heads
+                                                * qwen.head_dim, ffn=moe.expert_ffn_hidden_size * moe.top_k)
+    assert delta(bf16) - delta(fp8) == pytest.approx(dense_count + (4096 * 8 * 1.1 - 4096) * 2048, rel=1e-12)
