@@ -22,7 +22,10 @@ class Fp8Recipe:
     kernel_factor: float  # FP8 kernel rate relative to the tensorwise fit below
     quant_bytes_per_element: float  # HBM bytes per element to quantize one fresh BF16 operand
     extra_weight_bytes_per_param: float  # persistent FP8 weight copies on top of the BF16 weight
-    fp8_param_all_gather: bool  # parameters all-gathered in FP8 (FSDP float8 all-gather / --fp8-param-gather)
+    # with FP8 primary weights asked for (Training.fp8_param_gather), the parameter all-gather runs in FP8: Megatron
+    # --fp8-param-gather "50% parameter all-gather (except MXFP8)", torchao tensorwise's enable_fsdp_float8_all_gather;
+    # rowwise (and MXFP8) in torchtitan: "all distributed communication is done in high precision" (§1.6)
+    fp8_param_all_gather: bool
 
 
 # kernel_factor: the FP8 GEMM kernel relative to the per-tensor-scaled one the fit below measures. Delayed and current
@@ -46,10 +49,10 @@ class Fp8Recipe:
 # weights: TE caches an FP8 copy and an FP8 transposed copy next to the BF16 weight (+2 B, Hopper); MXFP8 keeps
 # rowwise and columnwise copies with 1/32 E8M0 scales (+2.06 B); torchao casts weights on the fly (transient only).
 RECIPES = {
-    "delayed": Fp8Recipe("delayed", 1.0, 4.7, 2.0, False),
-    "tensorwise": Fp8Recipe("tensorwise", 1.0, 9.8, 2.0, False),
+    "delayed": Fp8Recipe("delayed", 1.0, 4.7, 2.0, True),
+    "tensorwise": Fp8Recipe("tensorwise", 1.0, 9.8, 2.0, True),
     "rowwise": Fp8Recipe("rowwise", 1.0, 8.9, 0.0, False),  # its own kernel fit (ROWWISE_FIT)
-    "blockwise": Fp8Recipe("blockwise", 1.40 / 1.58, 9.8, 2.0, False),
+    "blockwise": Fp8Recipe("blockwise", 1.40 / 1.58, 9.8, 2.0, True),
     "mxfp8": Fp8Recipe("mxfp8", 1.42 / 1.64, 4.7, 2 * (1 + 1 / 32), False),
 }
 
@@ -101,6 +104,14 @@ def fp8_weight_extra_bytes(*, fp8_params: float, recipe: str, fp8_param_gather: 
     if fp8_param_gather and recipe != "mxfp8":
         extra -= 2.0  # FP8 weight (1) + transposed (1) replace the BF16 weight (2)
     return max(0.0, extra) * fp8_params
+
+
+def param_all_gather_bytes(*, param_bytes: float, recipe: str | None, fp8_param_gather: bool) -> float:
+    """Bytes per parameter the ZeRO/FSDP parameter all-gather moves: 1 where the run keeps FP8 primary weights and its
+    recipe gathers them in FP8 (Fp8Recipe.fp8_param_all_gather), else the working copy's `param_bytes`."""
+    if recipe is not None and fp8_param_gather and RECIPES[recipe].fp8_param_all_gather:
+        return 1.0
+    return param_bytes
 
 
 def scaling_state_bytes(*, num_gemms: int, recipe: str, amax_history: int = 1) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from cost_models.communication import group_link, p2p_seconds, pp_neighbour_link
 from cost_models.compute import recompute_extra_forward_flops, step_flops
 from cost_models.data_parallel import embedding_sync_seconds, overlap_window_seconds, zero_comm_seconds
+from cost_models.fp8 import param_all_gather_bytes
 from cost_models.inputs import Hardware, Knobs, Layout, Link, Offload, Schedule, Training, Transformer
 from cost_models.pipeline import Makespan, pipeline_makespan
 from cost_models.stage import (
@@ -155,7 +156,10 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, link: Link,
     comm = window = 0.0
     if d > 1:
         comm = zero_comm_seconds(zero_stage=lay.zero_stage, params=params, dp=d, layers=layers,
-                                 grad_reduce_bytes=training.grad_reduce_bytes, param_bytes=training.param_bytes,
+                                 grad_reduce_bytes=training.grad_reduce_bytes,
+                                 param_bytes=param_all_gather_bytes(param_bytes=training.param_bytes,
+                                                                    recipe=training.fp8_recipe,
+                                                                    fp8_param_gather=training.fp8_param_gather),
                                  num_micro_batches=m, link=link,
                                  modules_per_layer=ZERO3_MODULES_PER_LAYER if knobs.zero3_gather == "module" else 1)
         window = overlap_window_seconds(zero_stage=lay.zero_stage, forward_seconds=forward_seconds,

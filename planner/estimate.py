@@ -46,11 +46,11 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
         tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision)
     except ValidationError as exc:
         raise from_pydantic(exc, source="training setup") from None
-    from planner.frameworks.capabilities import fp8_recipe_for
+    from planner.frameworks.capabilities import fp8_gathers_params, fp8_recipe_for
 
     recipe = fp8_recipe_for(framework, tr.precision, fp8_recipe)
     if recipe is not None:
-        tr = tr.model_copy(update={"fp8_recipe": recipe})
+        tr = tr.model_copy(update={"fp8_recipe": recipe, "fp8_param_gather": fp8_gathers_params(framework, recipe)})
     return Problem(md, tr, cl, problem_knobs(cl, precision, framework, headroom * GIB, knobs_kw))
 
 

@@ -271,3 +271,31 @@ def test_fp8_keeps_every_routed_copy_of_an_experts_input_in_fp8():
     dense_count = saved_activation_saving_bytes(tokens=4096, hidden_size=2048, q_width=qwen.num_attention_heads
                                                 * qwen.head_dim, ffn=moe.expert_ffn_hidden_size * moe.top_k)
     assert delta(bf16) - delta(fp8) == pytest.approx(dense_count + (4096 * 8 * 1.1 - 4096) * 2048, rel=1e-12)
+
+
+def test_fp8_parameter_all_gather_moves_one_byte_per_parameter():
+    """modern-training.md §1.6: Megatron --fp8-param-gather all-gathers the distributed optimizer's parameters in
+    FP8 ('50% parameter all-gather (except MXFP8)'), torchao tensorwise with enable_fsdp_float8_all_gather casts
+    before the FSDP all-gather ('all-gather bytes halved vs BF16'); rowwise and MXFP8 in torchtitan communicate in
+    high precision. The ZeRO-1 traffic of a 1e9-parameter stage then has half the all-gather bytes."""
+    from cost_models.data_parallel import zero_comm_seconds
+    from cost_models.fp8 import param_all_gather_bytes
+    from planner.estimate import build_problem
+
+    for recipe, halved in (("delayed", True), ("tensorwise", True), ("blockwise", True), ("rowwise", False),
+                           ("mxfp8", False)):
+        assert param_all_gather_bytes(param_bytes=2, recipe=recipe, fp8_param_gather=True) == (1.0 if halved else 2)
+        assert param_all_gather_bytes(param_bytes=2, recipe=recipe, fp8_param_gather=False) == 2
+    assert param_all_gather_bytes(param_bytes=2, recipe=None, fp8_param_gather=True) == 2
+    link = Link(100e9, 0.0)
+    kw = dict(zero_stage=1, params=1e9, grad_reduce_bytes=4, dp=8, layers=1, num_micro_batches=1, link=link)
+    rs = zero_comm_seconds(**kw, param_bytes=0.0)
+    assert zero_comm_seconds(**kw, param_bytes=1.0) - rs == pytest.approx((zero_comm_seconds(**kw, param_bytes=2.0)
+                                                                           - rs) / 2, rel=1e-12)
+    # a torchtitan tensorwise plan gathers in FP8, as its export writes (enable_fsdp_float8_all_gather); rowwise,
+    # Megatron-LM (--fp8-param-gather off by default) and NeMo plans do not
+    def gathers(framework, recipe):
+        return build_problem("dgx-h100", 1, "llama3-8b", 64, 4096, "fp8", framework=framework,
+                             fp8_recipe=recipe).training.fp8_param_gather
+    assert gathers("torchtitan", "tensorwise") and not gathers("torchtitan", "rowwise")
+    assert not gathers("megatron", "delayed") and not gathers("nemo", "tensorwise")

@@ -287,6 +287,14 @@ def fp8_recipe_for(framework: str | Framework | None, precision: str, fp8_recipe
     return recipe
 
 
+def fp8_gathers_params(framework: str | Framework | None, fp8_recipe: str | None) -> bool:
+    """Whether a plan for this framework all-gathers its parameters in FP8 by default: torchtitan with torchao
+    tensorwise, whose export turns on enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp
+    (modern-training.md §1.6: 'all-gather bytes halved vs BF16'); elsewhere not unless a plan file asks
+    (fp8_param_gather: Megatron-LM's --fp8-param-gather is off by default)."""
+    return capabilities(framework).framework == Framework.TORCHTITAN and fp8_recipe == "tensorwise"
+
+
 def sp_problem(caps: Capabilities, f: dict) -> tuple[str, str] | None:
     """SP with tp = 1: ('warning', text) where the framework disables it, ('error', text) where it refuses."""
     if not f.get("sequence_parallel") or f.get("tp", 1) > 1:

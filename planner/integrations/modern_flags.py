@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cluster_specs import SpecError
 from planner.frameworks import Framework
-from planner.frameworks.capabilities import capabilities
+from planner.frameworks.capabilities import capabilities, fp8_gathers_params
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
 MEGATRON_CP_COMM = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a"}
@@ -93,7 +93,7 @@ def torchtitan_settings(layout: LayoutSpec, model: ModelSpec, training: Training
             raise SpecError(f"fp8_recipe: {training.fp8_recipe} -> torchtitan's float8 (torchao) takes "
                             f"{', '.join(TORCHTITAN_FP8_RECIPES)}; plan with one of them or export with --to megatron")
         float8 = {"recipe_name": training.fp8_recipe, "filter_fqns": ["output", "router.gate"]}
-        if training.fp8_recipe == "tensorwise" and layout.zero_stage >= 1:
+        if fp8_gathers_params(Framework.TORCHTITAN, training.fp8_recipe) and layout.zero_stage >= 1:
             float8 |= {"enable_fsdp_float8_all_gather": True, "precompute_float8_dynamic_scale_for_fsdp": True}
     return par, float8
 
