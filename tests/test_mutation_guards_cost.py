@@ -22,23 +22,45 @@ from cost_models.communication import group_link
 from cost_models.compute import (
     hardware_flops_per_step,
     layer_forward_flops,
+    layer_parameter_count,
     model_flops_per_step,
     parameter_counts,
     recompute_extra_forward_flops,
     step_flops,
 )
-from cost_models.context_parallel import qkvo_elements_per_token, ring_overlap_min_tokens
+from cost_models.context_parallel import (
+    CpTraffic,
+    cp_buffer_bytes,
+    cp_problems,
+    cp_traffic,
+    cp_transfer_seconds,
+    exposed_cp_seconds,
+    kv_elements_per_token,
+    qkvo_elements_per_token,
+    ring_overlap_min_tokens,
+)
 from cost_models.data_parallel import embedding_sync_seconds, zero_comm_seconds
 from cost_models.inputs import MLA, Hardware, Knobs, Layout, Link, MoE, Training
+from cost_models.memo import per_model
 from cost_models.memory import vocab_padded
 from cost_models.moe import (
+    EpTraffic,
     all_to_all_bytes_per_layer,
+    dispatch_buffer_bytes,
+    ep_all_to_all_seconds,
+    ep_traffic,
     expert_kernel_seconds,
     expert_kernels,
+    mlp_forward_flops_per_token,
+    mlp_parameter_counts,
+    moe_layer_other_count,
     node_limited,
     nodes_per_token,
+    routed_activation_bytes,
+    routed_tokens_per_rank,
+    router_activation_bytes,
 )
-from cost_models.pipeline import Makespan, pipeline_makespan
+from cost_models.pipeline import Makespan, Op, _timeline, pipeline_makespan, simulate
 from cost_models.stage import StageTime, stage_model
 from cost_models.step import (
     CPU_ADAM_PARAMS_PER_SECOND_PER_NODE,
@@ -526,8 +548,9 @@ def test_per_expert_kernels_and_their_fixed_seconds(fp8, kernels):
     assert expert_kernels(fp8=fp8) == kernels
     fwd, bwd = expert_kernel_seconds(local_experts=16, fp8=fp8, kernel_gflop=0.5, rate_flops_per_second=4e14)
     per_kernel = 0.5e9 / 4e14
-    assert (fwd, bwd) == (pytest.approx(16 * kernels[0] * per_kernel, rel=1e-12),
-                          pytest.approx(16 * kernels[1] * per_kernel, rel=1e-12))
+    # abs=0: the seconds are ~1e-5, below pytest.approx's default absolute tolerance of 1e-12 x 1e7
+    assert (fwd, bwd) == (pytest.approx(16 * kernels[0] * per_kernel, rel=1e-12, abs=0),
+                          pytest.approx(16 * kernels[1] * per_kernel, rel=1e-12, abs=0))
     if fp8:
         assert 16 * sum(kernels) == 160
 
@@ -545,3 +568,331 @@ def test_one_chosen_group_limits_a_token_to_one_of_two_nodes():
     reaches 1 node although k and N would allow 2: node-limited (DeepSeek-V3 §3.2.2's dispatch)."""
     moe = MoE(num_experts=64, top_k=6, expert_ffn_hidden_size=1408, expert_groups=8, groups_per_token=1)
     assert nodes_per_token(moe, ep_nodes=2) == 1 and node_limited(moe, ep_nodes=2)
+
+
+def test_per_model_computes_once_per_model_object_and_again_for_another():
+    """memo.py: `per_model(fn)(m)` calls fn once for the last model object it saw (by identity) and again for any
+    other object, even an equal one. (`per_model` runs at import time for compute.py's memoised functions, so
+    mutmut maps its mutants to the first test that imports compute; this test calls it itself.)"""
+    calls = []
+
+    def count(model):
+        calls.append(model)
+        return len(calls)
+
+    memoised = per_model(count)
+    a, b = SimpleNamespace(n=1), SimpleNamespace(n=1)
+    assert (memoised(a), memoised(a)) == (1, 1)
+    assert memoised(b) == 2
+    assert memoised(a) == 3
+    assert calls == [a, b, a] and [id(m) for m in calls] == [id(a), id(b), id(a)]
+    assert memoised.__name__ == "count"
+
+
+# ---- context_parallel.py on round numbers (modern-training.md §2.3-§2.6) -----------------------------------------
+
+# a = 8 query heads, g = 2 KV heads, d = 64; a made-up MLA with a = 8, d_qk = 32 + 16, d_v = 32
+GQA = gpt_shape(num_layers=2, hidden_size=512, num_attention_heads=8, num_kv_heads=2, ffn_hidden_size=2048,
+                vocab_size=1000)
+SMALL_MLA = replace(GQA, mla=MLA(q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                                 v_head_dim=32))
+CP_LINK = Link(1e9, 1e-5)  # 1 GB/s, 10 µs: each message's latency shows in the sums below
+
+
+@pytest.mark.parametrize("model,tp,expected", [(GQA, 1, 2 * 2 * 64), (GQA, 2, 2 * 1 * 64), (GQA, 4, 2 * 1 * 64),
+                                               (SMALL_MLA, 2, 8 * (48 + 32) / 2)])
+def test_kv_elements_per_token_per_tp_rank(model, tp, expected):
+    """2·max(g/t, 1)·d (a KV head is replicated, not split, once t > g); MLA's expanded K and V a·(d_qk + d_v)/t."""
+    assert kv_elements_per_token(model, tp=tp) == expected
+
+
+@pytest.mark.parametrize("variant", ["p2p", "all_gather", "a2a"])
+def test_cp_one_sends_nothing(variant):
+    kw = dict(micro_batch_size=2, seq_length=4096, tp=1, cp=1)
+    assert cp_traffic(GQA, variant=variant, **kw) == CpTraffic(0.0, 0.0, 0)
+    assert cp_transfer_seconds(CpTraffic(1e6, 2e6, 1), variant=variant, cp=1, link=CP_LINK) == 0.0
+    assert exposed_cp_seconds(CpTraffic(1e6, 2e6, 1), variant=variant, cp=1, link=CP_LINK,
+                              attention_forward_seconds=0.0, attention_backward_seconds=0.0) == (0.0, 0.0)
+    assert cp_buffer_bytes(GQA, variant=variant, **kw) == 0.0
+
+
+@pytest.mark.parametrize("variant,cp,expected", [
+    # (cp-1)·s_l·kv·β·b with s = 4096, kv = 256, β = 2, b = 2; backward 2x; cp-1 ring steps, one all-gather
+    ("p2p", 2, CpTraffic(1 * 2048 * 256 * 2 * 2, 2 * 1 * 2048 * 256 * 2 * 2, 1)),
+    ("p2p", 4, CpTraffic(3 * 1024 * 256 * 2 * 2, 2 * 3 * 1024 * 256 * 2 * 2, 3)),
+    ("all_gather", 4, CpTraffic(3 * 1024 * 256 * 2 * 2, 2 * 3 * 1024 * 256 * 2 * 2, 1)),
+    # Ulysses: (cp-1)/cp·s_l·(2a + 2g)·d·β·b = 3/4 x 1024 x 1280 x 2 x 2 each way, two all-to-alls
+    ("a2a", 4, CpTraffic(3 / 4 * 1024 * 1280 * 2 * 2, 3 / 4 * 1024 * 1280 * 2 * 2, 2)),
+])
+def test_cp_traffic_by_variant(variant, cp, expected):
+    """cp_traffic's docstring formulas (modern-training.md §2.3) on s = 4096, b = 2, t = 1."""
+    got = cp_traffic(GQA, variant=variant, micro_batch_size=2, seq_length=4096, tp=1, cp=cp)
+    assert got.forward_bytes == pytest.approx(expected.forward_bytes, rel=1e-12)
+    assert got.backward_bytes == pytest.approx(expected.backward_bytes, rel=1e-12)
+    assert got.messages_forward == expected.messages_forward
+
+
+def _cp4(variant):
+    return cp_traffic(GQA, variant=variant, micro_batch_size=2, seq_length=4096, tp=1, cp=4)
+
+
+def test_cp_transfer_and_exposed_seconds_by_hand():
+    """cp = 4 over 1 GB/s with 10 µs per message (alpha-beta, cost-models.md §3). Ring: 3 steps of 1/3 of the bytes
+    each way, each hidden behind one of the cp equal attention steps. All-gather: the whole KV buffer
+    (traffic x cp/(cp-1)) gathered, 2x in backward. Ulysses: two all-to-alls of half the per-rank buffer each way."""
+    ring = _cp4("p2p")  # 3,145,728 B forward, 6,291,456 B backward
+    fwd_step, bwd_step = 1e-5 + 1_048_576 / 1e9, 1e-5 + 2_097_152 / 1e9
+    assert cp_transfer_seconds(ring, variant="p2p", cp=4, link=CP_LINK) == pytest.approx(3 * (fwd_step + bwd_step))
+    fwd, bwd = exposed_cp_seconds(ring, variant="p2p", cp=4, link=CP_LINK, attention_forward_seconds=2e-3,
+                                  attention_backward_seconds=4e-3)
+    assert (fwd, bwd) == (pytest.approx(3 * (fwd_step - 2e-3 / 4)), pytest.approx(3 * (bwd_step - 4e-3 / 4)))
+    gather = _cp4("all_gather")
+    one = 3 * 1e-5 + 3 / 4 * (3_145_728 * 4 / 3) / 1e9  # ring all-gather of 4,194,304 B over 4 ranks
+    assert exposed_cp_seconds(gather, variant="all_gather", cp=4, link=CP_LINK, attention_forward_seconds=1.0,
+                              attention_backward_seconds=1.0) == (pytest.approx(one), pytest.approx(2 * one))
+    assert cp_transfer_seconds(gather, variant="all_gather", cp=4, link=CP_LINK) == pytest.approx(3 * one)
+    ulysses = _cp4("a2a")  # 3,932,160 B each way
+    t = 2 * (3 * 1e-5 + 3 / 4 * (3_932_160 / 2 * 4 / 3) / 1e9)
+    assert exposed_cp_seconds(ulysses, variant="a2a", cp=4, link=CP_LINK, attention_forward_seconds=1.0,
+                              attention_backward_seconds=1.0) == (pytest.approx(t), pytest.approx(t))
+    assert cp_transfer_seconds(ulysses, variant="a2a", cp=4, link=CP_LINK) == pytest.approx(2 * t)
+    # cp = 2: one ring step each way, nothing to hide behind
+    two = cp_traffic(GQA, variant="p2p", micro_batch_size=2, seq_length=4096, tp=1, cp=2)
+    assert cp_transfer_seconds(two, variant="p2p", cp=2, link=CP_LINK) == pytest.approx(
+        2e-5 + (2_097_152 + 4_194_304) / 1e9)
+    assert exposed_cp_seconds(two, variant="p2p", cp=2, link=CP_LINK, attention_forward_seconds=0.0,
+                              attention_backward_seconds=0.0) == (pytest.approx(1e-5 + 2_097_152 / 1e9),
+                                                                 pytest.approx(1e-5 + 4_194_304 / 1e9))
+
+
+@pytest.mark.parametrize("variant,expected", [("p2p", 3 * 1024 * 1024), ("all_gather", 4096 * 1024), ("a2a", 0.0)])
+def test_cp_buffer_bytes_by_variant(variant, expected):
+    """§2.5: kv·β·b = 256 x 2 x 2 = 1024 B per token; the ring holds 3 x s_l of it, all-gather the whole s, Ulysses
+    nothing beyond its resharded tensors (s = 4096, cp = 4)."""
+    assert cp_buffer_bytes(GQA, variant=variant, micro_batch_size=2, seq_length=4096, tp=1, cp=4) == expected
+
+
+def test_cp_problems_name_the_field_and_the_numbers():
+    """§2.6: the variant, seq_length divisible by 2 x cp x tp, and Ulysses' heads per TP rank divisible by cp."""
+    assert cp_problems(GQA, variant="ring", cp=1, seq_length=4096, tp=1) == []
+    assert cp_problems(GQA, variant="ring", cp=2, seq_length=4096, tp=1) == [
+        ("cp_comm", "'ring' -> one of p2p, all_gather, a2a")]
+    (field, msg), = cp_problems(GQA, variant="p2p", cp=4, seq_length=4100, tp=2)  # 4100 % 16 = 4 (% 4 = 0)
+    assert field == "cp" and msg.startswith("4 -> seq_length (4100) must be divisible by 2 x cp x tp = 16 ")
+    # tp 2: 4 query heads and 1 KV head per rank; 1 is not divisible by cp = 2
+    (field, msg), = cp_problems(GQA, variant="a2a", cp=2, seq_length=4096, tp=2)
+    assert field == "cp" and msg.startswith("2 -> a2a (Ulysses) needs query heads per TP rank (4) and KV heads per "
+                                            "TP rank (1) divisible by cp ")
+    assert cp_problems(GQA, variant="a2a", cp=2, seq_length=4096, tp=1) == []  # 8 and 2 heads
+
+
+# ---- moe.py on round numbers (modern-training.md §3; Megatron theoretical_memory_usage.py) --------------------
+
+# h = 512, SwiGLU, 4 layers of which the first is dense (f = 2048); 8 routed experts of f_e = 256, k = 2, shared
+# experts of total width 384 with a gate, a router bias
+SMALL_MOE = gpt_shape(num_layers=4, hidden_size=512, num_attention_heads=8, num_kv_heads=8, ffn_hidden_size=2048,
+                      vocab_size=1000, swiglu=True, bias=False,
+                      moe=MoE(num_experts=8, top_k=2, expert_ffn_hidden_size=256, shared_expert_ffn_hidden_size=384,
+                              shared_expert_gate=True, router_bias=True, num_dense_layers=1))
+
+
+@pytest.mark.parametrize("swiglu,expected", [(False, 2 * 512 * 2048 + 2048 + 512),
+                                             (True, 3 * 512 * 2048 + 2 * 2048 + 512)])
+def test_dense_mlp_parameters_with_gpt_biases(swiglu, expected):
+    """GPT-style biases: fc1's f (two of them gated: 2f) and fc2's h, on top of 2 (or 3) h x f weights."""
+    model = gpt_shape(hidden_size=512, ffn_hidden_size=2048, bias=True, swiglu=swiglu)
+    got = mlp_parameter_counts(model)
+    assert (got.dense_layer, got.moe_layer_total, got.moe_layer_active, got.moe_layer_routed) == (expected, 0, 0, 0)
+
+
+def test_moe_layer_parameters_by_part():
+    """Router h·E + E (bias), shared experts 3·h·384, shared gate h (Megatron theoretical_memory_usage.py
+    L104-152); routed 8 x 3·h·f_e of which k = 2 are active."""
+    expert = 3 * 512 * 256
+    other = 512 * 8 + 8 + 3 * 512 * 384 + 512
+    moe = SMALL_MOE.moe
+    assert moe_layer_other_count(moe, hidden_size=512, mlp_matrix_count=3) == other
+    plain = replace(moe, router_bias=False, shared_expert_gate=False)
+    assert moe_layer_other_count(plain, hidden_size=512, mlp_matrix_count=3) == 512 * 8 + 3 * 512 * 384
+    counts = mlp_parameter_counts(SMALL_MOE)
+    assert (counts.dense_layer, counts.moe_layer_total, counts.moe_layer_active, counts.moe_layer_routed) == (
+        3 * 512 * 2048, 8 * expert + other, 2 * expert + other, 8 * expert)
+
+
+def test_mlp_forward_flops_per_token_average_dense_and_moe_layers():
+    """2 FLOPs per weight: one dense layer 2·3·h·f, three MoE layers of 2 routed experts, the shared experts and the
+    router GEMM 2·h·E, averaged over the 4 layers (moe.py mlp_forward_flops_per_token)."""
+    dense = 2 * 3 * 512 * 2048
+    routed, shared, router = 2 * 2 * 3 * 512 * 256, 2 * 3 * 512 * 384, 2 * 512 * 8
+    assert mlp_forward_flops_per_token(SMALL_MOE) == (dense * 1 + (routed + shared + router) * 3) / 4
+
+
+@pytest.mark.parametrize("imbalance,capacity,expected", [(1.5, None, 3000), (1.5, 1.25, 2500), (1.1, 2.0, 2200)])
+def test_routed_tokens_per_rank_with_imbalance_and_capacity(imbalance, capacity, expected):
+    """T·k·γ, capped at T·k·CF with a capacity factor: T = 1000, k = 2."""
+    moe = replace(SMALL_MOE.moe, capacity_factor=capacity)
+    assert routed_tokens_per_rank(moe, tokens=1000, imbalance=imbalance) == pytest.approx(expected, rel=1e-12)
+
+
+GROUPED = MoE(num_experts=64, top_k=6, expert_ffn_hidden_size=1408, expert_groups=8, groups_per_token=2)
+
+
+@pytest.mark.parametrize("moe,ep,per_node,intra,network", [
+    (SMALL_MOE.moe, 8, 8, 6e6 * 7 / 8, 0.0),  # one node: the 7 other GPUs of the 8 over NVLink
+    (SMALL_MOE.moe, 16, 8, 6e6 * 7 / 16, 6e6 * 8 / 16),  # two nodes, plain all-to-all
+    (SMALL_MOE.moe, 4, 1, 0.0, 6e6 * 3 / 4),  # one rank a node: every remote copy crosses the network
+    # node-limited (DeepSeek-V3 §3.2.2): 4 nodes, M = 2 chosen of 8 groups -> 2 nodes a token, once each over the
+    # network for 3 of 4 nodes remote, c/k x 2 x 3/4; then 7/8 of the copies forwarded over NVLink
+    (GROUPED, 32, 8, 6e6 * 7 / 8, 6e6 / 6 * 2 * 3 / 4),
+])
+def test_ep_traffic_by_placement(moe, ep, per_node, intra, network):
+    got = ep_traffic(moe, copies_bytes=6e6, ep=ep, ranks_per_node=per_node)
+    assert (got.intra_node_bytes, got.network_bytes) == (pytest.approx(intra, rel=1e-12),
+                                                         pytest.approx(network, rel=1e-12))
+
+
+def test_ep_all_to_all_seconds_slower_link_plus_a_latency_per_peer():
+    """NVLink and the NICs at once: max(intra/B_intra, network/B_net) + (ep-1) x the larger latency."""
+    intra, net = Link(100e9, 1e-5), Link(10e9, 2e-5)
+    assert ep_all_to_all_seconds(EpTraffic(1e8, 1e8), ep=1, intra=intra, network_per_gpu=net) == 0.0
+    assert ep_all_to_all_seconds(EpTraffic(1e8, 1e8), ep=2, intra=intra, network_per_gpu=net) == pytest.approx(
+        2e-5 + 1e8 / 10e9)
+    assert ep_all_to_all_seconds(EpTraffic(7e8, 0.0), ep=8, intra=intra, network_per_gpu=None) == pytest.approx(
+        7 * 1e-5 + 7e8 / 100e9)
+    assert ep_all_to_all_seconds(EpTraffic(0.0, 3e8), ep=4, intra=intra, network_per_gpu=net) == pytest.approx(
+        3 * 2e-5 + 3e8 / 10e9)
+    with pytest.raises(ValueError, match="^EP traffic crosses nodes but the cluster has no inter-node network$"):
+        ep_all_to_all_seconds(EpTraffic(0.0, 3e8), ep=4, intra=intra, network_per_gpu=None)
+
+
+def test_routed_router_and_dispatch_bytes():
+    """§3.7: T·k·γ·(2h + 3 f_e/etp)·β saved for the routed tokens (2 f_e without a gate); router logits and
+    probabilities T·E·4·2; the dispatch receive buffer T·k·γ·h·β (h = 512, f_e = 256, 100 routed tokens)."""
+    assert routed_activation_bytes(SMALL_MOE, routed_tokens=100, etp=2) == 100 * (2 * 512 + 3 * 256 / 2) * 2
+    plain = replace(SMALL_MOE, swiglu=False)
+    assert routed_activation_bytes(plain, routed_tokens=100) == 100 * (2 * 512 + 2 * 256) * 2
+    assert router_activation_bytes(tokens=100, num_experts=8) == 100 * 8 * 4 * 2
+    assert dispatch_buffer_bytes(routed_tokens=100, hidden_size=512) == 100 * 512 * 2
+    assert dispatch_buffer_bytes(routed_tokens=100, hidden_size=512, activation_bytes=1) == 100 * 512
+
+
+# ---- attention.py's biases and qk-norm (HF modules, modern-training.md §4.1, §6.1) ---------------------------
+
+
+@pytest.mark.parametrize("kw,expected", [
+    (dict(bias=True), (8 + 2 * 2) * 64 + 512),  # GPT: q, k, v (a + 2g)·d and o h
+    (dict(bias=False), 0),
+    (dict(bias=False, qkv_bias=True), (8 + 2 * 2) * 64),  # Qwen2
+    (dict(bias=False, o_bias=True), 512),
+    (dict(bias=False, qkv_bias=True, o_bias=True), (8 + 2 * 2) * 64 + 512),  # Llama attention_bias
+    (dict(bias=False, qk_norm=True), 2 * 64),  # Qwen3: two RMSNorms of size d
+    (dict(bias=True, qk_norm=True), (8 + 2 * 2) * 64 + 512 + 2 * 64),
+])
+def test_attention_biases_and_qk_norm_of_gqa(kw, expected):
+    """a = 8, g = 2, d = 64, h = 512 (attention.py attention_extra_count's docstring)."""
+    assert attention_extra_count(replace(GQA, **kw)) == expected
+
+
+def test_layer_parameters_add_attention_mlp_and_norms():
+    """One GPT-style GQA layer with biases: attention weights h(a·d + 2g·d) + a·d·h = 655,360, their biases
+    1,280, the MLP 2·h·f + f + h = 2,099,712, two LayerNorms of 2h = 2,048 (compute.py layer_parameter_count)."""
+    weights = 512 * (512 + 2 * 128) + 512 * 512
+    assert layer_parameter_count(GQA) == (weights + 1280 + 2 * 512 * 2048 + 2048 + 512 + 2 * 2 * 512, 2 * 2 * 512)
+
+
+# ---- pipeline.py's simulator: timelines worked out by hand (cost-models.md §5) ----------------------------------
+
+
+def _ops(tl):
+    return [(o.stage, o.kind, o.micro_batch, o.chunk, o.start, o.end) for o in tl.ops]
+
+
+def test_gpipe_timeline_pays_the_p2p_delay_once_per_hop():
+    """p = 2, m = 2, F = 1, B = 2, send/receive 0.5 s between stages: stage 1's forwards wait 0.5 s for stage 0's,
+    stage 0's backwards 0.5 s for stage 1's; a stage's own F before its B costs nothing. 9 s without the delay
+    (sum + (m-1) max, Narayanan §2.2.1) + 2 hops x 0.5 s."""
+    tl = simulate(schedule="gpipe", pp=2, num_micro_batches=2, t_forward=1.0, t_backward=2.0, t_p2p=0.5)
+    assert _ops(tl) == [(0, "F", 0, 0, 0.0, 1.0), (0, "F", 1, 0, 1.0, 2.0), (0, "B", 0, 0, 6.0, 8.0),
+                        (0, "B", 1, 0, 8.0, 10.0), (1, "F", 0, 0, 1.5, 2.5), (1, "F", 1, 0, 2.5, 3.5),
+                        (1, "B", 0, 0, 3.5, 5.5), (1, "B", 1, 0, 5.5, 7.5)]
+    assert (tl.schedule, tl.pp, tl.num_micro_batches, tl.virtual_stages) == ("gpipe", 2, 2, 1)
+    assert (tl.makespan, tl.busy_per_stage, tl.peak_in_flight_per_stage) == (10.0, (6.0, 6.0), (2.0, 2.0))
+
+
+def test_interleaved_timeline_by_hand():
+    """p = 2, v = 2, m = 2, F = 1 and B = 2 per stage (0.5 and 1 per chunk), 0.25 s per hop. Stage 0 runs all four
+    forwards first (warm-up (p-r-1)·2 + (v-1)·p = 4), stage 1 two; chunk 1 of stage 0 waits for chunk 0 of the last
+    stage, the last stage's chunk-0 backward for stage 0's chunk-1 backward (Narayanan §2.2.2's chunk order)."""
+    tl = simulate(schedule="interleaved_1f1b", pp=2, num_micro_batches=2, virtual_stages=2, t_forward=1.0,
+                  t_backward=2.0, t_p2p=0.25)
+    assert _ops(tl) == [
+        (0, "F", 0, 0, 0.0, 0.5), (0, "F", 1, 0, 0.5, 1.0), (0, "F", 0, 1, 1.5, 2.0), (0, "F", 1, 1, 2.0, 2.5),
+        (0, "B", 0, 1, 4.0, 5.0), (0, "B", 1, 1, 5.5, 6.5), (0, "B", 0, 0, 6.5, 7.5), (0, "B", 1, 0, 8.0, 9.0),
+        (1, "F", 0, 0, 0.75, 1.25), (1, "F", 1, 0, 1.25, 1.75), (1, "F", 0, 1, 2.25, 2.75), (1, "B", 0, 1, 2.75, 3.75),
+        (1, "F", 1, 1, 3.75, 4.25), (1, "B", 1, 1, 4.25, 5.25), (1, "B", 0, 0, 5.25, 6.25), (1, "B", 1, 0, 6.75, 7.75)]
+    assert (tl.makespan, tl.busy_per_stage, tl.peak_in_flight_per_stage) == (9.0, (6.0, 6.0), (4 / 2, 3 / 2))
+    assert (tl.schedule, tl.virtual_stages) == ("interleaved_1f1b", 2)
+
+
+def test_interleaved_more_micro_batches_than_stages_matches_the_closed_form():
+    """m = 4 > p = 2: the second group of micro-batches (2 and 3) follows the first; equal stages of 3 s:
+    m·t + (p·t - t)/v = 12 + 3/2 (Narayanan §2.2.2), every (micro-batch, chunk) once per stage and kind."""
+    tl = simulate(schedule="interleaved_1f1b", pp=2, num_micro_batches=4, virtual_stages=2)
+    assert tl.makespan == 13.5
+    for r in range(2):
+        for kind in "FB":
+            assert sorted((o.micro_batch, o.chunk) for o in tl.ops if o.stage == r and o.kind == kind) == [
+                (mb, c) for mb in range(4) for c in range(2)]
+
+
+@pytest.mark.parametrize("t_weight,t_p2p,expected", [
+    # default W = B/2 = 1 (the input-gradient part 1): m·3 + (p-1)·max(0, 3 - 2·1) = 7 (Qi et al. Table 2)
+    (None, 0.0, [(0, "F", 0, 0.0, 1.0), (0, "F", 1, 1.0, 2.0), (0, "B", 0, 3.0, 4.0), (0, "W", 0, 4.0, 5.0),
+                 (0, "B", 1, 5.0, 6.0), (0, "W", 1, 6.0, 7.0), (1, "F", 0, 1.0, 2.0), (1, "B", 0, 2.0, 3.0),
+                 (1, "F", 1, 3.0, 4.0), (1, "B", 1, 4.0, 5.0), (1, "W", 0, 5.0, 6.0), (1, "W", 1, 6.0, 7.0)]),
+    # W = 0.5, B = 1.5: stage 0 fills 5.0-5.5 with W0 while B1 waits for stage 1 (ready at 6.0)
+    (0.5, 0.0, [(0, "F", 0, 0.0, 1.0), (0, "F", 1, 1.0, 2.0), (0, "B", 0, 3.5, 5.0), (0, "W", 0, 5.0, 5.5),
+                (0, "B", 1, 6.0, 7.5), (0, "W", 1, 7.5, 8.0), (1, "F", 0, 1.0, 2.0), (1, "B", 0, 2.0, 3.5),
+                (1, "F", 1, 3.5, 4.5), (1, "B", 1, 4.5, 6.0), (1, "W", 0, 6.0, 6.5), (1, "W", 1, 6.5, 7.0)]),
+    # 0.25 s per hop: stage 1's forwards and stage 0's backwards wait for it; the last stage's B and stage 0's F not
+    (None, 0.25, [(0, "F", 0, 0.0, 1.0), (0, "F", 1, 1.0, 2.0), (0, "B", 0, 3.5, 4.5), (0, "W", 0, 4.5, 5.5),
+                  (0, "B", 1, 5.5, 6.5), (0, "W", 1, 6.5, 7.5), (1, "F", 0, 1.25, 2.25), (1, "B", 0, 2.25, 3.25),
+                  (1, "F", 1, 3.25, 4.25), (1, "B", 1, 4.25, 5.25), (1, "W", 0, 5.25, 6.25), (1, "W", 1, 6.25, 7.25)]),
+])
+def test_zero_bubble_timeline_by_hand(t_weight, t_p2p, expected):
+    """ZB-H1 list scheduling (pipeline.py _simulate_zero_bubble; Qi et al. 2023 §3), p = 2, m = 2, F = 1, B + W = 2:
+    B first when it can start first, then F (at most p - stage micro-batches in flight), W only in idle time."""
+    tl = simulate(schedule="zero_bubble", pp=2, num_micro_batches=2, t_forward=1.0, t_backward=2.0,
+                  t_weight=t_weight, t_p2p=t_p2p)
+    assert [(o.stage, o.kind, o.micro_batch, o.start, o.end) for o in tl.ops] == expected
+    assert all(o.chunk == 0 for o in tl.ops)
+    assert (tl.schedule, tl.num_micro_batches, tl.virtual_stages) == ("zero_bubble", 2, 1)
+    assert tl.makespan == max(op[-1] for op in expected) and tl.peak_in_flight_per_stage == (2.0, 1.0)
+
+
+def test_simulate_defaults_naive_and_virtual_stages_only_for_interleaving():
+    """v is 1 unless told and only interleaving reads it; naive is one micro-batch of m x the work, and holds
+    all m micro-batches' activations on every stage (peak m)."""
+    assert simulate(schedule="interleaved_1f1b", pp=2, num_micro_batches=2).virtual_stages == 1
+    assert simulate(schedule="1f1b", pp=2, num_micro_batches=4, virtual_stages=2) == simulate(
+        schedule="1f1b", pp=2, num_micro_batches=4)
+    naive = simulate(schedule="naive", pp=2, num_micro_batches=4)
+    assert naive.makespan == 4 * (1 + 2) * 2 and naive.peak_in_flight_per_stage == (4.0, 4.0)
+    assert (naive.schedule, naive.num_micro_batches) == ("naive", 4)
+    with pytest.raises(ValueError, match="^no static order for schedule 'bogus'$"):
+        simulate(schedule="bogus", pp=2, num_micro_batches=2)
+
+
+def test_peak_in_flight_counts_forwards_started_less_backwards_done():
+    """One stage running F0, B0, F1, F2: in flight 1, 0, 1, 2, so the peak is 2 (pipeline.py _timeline)."""
+    ops = [Op(0, "F", 0, 0, 0.0, 1.0), Op(0, "B", 0, 0, 1.0, 2.0), Op(0, "F", 1, 0, 2.0, 3.0),
+           Op(0, "F", 2, 0, 3.0, 4.0)]
+    assert _timeline("1f1b", 1, 3, 1, ops).peak_in_flight_per_stage == (2.0,)
+
+
+def test_pipeline_makespan_defaults_and_unknown_schedule():
+    """Interleaving with v = 1 unless told: m·max + (sum - max)/1 = 4 x 2 + 1."""
+    assert pipeline_makespan(schedule="interleaved_1f1b", stage_seconds=[1.0, 2.0], num_micro_batches=4) == (
+        9.0, 8.0, 1)
+    with pytest.raises(ValueError, match="^unknown schedule 'bogus'$"):
+        pipeline_makespan(schedule="bogus", stage_seconds=[1.0], num_micro_batches=1)
