@@ -40,6 +40,20 @@ from cost_models.context_parallel import (
     ring_overlap_min_tokens,
 )
 from cost_models.data_parallel import embedding_sync_seconds, zero_comm_seconds
+from cost_models.extensions import (
+    LayerExtras,
+    Recomputed,
+    _cp_terms,
+    _ep_seconds,
+    _ep_terms,
+    _expert_kernel_terms,
+    _fp8_terms,
+    _grouped_gemm_slowdown,
+    _layer_params,
+    expert_data_parallel,
+    layer_extras,
+)
+from cost_models.fp8 import fp8_gemm_speedup, fp8_weight_extra_bytes, quantization_seconds
 from cost_models.inputs import MLA, Hardware, Knobs, Layout, Link, MoE, Training
 from cost_models.memo import per_model
 from cost_models.memory import vocab_padded
@@ -896,3 +910,243 @@ def test_pipeline_makespan_defaults_and_unknown_schedule():
         9.0, 8.0, 1)
     with pytest.raises(ValueError, match="^unknown schedule 'bogus'$"):
         pipeline_makespan(schedule="bogus", stage_seconds=[1.0], num_micro_batches=1)
+
+
+# ---- extensions.py: what CP, EP and FP8 add to one layer (modern-training.md §2-§3, §1) ----------------------
+
+FP32_LONG = replace(BF16, seq_length=4096, activation_bytes=4)
+
+
+@pytest.mark.parametrize("variant", ["p2p", "all_gather", "a2a"])
+def test_cp_terms_attention_backward_is_twice_the_forward(variant):
+    """_cp_terms: the exchange of b = 2 sequences of s = 4096 fp32 tokens over cp = 4 ranks, tp = 2 (the CP group
+    of 4 ranks 2 apart fills one 8-GPU node: NVLink, 200 GB/s, 10 µs); exposed against the attention core
+    forward (1e-5 s per ring step: core/cp) and backward at 2x the forward (Korthikanti's 2:1); totals before any
+    overlap; the forward parts; the receive buffers. Without CP, nothing."""
+    lay = Layout(dp=1, tp=2, pp=1, cp=4, cp_comm=variant, micro_batch_size=2)
+    core = 4e-5
+    kw = dict(micro_batch_size=2, seq_length=4096, tp=2, cp=4, activation_bytes=4)
+    traffic = cp_traffic(GQA, variant=variant, **kw)
+    link = Link(200e9, 1e-5)
+    fwd, bwd = exposed_cp_seconds(traffic, variant=variant, cp=4, link=link, attention_forward_seconds=core,
+                                  attention_backward_seconds=2 * core)
+    fwd_total, _ = exposed_cp_seconds(traffic, variant=variant, cp=4, link=link, attention_forward_seconds=0.0,
+                                      attention_backward_seconds=0.0)
+    got = _cp_terms(GQA, FP32_LONG, HW, lay, core)
+    assert got == (fwd + bwd, cp_buffer_bytes(GQA, variant=variant, **kw),
+                   cp_transfer_seconds(traffic, variant=variant, cp=4, link=link), fwd, fwd_total)
+    if variant == "p2p":  # 3 steps of 1,048,576 B (fp32 K and V of 1024 tokens x 128 elements x 2 sequences)
+        step = 1e-5 + 1_048_576 / 200e9
+        assert fwd == pytest.approx(3 * (step - core / 4)) and fwd_total == pytest.approx(3 * step)
+        assert bwd == pytest.approx(3 * (1e-5 + 2 * 1_048_576 / 200e9 - 2 * core / 4))
+    assert _cp_terms(GQA, FP32_LONG, HW, replace(lay, cp=1), core) == (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+# SMALL_MOE: 3 of 4 layers MoE (frac 0.75), 8 experts, k = 2, h = 512, f_e = 256, shared 384, SwiGLU
+MOE_KNOBS = Knobs(moe_imbalance=1.25, ep_overlap_fraction=0.2)
+
+
+def test_ep_terms_within_one_node_by_hand():
+    """ep = 8 on one 8-GPU node, b·s = 1024 tokens, γ = 1.25: the all-to-all moves 2 passes x T·γ x k x h x (2 + 2) B
+    = 10,485,760 B, 7/8 of it to the node's other GPUs over NVLink (moe.py ep_traffic), plus 7 latencies; exposed
+    (1 - 0.2) x 0.75 of it, 0.75 before overlap (frac of MoE layers); the forward pass half the bytes. Memory: the
+    routed tokens' activations T·k·γ·(2h + 3 f_e)·2, the shared expert's 8·384 B and the router's T·E·8 replace the
+    dense MLP's 8·f B per token (§3.7); the dispatch buffer holds T·k·γ·h·2 B."""
+    lay = Layout(dp=8, tp=1, pp=1, ep=8)
+    got = _ep_terms(SMALL_MOE, BF16, HW, lay, MOE_KNOBS, 1024.0)
+    seconds = 7 * 1e-5 + 10_485_760 * 7 / 8 / 200e9
+    forward = 7 * 1e-5 + 10_485_760 / 2 * 7 / 8 / 200e9
+    routed = 1024 * 2 * 1.25
+    moe_mlp = routed * (2 * 512 + 3 * 256) * 2 + 1024 * 8 * 384 * 2 / 2 + 1024 * 8 * 4 * 2
+    dense_mlp = 1024 * 8 * 2048 * 2 / 2
+    assert got == (pytest.approx(seconds * 0.8 * 0.75), pytest.approx((moe_mlp - dense_mlp) * 0.75),
+                   routed * 512 * 2, pytest.approx(seconds * 0.75), pytest.approx(forward * 0.8 * 0.75),
+                   pytest.approx(forward * 0.75))
+    assert _ep_terms(GQA, BF16, HW, lay, MOE_KNOBS, 1024.0) == (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def test_ep_terms_across_nodes_with_sequence_parallel_etp_and_fp32():
+    """ep = 16, etp = 2 on 8-GPU nodes: 4 EP ranks a node (etp apart), 4 nodes; sequence parallelism gives the MoE
+    layer T/tp = 512 tokens; fp32: 2 x 640 x 2 x 512 x (4 + 4) = 10,485,760 B, 3/16 on NVLink, 12/16 over the
+    node's share of the NICs (8 x 25 GB/s / 8 GPUs = 25 GB/s), 15 latencies of 10 µs. A plain MLP saves 4·f B per
+    token (2h + 2 f_e/etp for the routed tokens)."""
+    moe = replace(SMALL_MOE, swiglu=False)
+    lay = Layout(dp=16, tp=2, pp=1, ep=16, etp=2, sequence_parallel=True)
+    got = _ep_terms(moe, FP32_LONG, HW, lay, MOE_KNOBS, 1024.0)
+    seconds = 15 * 1e-5 + 10_485_760 * 12 / 16 / 25e9
+    forward = 15 * 1e-5 + 10_485_760 / 2 * 12 / 16 / 25e9
+    routed = 512 * 2 * 1.25
+    moe_mlp = routed * (2 * 512 + 2 * 256 / 2) * 4 + 1024 * 4 * 384 * 4 / 2 / 2 + 512 * 8 * 4 * 2
+    dense_mlp = 1024 * 4 * 2048 * 4 / 2 / 2
+    assert got == (pytest.approx(seconds * 0.6), pytest.approx((moe_mlp - dense_mlp) * 0.75), routed * 512 * 4,
+                   pytest.approx(seconds * 0.75), pytest.approx(forward * 0.6), pytest.approx(forward * 0.75))
+
+
+@pytest.mark.parametrize("ep,seconds,buffer", [(1, 0.0, 0.0), (2, 1e-5 + 10_485_760 / 2 / 200e9, 2560 * 512 * 2)])
+def test_ep_terms_at_ep_one_and_two(ep, seconds, buffer):
+    """No all-to-all and no dispatch buffer at ep = 1 (the activation delta stays); at ep = 2 half the copies go to
+    the other GPU, one latency."""
+    got = _ep_terms(SMALL_MOE, BF16, HW, Layout(dp=2, tp=1, pp=1, ep=ep), MOE_KNOBS, 1024.0)
+    assert got.exposed_seconds == pytest.approx(seconds * 0.6, rel=1e-12, abs=0) and got.buffer_bytes == buffer
+    assert got.activation_delta_bytes == pytest.approx(
+        (2560 * (2 * 512 + 3 * 256) * 2 + 1024 * 8 * 384 + 1024 * 64 - 1024 * 8 * 2048) * 0.75)
+
+
+def test_ep_seconds_fp8_dispatch_whole_node_experts_and_one_gpu_nodes():
+    """FP8 blockwise dispatch sends 1 B + 1x128 FP32 scales per element, the combine stays in BF16 (DeepSeek-V3
+    §3.3); expert TP filling a node puts one EP rank per node; one GPU per node: no NVLink, every copy but the
+    local one over the network at nics x 25 GB/s."""
+    fp8 = replace(BF16, fp8_recipe="blockwise")
+    lay = Layout(dp=8, tp=1, pp=1, ep=8)
+    c = 2 * 1000 * 2 * 512 * (1 + 4 / 128 + 2)
+    assert _ep_seconds(SMALL_MOE.moe, fp8, HW, lay, tokens=1000, hidden_size=512) == pytest.approx(
+        7e-5 + c * 7 / 8 / 200e9, rel=1e-12)
+    assert _ep_seconds(SMALL_MOE.moe, replace(BF16, fp8_recipe="tensorwise"), HW, lay, tokens=1000,
+                       hidden_size=512) == pytest.approx(7e-5 + 2 * 1000 * 2 * 512 * 4 * 7 / 8 / 200e9, rel=1e-12)
+    whole = Layout(dp=16, tp=8, pp=1, ep=2, etp=8)  # etp = 8 = GPUs a node: 2 EP ranks, 2 nodes
+    c = 2 * 1000 * 2 * 512 * 4
+    assert _ep_seconds(SMALL_MOE.moe, BF16, HW, whole, tokens=1000, hidden_size=512) == pytest.approx(
+        1e-5 + c / 2 / 25e9, rel=1e-12)
+    single = replace(HW, gpus_per_node=1, intra_node=None, intra_node_kind="none", nics_per_node=1)
+    assert _ep_seconds(SMALL_MOE.moe, BF16, single, Layout(dp=4, tp=1, pp=1, ep=4), tokens=1000,
+                       hidden_size=512) == pytest.approx(3 * 5e-6 + c * 3 / 4 / 25e9, rel=1e-12)
+    assert _ep_seconds(SMALL_MOE.moe, BF16, HW, Layout(dp=8, tp=1, pp=1, ep=1), tokens=1000, hidden_size=512) == 0
+
+
+def test_expert_kernel_terms_need_moe_the_knob_and_a_rate():
+    """ep = 2: 4 local experts x (2 + 4) kernels (BF16) or (4 + 6) (FP8) x 0.5 GFLOP at 4e14 FLOP/s, x 0.75 (frac)."""
+    knobs = Knobs(moe_expert_kernel_gflop=0.5)
+    lay = Layout(dp=2, tp=1, pp=1, ep=2)
+    k = 0.5e9 / 4e14
+    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, knobs, 4e14) == (pytest.approx(4 * 6 * k * 0.75, rel=1e-12, abs=0),
+                                                                     pytest.approx(4 * 2 * k * 0.75, rel=1e-12, abs=0))
+    fp8 = replace(BF16, fp8_recipe="tensorwise")
+    assert _expert_kernel_terms(SMALL_MOE, fp8, lay, knobs, 4e14) == (pytest.approx(4 * 10 * k * 0.75, rel=1e-12, abs=0),
+                                                                    pytest.approx(4 * 4 * k * 0.75, rel=1e-12, abs=0))
+    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, Knobs(), 4e14) == (0.0, 0.0)
+    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, knobs, None) == (0.0, 0.0)
+    assert _expert_kernel_terms(GQA, BF16, lay, knobs, 4e14) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("swiglu", [True, False])
+def test_grouped_gemm_slowdown_by_the_size_curve(swiglu):
+    """tp = 2, etp = 2, ep = 4, 1024 tokens: a local expert's slice has T·k·ep/E = 1024 rows, its FC1
+    2·1024·512·(2)·256/etp FLOPs against the dense FC1 2·1024·512·2048/tp; the efficiency x/(x + 2 GFLOP) at each."""
+    model = replace(SMALL_MOE, swiglu=swiglu)
+    lay = Layout(dp=8, tp=2, pp=1, ep=4, etp=2)
+    gated = 2 if swiglu else 1
+    expert = 2 * 1024 * 512 * gated * 256 / 2
+    dense = 2 * 1024 * 512 * 2048 / 2
+    expected = (dense / (dense + 2e9)) / (expert / (expert + 2e9))
+    assert _grouped_gemm_slowdown(model, lay, Knobs(), 1024.0) == pytest.approx(expected, rel=1e-13)
+
+
+def test_layer_params_shard_dense_by_tp_and_experts_by_ep_times_etp():
+    """SMALL_MOE's mean layer 18,568,728 / 4 = 4,642,182 parameters: routed experts 8 x 3·512·256 x 0.75
+    = 2,359,296, norms 2 x 2h = 2,048, the rest dense; tp = 2, ep x etp = 4 x 2."""
+    params, experts = _layer_params(SMALL_MOE, Layout(dp=8, tp=2, pp=1, ep=4, etp=2))
+    routed = 8 * 3 * 512 * 256 * 0.75
+    assert parameter_counts(SMALL_MOE).layers == 18_568_728
+    assert experts == routed / 8
+    assert params == pytest.approx((4_642_182 - routed - 2048) / 2 + routed / 8 + 2048, rel=1e-15)
+
+
+@pytest.mark.parametrize("lay,edp", [(Layout(dp=4, tp=2, pp=1, cp=2, ep=4, etp=2), 2),
+                                      (Layout(dp=2, tp=2, pp=1, ep=2, etp=2), 1),
+                                      (Layout(dp=8, tp=1, pp=1, cp=2, ep=4), 4)])
+def test_expert_data_parallel_is_dp_cp_tp_over_ep_etp(lay, edp):
+    assert expert_data_parallel(lay) == edp
+
+
+def test_fp8_terms_by_gemm():
+    """The four Linear GEMMs of a layer at their FP8 speed-up by size (fp8.py fp8_gemm_speedup), QKV and projection
+    on the layer's tokens, FC1/FC2 on a local expert's T·k·ep/E rows (MoE), widths split by tp; the casts of
+    fresh operands (fp8.py quantization_seconds). Without a recipe: factor 1, no casts."""
+    def expected(shapes, token_rows):
+        flops = [2 * r * k * n for (k, n), r in zip(shapes, token_rows, strict=True)]
+        factor = sum(f / fp8_gemm_speedup(gemm_flops=f, recipe="tensorwise") for f in flops) / sum(flops)
+        fwd, bwd = quantization_seconds(tokens=1024, shapes=shapes, recipe="tensorwise", hbm_bytes_per_second=2e12)
+        return (pytest.approx(factor, rel=1e-13), pytest.approx(fwd + bwd, rel=1e-13),
+                pytest.approx(fwd, rel=1e-13))
+    fp8 = replace(BF16, fp8_recipe="tensorwise")
+    lay = Layout(dp=2, tp=2, pp=1, ep=2)
+    # GQA (a = 8, g = 2, d = 64, plain MLP f = 2048), tp 2
+    dense = [(512, (512 + 2 * 128) // 2), (256, 512), (512, 2048 // 2), (1024, 512)]
+    assert _fp8_terms(GQA, fp8, HW, lay, 1024.0) == expected(dense, [1024] * 4)
+    # SMALL_MOE (a = g = 8, SwiGLU, f_e = 256): 1024 x 2 x 2 / 8 = 512 rows per local expert
+    moe = [(512, (512 + 2 * 512) // 2), (256, 512), (512, 2 * 256 // 2), (128, 512)]
+    assert _fp8_terms(SMALL_MOE, fp8, HW, lay, 1024.0) == expected(moe, [1024, 1024, 512, 512])
+    assert _fp8_terms(GQA, BF16, HW, lay, 1024.0) == (1.0, 0.0, 0.0)
+
+
+def test_fp8_terms_keep_at_least_one_expert_row():
+    """2 tokens x k 2 x ep 1 / 8 experts = 0.5 rows: a GEMM has at least one row."""
+    fp8 = replace(BF16, fp8_recipe="tensorwise")
+    shapes = [(512, (512 + 2 * 512)), (512, 512), (512, 2 * 256), (256, 512)]
+    flops = [2 * 2 * 512 * 1536, 2 * 2 * 512 * 512, 2 * 1 * 512 * 512, 2 * 1 * 256 * 512]
+    factor = sum(f / fp8_gemm_speedup(gemm_flops=f, recipe="tensorwise") for f in flops) / sum(flops)
+    got = _fp8_terms(SMALL_MOE, fp8, HW, Layout(dp=1, tp=1, pp=1), 2.0)
+    assert got[0] == pytest.approx(factor, rel=1e-13)
+    assert got[1] == pytest.approx(sum(quantization_seconds(tokens=2, shapes=shapes, recipe="tensorwise",
+                                                            hbm_bytes_per_second=2e12)), rel=1e-13)
+
+
+def test_layer_extras_composes_its_terms():
+    """Everything at once (SMALL_MOE, FP8 tensorwise with FP8 parameter gathers, cp 2 ring, ep 2, tp 2 with
+    sequence parallelism, per-expert kernels): each field is its term function's value. The expert GEMMs' share
+    of the layer's FLOPs, 2·T·k·(3·h·f_e)/tp x 0.75, scales their imbalance x grouped-GEMM slowdown into the GEMM
+    time factor; FP8 saves 1 B per element of the four Linear inputs (h/tp under SP, a·d/tp, k·f_e/tp) and keeps
+    no FP8 weight copies with FP8 parameter gathers (fp8.py)."""
+    training = replace(BF16, seq_length=2048, fp8_recipe="tensorwise", fp8_param_gather=True)
+    lay = Layout(dp=4, tp=2, pp=1, cp=2, ep=2, micro_batch_size=2, sequence_parallel=True)
+    knobs = replace(MOE_KNOBS, moe_expert_kernel_gflop=0.5)
+    gemm = 4e12
+    got = layer_extras(SMALL_MOE, training, HW, lay, knobs, gemm_flops_per_gpu=gemm, core_seconds=1e-4,
+                       rate_flops_per_second=4e14)
+    tokens = 2 * 2048 / 2
+    factor, quant, quant_fwd = _fp8_terms(SMALL_MOE, training, HW, lay, tokens)
+    share = 2 * tokens * 2 * (3 * 512 * 256) / 2 * 0.75 / gemm
+    factor *= 1 + (1.25 * _grouped_gemm_slowdown(SMALL_MOE, lay, knobs, tokens) - 1) * share
+    cp = _cp_terms(SMALL_MOE, training, HW, lay, 1e-4)
+    ep = _ep_terms(SMALL_MOE, training, HW, lay, knobs, tokens)
+    kernels, kernels_fwd = _expert_kernel_terms(SMALL_MOE, training, lay, knobs, 4e14)
+    params, experts = _layer_params(SMALL_MOE, lay)
+    saving = tokens * (2 * 512 / 2 + 512 / 2 + 256 * 2 / 2)
+    assert cp.buffer_bytes > 0 and ep.buffer_bytes > 0 and kernels > 0 and 0 < share < 1
+    assert got == LayerExtras(
+        tokens, pytest.approx(factor, rel=1e-13), cp.exposed_seconds, ep.exposed_seconds, quant,
+        ep.activation_delta_bytes - saving, cp.buffer_bytes + ep.buffer_bytes, params, experts, 0.0,
+        cp.total_seconds, ep.total_seconds, cp.exposed_forward_seconds, ep.exposed_forward_seconds, quant_fwd,
+        cp.total_forward_seconds, ep.total_forward_seconds, kernels, kernels_fwd)
+    # FP8 weight copies without FP8 parameter gathers: +2 B per non-norm parameter; without SP the inputs are whole
+    plain = replace(training, fp8_param_gather=False)
+    no_sp = replace(lay, sequence_parallel=False)
+    got = layer_extras(SMALL_MOE, plain, HW, no_sp, knobs, gemm_flops_per_gpu=gemm, core_seconds=1e-4,
+                       rate_flops_per_second=4e14)
+    params, _ = _layer_params(SMALL_MOE, no_sp)
+    assert got.fp8_weight_bytes == fp8_weight_extra_bytes(fp8_params=params - 2048, recipe="tensorwise")
+    assert got.activation_delta_bytes == pytest.approx(
+        _ep_terms(SMALL_MOE, plain, HW, no_sp, knobs, tokens).activation_delta_bytes
+        - tokens * (2 * 512 + 512 / 2 + 256 * 2 / 2), rel=1e-13)
+
+
+def test_layer_extras_expert_share_is_capped_at_the_whole_layer():
+    """share = min(1, expert FLOPs / the layer's GEMM FLOPs): with a layer of 1 MFLOP the experts are all of it."""
+    lay = Layout(dp=8, tp=1, pp=1, ep=8)
+    got = layer_extras(SMALL_MOE, BF16, HW, lay, MOE_KNOBS, gemm_flops_per_gpu=1e6, core_seconds=1e-4)
+    assert got.gemm_time_factor == pytest.approx(1.25 * _grouped_gemm_slowdown(SMALL_MOE, lay, MOE_KNOBS, 1024.0),
+                                                 rel=1e-13)
+    assert got.tokens_per_rank == 1024.0 and got.expert_kernel_seconds == 0.0
+
+
+def test_recomputed_repeats_what_the_recomputed_forward_runs():
+    """full: the forward's CP and EP exchanges, FP8 casts and per-expert kernels run again; selective: only the
+    attention core's CP exchange; none: nothing (extensions.py LayerExtras.recomputed)."""
+    ex = LayerExtras(1.0, 1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, cp_total_seconds=5.0, ep_total_seconds=6.0,
+                     cp_forward_seconds=0.5, ep_forward_seconds=0.25, fp8_quant_forward_seconds=0.125,
+                     cp_forward_total_seconds=0.75, ep_forward_total_seconds=0.375, expert_kernel_seconds=7.0,
+                     expert_kernel_forward_seconds=0.0625)
+    assert ex.recomputed("full") == Recomputed(0.5, 0.25, 0.125 + 0.0625, 0.75, 0.375)
+    assert ex.recomputed("selective") == Recomputed(0.5, 0.0, 0.0, 0.75, 0.0)
+    assert ex.recomputed("none") == Recomputed(0.0, 0.0, 0.0, 0.0, 0.0)
+    assert ex.recomputed("full").seconds == 0.5 + 0.25 + 0.1875 and ex.extra_seconds == 2.0 + 3.0 + 4.0 + 7.0
