@@ -2276,6 +2276,11 @@ _ILP_CASES = {  # found by a brute-force search for instances where one coeffici
     "the same in tenths of a second": ([(0.2, 0.05, 0.0, 1.0, 2.0, 0.5, 0.0, 14.0),
                                         (0.2, 0.05, 0.15, 1.0, 3.0, 0.5, 0.0, 8.0),
                                         (0.2, 0.15, 0.15, 1.0, 3.0, 0.5, 0.0, 10.0)], 6),
+    # microseconds: the objective's T / (largest layer seconds) keeps the 1e-6-per-layer recompute tie-break far
+    # below one layer's time; unscaled, a recomputed layer would weigh as much as a whole layer's seconds
+    "the same in microseconds": ([(2e-6, 0.5e-6, 0.0, 1.0, 2.0, 0.5, 0.0, 14.0),
+                                  (2e-6, 0.5e-6, 1.5e-6, 1.0, 3.0, 0.5, 0.0, 8.0),
+                                  (2e-6, 1.5e-6, 1.5e-6, 1.0, 3.0, 0.5, 0.0, 10.0)], 6),
 }
 
 
@@ -2289,7 +2294,7 @@ def test_ilp_matches_enumeration_where_coefficients_matter(case):
     want = _brute_ilp(stages, L)
     res = solve_stage_recompute(stages, L)
     assert res.status == "optimal" and min(res.layers_per_stage) >= 1
-    assert res.makespan_seconds == pytest.approx(want[0][0], abs=1e-9)
+    assert res.makespan_seconds == pytest.approx(want[0][0], rel=1e-9, abs=0)
     assert sum(res.recompute_layers_per_stage) == want[0][1]
 
 
@@ -2835,6 +2840,18 @@ def _ranking_results():
     return [r(0.1, loso=0.2), r(-0.1, loso=0.1), r(0.0), r(0.2, model="n"), r(0.2, model="n", loso=-0.1),
             r(0.5, gpus=16), r(None, model="n"), r(0.3, source="t", loso=0.0), r(0.3, batch=128, loso=0.3),
             r(0.3, seq=4096, loso=0.4)]
+
+
+def test_ranking_error_groups_skip_a_missing_error_and_read_on():
+    """A row without an error (here the first) is skipped; the rows after it still form their group."""
+    from types import SimpleNamespace
+
+    from planner.decisions.ranking import error_groups
+
+    case = SimpleNamespace(source="s", model=SimpleNamespace(name="m"), num_gpus=8,
+                           training=SimpleNamespace(global_batch_size=64, seq_length=2048))
+    rows = [SimpleNamespace(error=e, loso_error=e, case=case) for e in (None, 0.1, -0.2)]
+    assert error_groups(rows) == [[0.1, -0.2]] and error_groups(rows, loso=True) == [[0.1, -0.2]]
 
 
 def test_ranking_band_figures_by_hand():
