@@ -2902,11 +2902,15 @@ def test_ranking_error_groups_and_tables(monkeypatch, tmp_path):
     monkeypatch.setattr(bands, "load_table", lambda: {"fitted_knobs": "K"})
     monkeypatch.setattr(vt, "run_vtrain", lambda knobs: seen.append(knobs) or type("R", (), {"results": res})())
     assert ranking.vtrain_table() == table and seen == ["K"]
-    path = ranking.write_table({"b": 1, "a": [1, 2]}, tmp_path / "band.json")
-    assert path == tmp_path / "band.json" and path.read_text() == '{\n "a": [\n  1,\n  2\n ],\n "b": 1\n}\n'
+    # every write goes through a recording stand-in: a mutant that ignores the path given must not overwrite the
+    # shipped planner/data/ranking_band.json (it did once under mutmut, failing every later run's clean tests)
     written = []
-    monkeypatch.setattr(fileio, "write_atomically", lambda p, text: written.append(p))
-    assert ranking.write_table({}) == Path(ranking.__file__).parent.parent / "data" / "ranking_band.json" == written[0]
+    monkeypatch.setattr(fileio, "write_atomically", lambda p, text: written.append((p, text)))
+    path = ranking.write_table({"b": 1, "a": [1, 2]}, tmp_path / "band.json")
+    assert path == tmp_path / "band.json"
+    assert written == [(tmp_path / "band.json", '{\n "a": [\n  1,\n  2\n ],\n "b": 1\n}\n')]
+    assert ranking.write_table({}) == Path(ranking.__file__).parent.parent / "data" / "ranking_band.json" \
+        == written[1][0]
     shipped = json.loads((Path(ranking.__file__).parent.parent / "data" / "ranking_band.json").read_text())
     ranking.ranking_band.cache_clear()
     band = ranking.ranking_band()
