@@ -1059,36 +1059,39 @@ def test_expert_data_parallel_is_dp_cp_tp_over_ep_etp(lay, edp):
 
 
 def test_fp8_terms_by_gemm():
-    """The four Linear GEMMs of a layer at their FP8 speed-up by size (fp8.py fp8_gemm_speedup), QKV and projection
-    on the layer's tokens, FC1/FC2 on a local expert's T·k·ep/E rows (MoE), widths split by tp; the casts of
-    fresh operands (fp8.py quantization_seconds). Without a recipe: factor 1, no casts."""
+    """The four Linear GEMMs of a layer at their FP8 speed-up by size (fp8.py fp8_gemm_speedup: above ~8 GFLOP, so
+    65,536 tokens), QKV and projection on the layer's tokens, FC1/FC2 on a local expert's T·k·ep/E rows (MoE),
+    widths split by tp; the casts of fresh operands (fp8.py quantization_seconds). Without a recipe: factor 1."""
+    tokens = 65536
+
     def expected(shapes, token_rows):
         flops = [2 * r * k * n for (k, n), r in zip(shapes, token_rows, strict=True)]
         factor = sum(f / fp8_gemm_speedup(gemm_flops=f, recipe="tensorwise") for f in flops) / sum(flops)
-        fwd, bwd = quantization_seconds(tokens=1024, shapes=shapes, recipe="tensorwise", hbm_bytes_per_second=2e12)
+        fwd, bwd = quantization_seconds(tokens=tokens, shapes=shapes, recipe="tensorwise", hbm_bytes_per_second=2e12)
         return (pytest.approx(factor, rel=1e-13), pytest.approx(fwd + bwd, rel=1e-13),
                 pytest.approx(fwd, rel=1e-13))
     fp8 = replace(BF16, fp8_recipe="tensorwise")
     lay = Layout(dp=2, tp=2, pp=1, ep=2)
-    # GQA (a = 8, g = 2, d = 64, plain MLP f = 2048), tp 2
+    # GQA (a = 8, g = 2, d = 64, plain MLP f = 2048), tp 2: 25.8, 17.2, 68.7 and 68.7 GFLOP
     dense = [(512, (512 + 2 * 128) // 2), (256, 512), (512, 2048 // 2), (1024, 512)]
-    assert _fp8_terms(GQA, fp8, HW, lay, 1024.0) == expected(dense, [1024] * 4)
-    # SMALL_MOE (a = g = 8, SwiGLU, f_e = 256): 1024 x 2 x 2 / 8 = 512 rows per local expert
+    got = _fp8_terms(GQA, fp8, HW, lay, float(tokens))
+    assert got == expected(dense, [tokens] * 4) and got[0] < 1 / 1.2
+    # SMALL_MOE (a = g = 8, SwiGLU, f_e = 256): 65,536 x 2 x 2 / 8 = 32,768 rows per local expert
     moe = [(512, (512 + 2 * 512) // 2), (256, 512), (512, 2 * 256 // 2), (128, 512)]
-    assert _fp8_terms(SMALL_MOE, fp8, HW, lay, 1024.0) == expected(moe, [1024, 1024, 512, 512])
-    assert _fp8_terms(GQA, BF16, HW, lay, 1024.0) == (1.0, 0.0, 0.0)
+    assert _fp8_terms(SMALL_MOE, fp8, HW, lay, float(tokens)) == expected(moe, [tokens, tokens, tokens // 2,
+                                                                                tokens // 2])
+    assert _fp8_terms(GQA, BF16, HW, lay, float(tokens)) == (1.0, 0.0, 0.0)
 
 
 def test_fp8_terms_keep_at_least_one_expert_row():
-    """2 tokens x k 2 x ep 1 / 8 experts = 0.5 rows: a GEMM has at least one row."""
+    """h = 4096, 1024 experts, k = 1: 1000 tokens give 1000 / 1024 rows per expert, floored at one row; the QKV
+    (2·1000·4096·6144 = 50 GFLOP) and projection GEMMs are large enough to run faster in FP8."""
+    model = replace(SMALL_MOE, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+                    moe=replace(SMALL_MOE.moe, num_experts=1024, top_k=1))
     fp8 = replace(BF16, fp8_recipe="tensorwise")
-    shapes = [(512, (512 + 2 * 512)), (512, 512), (512, 2 * 256), (256, 512)]
-    flops = [2 * 2 * 512 * 1536, 2 * 2 * 512 * 512, 2 * 1 * 512 * 512, 2 * 1 * 256 * 512]
+    flops = [2 * 1000 * 4096 * 6144, 2 * 1000 * 4096 * 4096, 2 * 1 * 4096 * 512, 2 * 1 * 256 * 4096]
     factor = sum(f / fp8_gemm_speedup(gemm_flops=f, recipe="tensorwise") for f in flops) / sum(flops)
-    got = _fp8_terms(SMALL_MOE, fp8, HW, Layout(dp=1, tp=1, pp=1), 2.0)
-    assert got[0] == pytest.approx(factor, rel=1e-13)
-    assert got[1] == pytest.approx(sum(quantization_seconds(tokens=2, shapes=shapes, recipe="tensorwise",
-                                                            hbm_bytes_per_second=2e12)), rel=1e-13)
+    assert _fp8_terms(model, fp8, HW, Layout(dp=1, tp=1, pp=1), 1000.0)[0] == pytest.approx(factor, rel=1e-13)
 
 
 def test_layer_extras_composes_its_terms():
@@ -1097,22 +1100,23 @@ def test_layer_extras_composes_its_terms():
     of the layer's FLOPs, 2·T·k·(3·h·f_e)/tp x 0.75, scales their imbalance x grouped-GEMM slowdown into the GEMM
     time factor; FP8 saves 1 B per element of the four Linear inputs (h/tp under SP, a·d/tp, k·f_e/tp) and keeps
     no FP8 weight copies with FP8 parameter gathers (fp8.py)."""
-    training = replace(BF16, seq_length=2048, fp8_recipe="tensorwise", fp8_param_gather=True)
+    training = replace(BF16, seq_length=65536, fp8_recipe="tensorwise", fp8_param_gather=True)
     lay = Layout(dp=4, tp=2, pp=1, cp=2, ep=2, micro_batch_size=2, sequence_parallel=True)
     knobs = replace(MOE_KNOBS, moe_expert_kernel_gflop=0.5)
     gemm = 4e12
-    got = layer_extras(SMALL_MOE, training, HW, lay, knobs, gemm_flops_per_gpu=gemm, core_seconds=1e-4,
+    got = layer_extras(SMALL_MOE, training, HW, lay, knobs, gemm_flops_per_gpu=gemm, core_seconds=1e-9,
                        rate_flops_per_second=4e14)
-    tokens = 2 * 2048 / 2
+    tokens = 2 * 65536 / 2
     factor, quant, quant_fwd = _fp8_terms(SMALL_MOE, training, HW, lay, tokens)
     share = 2 * tokens * 2 * (3 * 512 * 256) / 2 * 0.75 / gemm
     factor *= 1 + (1.25 * _grouped_gemm_slowdown(SMALL_MOE, lay, knobs, tokens) - 1) * share
-    cp = _cp_terms(SMALL_MOE, training, HW, lay, 1e-4)
+    cp = _cp_terms(SMALL_MOE, training, HW, lay, 1e-9)
     ep = _ep_terms(SMALL_MOE, training, HW, lay, knobs, tokens)
     kernels, kernels_fwd = _expert_kernel_terms(SMALL_MOE, training, lay, knobs, 4e14)
     params, experts = _layer_params(SMALL_MOE, lay)
     saving = tokens * (2 * 512 / 2 + 512 / 2 + 256 * 2 / 2)
     assert cp.buffer_bytes > 0 and ep.buffer_bytes > 0 and kernels > 0 and 0 < share < 1
+    assert cp.exposed_forward_seconds > 0 and factor != 1.0 and _fp8_terms(SMALL_MOE, training, HW, lay, tokens)[0] < 1
     assert got == LayerExtras(
         tokens, pytest.approx(factor, rel=1e-13), cp.exposed_seconds, ep.exposed_seconds, quant,
         ep.activation_delta_bytes - saving, cp.buffer_bytes + ep.buffer_bytes, params, experts, 0.0,
@@ -1121,7 +1125,7 @@ def test_layer_extras_composes_its_terms():
     # FP8 weight copies without FP8 parameter gathers: +2 B per non-norm parameter; without SP the inputs are whole
     plain = replace(training, fp8_param_gather=False)
     no_sp = replace(lay, sequence_parallel=False)
-    got = layer_extras(SMALL_MOE, plain, HW, no_sp, knobs, gemm_flops_per_gpu=gemm, core_seconds=1e-4,
+    got = layer_extras(SMALL_MOE, plain, HW, no_sp, knobs, gemm_flops_per_gpu=gemm, core_seconds=1e-9,
                        rate_flops_per_second=4e14)
     params, _ = _layer_params(SMALL_MOE, no_sp)
     assert got.fp8_weight_bytes == fp8_weight_extra_bytes(fp8_params=params - 2048, recipe="tensorwise")
@@ -1150,3 +1154,18 @@ def test_recomputed_repeats_what_the_recomputed_forward_runs():
     assert ex.recomputed("selective") == Recomputed(0.5, 0.0, 0.0, 0.75, 0.0)
     assert ex.recomputed("none") == Recomputed(0.0, 0.0, 0.0, 0.0, 0.0)
     assert ex.recomputed("full").seconds == 0.5 + 0.25 + 0.1875 and ex.extra_seconds == 2.0 + 3.0 + 4.0 + 7.0
+
+
+def test_core_attention_flops_of_mla_use_its_head_sizes():
+    """Full s² convention 2·T·s·a·(d_qk + d_v) (attention.py core_attention_forward_flops): a = 8, d_qk = 48,
+    d_v = 32; without a window (sliding_window_layers alone) the whole core."""
+    assert core_attention_forward_flops(SMALL_MLA, tokens=1024, seq_length=1024) == 2.0 * 1024 * 1024 * 8 * (48 + 32)
+    assert core_attention_forward_flops(replace(GQA, sliding_window_layers=2), tokens=1024, seq_length=1024) == (
+        2.0 * 1024 * 1024 * 8 * 2 * 64)
+
+
+def test_ep_traffic_inside_one_node_even_with_node_limited_routing():
+    """ep = 8 on one 8-GPU node: 7/8 of the copies over NVLink and none over the network, whatever the routing's
+    group limit (one group a token would limit it to one node of two, were there two)."""
+    one_group = replace(GROUPED, groups_per_token=1)
+    assert ep_traffic(one_group, copies_bytes=6e6, ep=8, ranks_per_node=8) == EpTraffic(6e6 * 7 / 8, 0.0)
