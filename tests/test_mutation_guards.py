@@ -3246,3 +3246,80 @@ def test_published_layout_ranks_introduction():
         "- rows: 0; published layout is the pick or ties it: 0; in the top 10: 0; median predicted gain of the pick "
         "+nan%; rows where the pick is predicted slower than the published layout by more than the 0.1% tie "
         "tolerance: 0.", ""]
+
+
+# ---- layout rules at their boundaries (planner/rules.py): the value just allowed gets no violation ------------------
+
+
+def _rules_inputs():
+    from cluster_specs import load_cluster
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, TrainingSpec
+
+    return LayoutSpec.trusted, load_model("llama3-8b"), load_model("mixtral-8x7b"), TrainingSpec, load_cluster
+
+
+def test_rules_allow_the_boundary_values():
+    """Two virtual stages interleave; ZeRO-2 without pipelining; ZeRO-3 with parameter offload; a stage of one layer
+    and a stage recomputing none (llama3-8b: 32 layers); pp x virtual_stages equal to the layers; an MoE ep and etp
+    that divide the experts and the expert FFN (Mixtral: 8 experts, f_e 14336); FP8 tensorwise on H100 and MXFP8 on
+    B200 (rules.py _schedule_rules, _state_rules, _split_rules, _placement_rules, _ep_rules, _fp8_rules)."""
+    import planner.rules as rules
+
+    lay, llama, mixtral, training, cluster = _rules_inputs()
+    assert rules._schedule_rules(lay(tp=1, pp=2, dp=1, num_micro_batches=4, schedule="interleaved_1f1b",
+                                     virtual_stages=2), llama) == []
+    assert rules._state_rules(lay(tp=1, pp=1, dp=8, zero_stage=2)) == []
+    assert rules._state_rules(lay(tp=1, pp=1, dp=8, zero_stage=3, offload="optimizer+params")) == []
+    assert rules._split_rules(lay(tp=1, pp=2, dp=1, layers_per_stage=[1, 31], recompute_layers_per_stage=[0, 31]),
+                              llama) == []
+    assert rules._placement_rules(lay(tp=1, pp=4, dp=1, schedule="interleaved_1f1b", virtual_stages=8), llama,
+                                  None, False) == []
+    assert rules._ep_rules(lay(tp=2, pp=1, dp=4, ep=4, etp=2), mixtral) == []
+    h100 = cluster("dgx-h100", nodes=1)
+    assert rules._fp8_rules(training(global_batch_size=8, seq_length=4096, precision="fp8"), h100) == []
+    b200 = h100.model_copy(update={"gpu": "B200"})
+    assert rules._fp8_rules(training(global_batch_size=8, seq_length=4096, precision="fp8", fp8_recipe="mxfp8"),
+                            b200) == []
+
+
+def test_rules_refuse_just_past_the_boundaries():
+    """etp 2 on a dense model; ep x etp = 4 not dividing dp*cp*tp = 2; a recompute list zipped against a split of the
+    wrong length is checked entry by entry (no error); cp = 2 names its degree in the GPU product."""
+    import planner.rules as rules
+
+    lay, llama, mixtral, training, cluster = _rules_inputs()
+    assert [v.rule for v in rules._ep_rules(lay(tp=1, pp=1, dp=8, etp=2), llama)] == ["ep_needs_moe"]
+    assert [(v.rule, v.value) for v in rules._ep_rules(lay(tp=1, pp=1, dp=2, ep=2, etp=2), mixtral)] == [
+        ("ep_folds_into_dp", "2*2")]
+    got = rules._split_rules(lay(tp=1, pp=2, dp=1, layers_per_stage=[10, 10, 12], recompute_layers_per_stage=[0, 0]),
+                             llama)
+    assert [v.rule for v in got] == ["layers_per_stage"]
+    (v,) = rules._degree_rules(lay(tp=1, pp=1, dp=1, cp=2), llama, cluster("dgx-h100", nodes=1))
+    assert (v.rule, v.field, v.value) == ("gpus_match_cluster", "dp*tp*pp*cp", "1*1*1*2 = 2")
+
+
+@pytest.mark.parametrize("sp,tp,cp_comm,want", [
+    (False, 2, "p2p", []),  # without SP the sequence is cut into 2·cp chunks only: 4100 % 4 = 0
+    (True, 2, "p2p", [("cp_split", "cp", "2")]),  # with SP into 2·cp·tp: 4100 % 8 = 4
+    (True, 2, "ring", [("cp_comm", "cp_comm", "ring"), ("cp_split", "cp", "2")]),
+])
+def test_cp_rules_split_by_tp_only_under_sequence_parallelism(sp, tp, cp_comm, want):
+    import planner.rules as rules
+
+    lay, llama, _, training, _ = _rules_inputs()
+    layout = lay(tp=tp, pp=1, dp=1, cp=2, cp_comm=cp_comm, sequence_parallel=sp)
+    got = rules._cp_rules(layout, llama, training(global_batch_size=8, seq_length=4100))
+    assert [(v.rule, v.field, v.value) for v in got] == want
+    if cp_comm == "ring":
+        assert got[0].allowed == "one of p2p, all_gather, a2a"
+
+
+def test_cp_rules_read_the_model_for_ulysses_heads():
+    """a2a with tp 8 under SP: llama3-8b's 8 KV heads leave 1 per TP rank, not divisible by cp = 2."""
+    import planner.rules as rules
+
+    lay, llama, _, training, _ = _rules_inputs()
+    got = rules._cp_rules(lay(tp=8, pp=1, dp=1, cp=2, cp_comm="a2a", sequence_parallel=True), llama,
+                          training(global_batch_size=8, seq_length=4096))
+    assert [(v.rule, v.field) for v in got] == [("cp_split", "cp")] and "KV heads per TP rank (1)" in got[0].allowed
