@@ -564,6 +564,8 @@ def test_schedule_options():
         ("1f1b", 1), ("zero_bubble", 1), ("pipedream_async", 1), ("interleaved_1f1b", 2)]  # v = 4 is above the cap
     assert names(2, 2, 8, max_virtual_stages=4) == [("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2),
                                                     ("interleaved_1f1b", 4)]
+    # 6 layers on pp 4: 6 % (4 x 2) != 0, so no interleaving (6 % (4 / 2) would be 0)
+    assert names(4, 8, 6) == [("1f1b", 1), ("zero_bubble", 1)]
 
 
 def test_tp_degrees():
@@ -602,6 +604,9 @@ def test_degrees_cp_only_for_long_sequences():
     assert {(tp, pp, dp, cp) for tp, pp, dp, cp in long_ if cp > 1} == {
         (1, 1, 4, 2), (1, 2, 2, 2), (1, 4, 1, 2), (1, 1, 2, 4), (1, 2, 1, 4), (2, 1, 2, 2), (2, 2, 1, 2),
         (2, 1, 1, 4), (4, 1, 1, 2)}  # s / cp >= 4096 and s % (2 cp tp) == 0
+    # s = 8200: 2 cp tp = 16 does not divide it at tp 4 (8200 % 16 = 8), 8 does at tp 2; s / 2 = 4100 >= 4096
+    odd_seq = {(tp, cp) for tp, _, _, cp in _degrees(_search_problem(batch=8, seq=8200), PlanOptions()) if cp > 1}
+    assert odd_seq == {(1, 2), (2, 2)}
     odd_batch = list(_degrees(_search_problem(batch=6, seq=4096), PlanOptions()))
     assert sorted({dp for _, _, dp, _ in odd_batch}) == [1, 2]  # dp must divide 6
     tiny = list(_degrees(_search_problem("llama3-8b", batch=8, seq=4096, cluster="dgx-h100", nodes=8), PlanOptions()))
@@ -626,6 +631,35 @@ def test_states_lower_bound_bytes_by_hand():
     experts = 1_409_286_144 * 32  # routed experts per layer x MoE layers
     assert moe.total_params == 46_702_792_704
     assert lb(moe, 2, 1, 4, 1, "none", ep=4) == ((46_702_792_704 - experts) / 2 + experts / 4) * (2 + 4 + 12 / 4) + 1.3e9
+    # cp 2 and pp 2 with experts: states shard over max(dp·cp, dp·cp·tp/ep) = max(8, 4) = 8 ranks; experts split
+    # over ep x pp = 8 GPUs, the rest over tp x pp = 4
+    assert lb(moe, 2, 2, 4, 1, "none", cp=2, ep=4) == pytest.approx(
+        ((46_702_792_704 - experts) / 4 + experts / 8) * (2 + 4 + 12 / 8) + 1.3e9, rel=1e-15)
+    # ep 1: each TP rank keeps whole experts (etp 1) and dp·cp·tp = 16 shards exceed dp·cp = 8
+    assert lb(moe, 2, 1, 4, 1, "none", cp=2, ep=1) == pytest.approx(
+        ((46_702_792_704 - experts) / 2 + experts) * (2 + 4 + 12 / 16) + 1.3e9, rel=1e-15)
+
+
+def test_capacity_and_fits_read_the_headroom_and_the_margin():
+    """A peak p fits when p x (1 + margin) + headroom <= GPU (planner/estimate.py fits_in_memory); the capacity a
+    layout's peak may reach is (GPU - headroom) / (1 + margin) (search.py _capacity_bytes): 2 GB headroom and a 25%
+    margin on an 80 GB GPU."""
+    from dataclasses import replace as dc_replace
+    from types import SimpleNamespace
+
+    from planner.search import _capacity_bytes, _fits
+
+    p = _search_problem()
+    p = type(p)(p.model, p.training, p.cluster, dc_replace(p.knobs, memory_headroom_bytes=2e9,
+                                                          memory_high_fraction=0.25))
+    gpu = p.hardware.gpu_memory_bytes
+    assert _capacity_bytes(p) == pytest.approx((gpu - 2e9) / 1.25, rel=1e-15)
+    at = (gpu - 2e9) / 1.25
+    assert _fits(p, SimpleNamespace(fits=True, peak_memory_bytes=at * (1 - 1e-9), gpu_memory_bytes=gpu))
+    assert not _fits(p, SimpleNamespace(fits=True, peak_memory_bytes=at * (1 + 1e-9), gpu_memory_bytes=gpu))
+    # the headroom alone (no margin) and the margin alone each refuse a peak that fits without them
+    assert not _fits(p, SimpleNamespace(fits=True, peak_memory_bytes=(gpu - 1e9) / 1.25, gpu_memory_bytes=gpu))
+    assert not _fits(p, SimpleNamespace(fits=True, peak_memory_bytes=gpu - 1e9, gpu_memory_bytes=gpu))
 
 
 def test_simplicity_and_objective_key():
