@@ -56,7 +56,12 @@ from cost_models.extensions import (
 from cost_models.fp8 import fp8_gemm_speedup, fp8_weight_extra_bytes, quantization_seconds
 from cost_models.inputs import MLA, Hardware, Knobs, Layout, Link, MoE, Training
 from cost_models.memo import per_model
-from cost_models.memory import vocab_padded
+from cost_models.memory import (
+    attention_score_traffic_bytes,
+    in_flight_per_stage,
+    sp_gathered_input_bytes,
+    vocab_padded,
+)
 from cost_models.moe import (
     EpTraffic,
     all_to_all_bytes_per_layer,
@@ -1169,3 +1174,29 @@ def test_ep_traffic_inside_one_node_even_with_node_limited_routing():
     group limit (one group a token would limit it to one node of two, were there two)."""
     one_group = replace(GROUPED, groups_per_token=1)
     assert ep_traffic(one_group, copies_bytes=6e6, ep=8, ranks_per_node=8) == EpTraffic(6e6 * 7 / 8, 0.0)
+
+
+# ---- memory.py: torch-native SP's gathered inputs, score-matrix traffic, micro-batches in flight ------------------
+
+
+@pytest.mark.parametrize("tp,sp,expected", [(4, True, 2 * 1024 * 2 * 512 * 2 * (1 - 1 / 4)),
+                                            (2, True, 2 * 1024 * 2 * 512 * 2 * (1 - 1 / 2)),
+                                            (1, True, 0.0), (4, False, 0.0)])
+def test_sp_gathered_inputs_are_2sbh_times_one_minus_one_over_tp(tp, sp, expected):
+    """memory.py sp_gathered_input_bytes: the QKV and FC1 inputs kept all-gathered, 2·s·b·h·β·(1 - 1/t) beyond
+    Megatron's sharded ones (s = 1024, b = 2, h = 512, β = 2 by default); nothing without SP or TP."""
+    assert sp_gathered_input_bytes(seq_length=1024, micro_batch_size=2, hidden_size=512, tp=tp,
+                                   sequence_parallel=sp) == expected
+
+
+def test_attention_score_traffic_scales_with_the_micro_batch():
+    """(5β + 4β + 2) B per score element with dropout (memory.py attention_score_traffic_bytes: 20 B at β = 2),
+    a·s²·b/t elements: a = 8, s = 1024, b = 2, t = 2."""
+    assert attention_score_traffic_bytes(GQA, seq_length=1024, micro_batch_size=2, tp=2) == 20 * 8 * 1024 ** 2 * 2 / 2
+
+
+def test_in_flight_per_stage_defaults_to_every_stage_and_one_virtual_stage():
+    """1F1B: min(m, p - stage) for stages 0..p-1 (Narayanan §2.2.1); interleaving without virtual stages given
+    is 1F1B."""
+    assert in_flight_per_stage(schedule="1f1b", pp=4, num_micro_batches=8) == [4.0, 3.0, 2.0, 1.0]
+    assert in_flight_per_stage(schedule="interleaved_1f1b", pp=4, num_micro_batches=8) == [4.0, 3.0, 2.0, 1.0]
