@@ -57,8 +57,11 @@ from cost_models.fp8 import fp8_gemm_speedup, fp8_weight_extra_bytes, quantizati
 from cost_models.inputs import MLA, Hardware, Knobs, Layout, Link, MoE, Training
 from cost_models.memo import per_model
 from cost_models.memory import (
+    activation_bytes_per_layer,
     attention_score_traffic_bytes,
+    embedding_activation_bytes,
     in_flight_per_stage,
+    output_activation_bytes,
     sp_gathered_input_bytes,
     vocab_padded,
 )
@@ -80,7 +83,15 @@ from cost_models.moe import (
     router_activation_bytes,
 )
 from cost_models.pipeline import Makespan, Op, _timeline, pipeline_makespan, simulate
-from cost_models.stage import StageTime, stage_model
+from cost_models.stage import (
+    FORWARD_PASSES_PER_TRAINING_PASS,
+    StageTime,
+    elementwise_forward_seconds,
+    layer_costs,
+    stage_model,
+    tp_all_reduce_seconds,
+    tp_backward_hidden_seconds,
+)
 from cost_models.step import (
     CPU_ADAM_PARAMS_PER_SECOND_PER_NODE,
     HOST_GRAD_BYTES,
@@ -1200,3 +1211,110 @@ def test_in_flight_per_stage_defaults_to_every_stage_and_one_virtual_stage():
     is 1F1B."""
     assert in_flight_per_stage(schedule="1f1b", pp=4, num_micro_batches=8) == [4.0, 3.0, 2.0, 1.0]
     assert in_flight_per_stage(schedule="interleaved_1f1b", pp=4, num_micro_batches=8) == [4.0, 3.0, 2.0, 1.0]
+
+
+# ---- stage.py's per-layer costs (cost-models.md §2-§4; Narayanan §3.2; Korthikanti §4) ---------------------------
+
+
+def test_async_tp_all_reduces_hide_behind_their_weight_gradient_gemms():
+    """Megatron's async TP all-reduce (stage.py tp_backward_hidden_seconds): QKV's and FC1's backward all-reduces
+    each hide behind their own weight-gradient GEMM, 2·T·h·(a + 2g)·d/t and 2·T·h·f(x2 gated)/t FLOPs, at most the
+    exposed all-reduce (1 - 0.25 of 1 ms); nothing without the knob, TP or an exposed part."""
+    on = Knobs(tp_async_grad_allreduce=True, tp_overlap_fraction=0.25)
+    kw = dict(tokens=1024, tp=2, all_reduce_seconds=1e-3)
+    qkv = 2 * 1024 * 512 * (8 + 2 * 4) * 64 / 2
+    fc1 = 2 * 1024 * 512 * 1536 * 2 / 2
+    assert tp_backward_hidden_seconds(SWIGLU, on, rate_flops_per_second=4e12, **kw) == pytest.approx(
+        qkv / 4e12 + fc1 / 4e12, rel=1e-12)
+    assert tp_backward_hidden_seconds(SMALL, on, rate_flops_per_second=1e12, **kw) == pytest.approx(2 * 0.75e-3)
+    assert tp_backward_hidden_seconds(SMALL, Knobs(tp_overlap_fraction=0.25), rate_flops_per_second=1e12, **kw) == 0
+    assert tp_backward_hidden_seconds(SMALL, on, rate_flops_per_second=1e12, tokens=1024, tp=1,
+                                      all_reduce_seconds=1e-3) == 0
+    assert tp_backward_hidden_seconds(SMALL, replace(on, tp_overlap_fraction=1.0), rate_flops_per_second=1e12,
+                                      **kw) == 0
+
+
+@pytest.mark.parametrize("tp,expected", [(1, 0.0), (2, 2 * 1e-5 + 2 * 1 / 2 * 2_097_152 / 200e9),
+                                         (8, 14 * 1e-5 + 14 / 8 * 2_097_152 / 200e9)])
+def test_tp_all_reduce_of_bsh_over_the_node(tp, expected):
+    """One ring all-reduce of b·s·h·β = 1 x 1024 x 512 x 4 B (fp32) over tp adjacent ranks of a node (NVLink,
+    200 GB/s, 10 µs): 2(n-1) steps, 2(n-1)/n of the bytes."""
+    got = tp_all_reduce_seconds(HW, micro_batch_size=1, seq_length=1024, hidden_size=512, tp=tp, activation_bytes=4)
+    assert got == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_elementwise_seconds_charge_the_kept_bytes_and_the_score_kernels():
+    """stage.py elementwise_forward_seconds: 10 B moved per byte kept of the s·b·h activations (the kept a·s² score
+    bytes taken out), plus the score kernels' own traffic, over HBM, the forward's third of fwd + bwd (tp 2, fp32)."""
+    kw = dict(seq_length=1024, micro_batch_size=1, tp=2, activation_bytes=4)
+    kept = 8 * 1024 ** 2 * 1 * (4 + 1 + 4) / 2  # softmax output + dropout mask and output (fp32)
+    moved = (5 * 4 + 4 * 4 + 2) * 8 * 1024 ** 2 / 2
+    got = elementwise_forward_seconds(SMALL, HW, Knobs(), act_none_bytes=1e8, **kw)
+    assert got == pytest.approx((10 * (1e8 - kept) + moved) / 2e12 / FORWARD_PASSES_PER_TRAINING_PASS, rel=1e-12)
+
+
+def _costs(model=SMALL, training=BF16, knobs=Knobs(), **lay):
+    return layer_costs(model, training, HW, Layout(**{"dp": 1, "tp": 2, "pp": 1, **lay}), knobs)
+
+
+def test_layer_costs_parameters_of_the_embedding_and_output_layers():
+    """V padded to 1024 (Megatron: a multiple of 128 x tp), V·h/t = 262,144 per GPU; the learned positions
+    2048 x 512 on the embedding stage; a tied output layer only costs its own copy when it sits on another stage."""
+    tied = _costs()
+    assert tied.padded_vocab == 1024
+    assert tied.embedding_params == 1024 * 512 / 2 + 2048 * 512
+    assert tied.output_params == 0.0
+    assert _costs(pp=2).output_params == 1024 * 512 / 2
+    assert _costs(replace(SMALL, tied_embeddings=False)).output_params == 1024 * 512 / 2
+
+
+def test_layer_costs_times_by_their_formulas():
+    """b = 1, s = 1024, tp 2: GEMM FLOPs per GPU = the layer's / t; efficiency from the FC1 GEMM 2·T·h·f/t
+    (stage.py matmul_efficiency: 0.8 x x/(x + 2) x 0.8, x in GFLOP); logits 2·T·h·V/t at their own size's
+    efficiency; the TP dispatch overhead a third (the forward's share) in the forward; TP exposed 1 - overlap;
+    flash attention's recompute: full = the layer's forward again + the QK^T once more, selective = the core."""
+    knobs = Knobs(tp_overlap_fraction=0.25, tp_layer_overhead_seconds=3e-3)
+    flash = replace(SMALL, flash_attention=True)
+    got = _costs(flash, knobs=knobs)
+    gemm, core = layer_forward_flops(flash, tokens=1024, seq_length=1024)
+    x = 2 * 1024 * 512 * 2048 / 2 / 1e9
+    eff = 0.8 * x / (x + 2.0) * 0.8
+    rate = 1e15 * eff
+    assert got.gemm_flops_per_gpu == gemm / 2 and got.matmul_efficiency == pytest.approx(eff, rel=1e-12)
+    assert got.rate_flops_per_second == pytest.approx(rate, rel=1e-12) and got.tp_expose == 0.75
+    logits = 2 * 1024 * 512 * 1024 / 2
+    assert got.t_logits_forward == pytest.approx(logits / (1e15 * 0.8 * (logits / 1e9) / (logits / 1e9 + 2) * 0.8),
+                                                 rel=1e-12)
+    no_dispatch = _costs(flash, knobs=replace(knobs, tp_layer_overhead_seconds=0.0))
+    assert got.t_layer_forward - no_dispatch.t_layer_forward == pytest.approx(1e-3, rel=1e-9)
+    one = layer_costs(flash, BF16, HW, Layout(dp=2, tp=1, pp=1), knobs)
+    assert one.t_layer_forward == layer_costs(flash, BF16, HW, Layout(dp=2, tp=1, pp=1),
+                                              replace(knobs, tp_layer_overhead_seconds=0.0)).t_layer_forward
+    mem = no_dispatch.t_layer_forward - (gemm + core) / 2 / rate  # the memory-bound kernels
+    assert no_dispatch.t_recompute_full == pytest.approx((gemm + core + core / 2) / 2 / rate + mem, rel=1e-9)
+    selective = _costs(flash, knobs=replace(knobs, tp_layer_overhead_seconds=0.0), recompute="selective")
+    assert selective.t_recompute_policy == pytest.approx((core + core / 2) / 2 / rate, rel=1e-12)
+
+
+def test_layer_costs_activations_with_sp_gathered_inputs_and_fp32():
+    """torch-native SP keeps the QKV and FC1 inputs gathered (Knobs.sp_saves_gathered_inputs): 2·s·b·h·β(1 - 1/t)
+    more saved bytes, except under full recompute (only the layer input is kept), and no more elementwise time
+    (the gathered tensor is the all-gather's output, memory.py sp_gathered_input_bytes); fp32 activations; the
+    embedding (token ids, dropout mask) and output (norm and projection inputs, fp32 logits) bytes with SP."""
+    fp32 = replace(BF16, activation_bytes=4)
+    plain = _costs(training=fp32, sequence_parallel=True)
+    kept = _costs(training=fp32, knobs=Knobs(sp_saves_gathered_inputs=True), sequence_parallel=True)
+    gathered = 2 * 1024 * 1 * 512 * 4 * (1 - 1 / 2)
+    assert kept.act_none_bytes - plain.act_none_bytes == pytest.approx(gathered, rel=1e-12)
+    assert kept.act_full_bytes == plain.act_full_bytes
+    assert kept.t_layer_forward == pytest.approx(plain.t_layer_forward, rel=1e-12)
+    assert plain.act_none_bytes == activation_bytes_per_layer(SMALL, seq_length=1024, micro_batch_size=1, tp=2,
+                                                              sequence_parallel=True, activation_bytes=4)
+    assert plain.embedding_act_bytes == embedding_activation_bytes(seq_length=1024, micro_batch_size=1,
+                                                                   hidden_size=512, tp=2, sequence_parallel=True,
+                                                                   dropout=True)
+    assert plain.output_act_bytes == output_activation_bytes(seq_length=1024, micro_batch_size=1, hidden_size=512,
+                                                             vocab_size=1024, tp=2, sequence_parallel=True,
+                                                             activation_bytes=4)
+    assert layer_costs(SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs()) == layer_costs(
+        SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs(), fused_swiglu=False)
