@@ -1318,3 +1318,14 @@ def test_layer_costs_activations_with_sp_gathered_inputs_and_fp32():
                                                              activation_bytes=4)
     assert layer_costs(SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs()) == layer_costs(
         SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs(), fused_swiglu=False)
+
+
+def test_ep_group_spilling_onto_a_second_node_crosses_the_network():
+    """Bug: `ep_traffic` counted ep // ranks_per_node nodes, so an EP group of 10 ranks on 8-GPU nodes (possible for
+    DeepSeek-V2's 160 experts) was one node with no network bytes. It spans 2 nodes; the 2 ranks of the second one
+    send 8/10 of their copies across the network (the slowest ranks), the 8 of the first 7/10 to NVLink peers."""
+    got = ep_traffic(SMALL_MOE.moe, copies_bytes=1e7, ep=10, ranks_per_node=8)
+    assert got == EpTraffic(pytest.approx(1e7 * 7 / 10), pytest.approx(1e7 * 8 / 10))
+    # full nodes are unchanged: 16 ranks on two nodes, 8/16 across
+    assert ep_traffic(SMALL_MOE.moe, copies_bytes=1e7, ep=16, ranks_per_node=8) == EpTraffic(
+        pytest.approx(1e7 * 7 / 16), pytest.approx(1e7 * 8 / 16))
