@@ -3141,31 +3141,45 @@ def test_plan_extras_extend_adds_each_requested_section(monkeypatch, tmp_path):
 
     for name in ("Utilisation", "TrainingRun", "SensitivityReport"):
         monkeypatch.setattr(contract, name, Model(name))
-    monkeypatch.setattr(waste, "utilisation", lambda problem, result, opts: {"waste": opts.top_k})
-    monkeypatch.setattr(waste, "render_lines", lambda doc, problem: [f"waste {doc}"])
+    calls = []  # what each stand-in was handed: the plan's own problem, result, options, pick and estimate
+    monkeypatch.setattr(waste, "utilisation",
+                        lambda problem, result, opts: calls.append(("utilisation", problem, result, opts))
+                        or {"waste": opts.top_k})
+    monkeypatch.setattr(waste, "render_lines", lambda doc, problem: calls.append(("waste lines", problem))
+                        or [f"waste {doc}"])
     band = object()
-    monkeypatch.setattr(plan_extras, "step_time_band", lambda problem, pick, fw: log.append(("band", fw)) or band)
+    monkeypatch.setattr(plan_extras, "step_time_band",
+                        lambda problem, pick, fw: calls.append(("band", problem, pick)) or log.append(("band", fw))
+                        or band)
     run = SimpleNamespace(as_json=lambda: {"run": 1})
 
     def fake_for_problem(problem, step, **kw):
+        calls.append(("run", problem))
         log.append(("run", step, kw))
         return run
 
     monkeypatch.setattr(train, "for_problem", fake_for_problem)
-    monkeypatch.setattr(train, "render_lines", lambda r: ["run lines"])
-    monkeypatch.setattr(sens, "sensitivity", lambda problem, result, opts, b: log.append(("sens", b)) or "S")
+    monkeypatch.setattr(train, "render_lines", lambda r: calls.append(("run lines", r)) or ["run lines"])
+    monkeypatch.setattr(sens, "sensitivity", lambda problem, result, opts, b: calls.append(("sens", problem, result, opts))
+                        or log.append(("sens", b)) or "S")
     monkeypatch.setattr(sens, "as_json", lambda s, pick: {"sens": s, "pick": pick})
-    monkeypatch.setattr(sens, "render_lines", lambda report, command: [f"sens {command}"])
-    monkeypatch.setattr(figures, "plan_figures", lambda problem, result, folder: [folder / "m.png", folder / "t.png"])
-    monkeypatch.setattr(figures, "memory_lines", lambda est, headroom: [f"mem {headroom}"])
-    monkeypatch.setattr(figures, "time_lines", lambda est: ["time"])
+    monkeypatch.setattr(sens, "render_lines", lambda report, command: calls.append(("sens lines", report))
+                        or [f"sens {command}"])
+    monkeypatch.setattr(figures, "plan_figures", lambda problem, result, folder: calls.append(("figures", problem, result))
+                        or [folder / "m.png", folder / "t.png"])
+    monkeypatch.setattr(figures, "memory_lines", lambda est, headroom: calls.append(("mem", est)) or [f"mem {headroom}"])
+    monkeypatch.setattr(figures, "time_lines", lambda est: calls.append(("time", est)) or ["time"])
     p = _search_problem()
     pick = SimpleNamespace(step_seconds=3.0, estimate="E")
     result = SimpleNamespace(pick=pick)
     doc = SimpleNamespace(framework=SimpleNamespace(value="torchtitan"))
     extras = PlanExtras(tokens=1e10, price_per_gpu_hour=2.0, pue=1.1, sensitivity=True, command="planner plan -m x",
                         figures=tmp_path)
-    extend(doc, p, result, extras, PlanOptions(top_k=4))
+    opts = PlanOptions(top_k=4)
+    extend(doc, p, result, extras, opts)
+    assert calls == [("utilisation", p, result, opts), ("waste lines", p), ("band", p, pick), ("run", p),
+                     ("run lines", run), ("band", p, pick), ("sens", p, result, opts),
+                     ("sens lines", {"sens": "S", "pick": pick}), ("figures", p, result), ("mem", "E"), ("time", "E")]
     assert doc.utilisation.model_dump() == {"validated": {"waste": 4}}
     assert doc.training_run.model_dump() == {"validated": {"run": 1}}
     assert doc.sensitivity.model_dump() == {"validated": {"sens": "S", "pick": pick}}
