@@ -3371,3 +3371,21 @@ def test_cp_rules_read_the_model_for_ulysses_heads():
     got = rules._cp_rules(lay(tp=8, pp=1, dp=1, cp=2, cp_comm="a2a", sequence_parallel=True), llama,
                           training(global_batch_size=8, seq_length=4096))
     assert [(v.rule, v.field) for v in got] == [("cp_split", "cp")] and "KV heads per TP rank (1)" in got[0].allowed
+
+
+def test_distinct_runners_up_differ_from_the_pick_and_from_each_other_beyond_the_micro_batch():
+    """search._distinct: a runner-up whose shape (tp, pp, dp, ZeRO, offload, recompute, schedule, v) was already
+    shown, the pick's included, is skipped; a micro-batch size alone does not make it new; at most k are kept."""
+    from types import SimpleNamespace
+
+    from planner.inputs.specs import LayoutSpec
+    from planner.search import _distinct
+
+    def cand(**kw):
+        return SimpleNamespace(layout=LayoutSpec.trusted(**{"tp": 1, "pp": 1, "dp": 8, **kw}))
+
+    pick = cand(zero_stage=1)
+    a, a_mbs, b, c = cand(zero_stage=2), cand(zero_stage=2, micro_batch_size=2), cand(tp=2, dp=4), cand(tp=8, dp=1)
+    same_as_pick = cand(zero_stage=1, micro_batch_size=4)
+    assert _distinct([same_as_pick, a, a_mbs, b, c], pick, 2) == [a, b]
+    assert _distinct([a, a_mbs, b, c], pick, 5) == [a, b, c]
