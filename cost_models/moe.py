@@ -173,15 +173,20 @@ def ep_traffic(moe: MoE, *, copies_bytes: float, ep: int, ranks_per_node: int) -
     network. Node-limited routing with intra-node forwarding (DeepSeek-V3 §3.2.2, DeepEP): a token crosses the
     network once per remote target node, M·(N-1)/N times on average for M = nodes_per_token of N nodes, whatever
     k is ("scale up the number of selected experts ... to 13 ... without additional communication overhead");
-    then NVLink carries the (q-1)/q of the copies that land on another GPU of the target node."""
+    then NVLink carries the (q-1)/q of the copies that land on another GPU of the target node.
+
+    A group that does not fill its last node (ep 10 on 8-GPU nodes) still spans ceil(ep/q) nodes; under the plain
+    all-to-all its slowest rank is one of the r ranks of that last node, (ep-r)/ep of whose copies cross the
+    network."""
     q = max(1, min(ranks_per_node, ep))
-    nodes = max(1, ep // q)
+    nodes = -(-ep // q)
     if nodes == 1:
         return EpTraffic(copies_bytes * (q - 1) / ep, 0.0)
     if node_limited(moe, ep_nodes=nodes):
         m = nodes_per_token(moe, ep_nodes=nodes)
         return EpTraffic(copies_bytes * (q - 1) / q, copies_bytes / moe.top_k * m * (nodes - 1) / nodes)
-    return EpTraffic(copies_bytes * (q - 1) / ep, copies_bytes * (ep - q) / ep)
+    last = ep - (nodes - 1) * q  # ranks on the last node (q when the nodes are full)
+    return EpTraffic(copies_bytes * (q - 1) / ep, copies_bytes * (ep - last) / ep)
 
 
 def ep_all_to_all_seconds(traffic: EpTraffic, *, ep: int, intra: Link, network_per_gpu: Link | None) -> float:

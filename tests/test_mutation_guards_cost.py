@@ -22,24 +22,76 @@ from cost_models.communication import group_link
 from cost_models.compute import (
     hardware_flops_per_step,
     layer_forward_flops,
+    layer_parameter_count,
     model_flops_per_step,
     parameter_counts,
     recompute_extra_forward_flops,
     step_flops,
 )
-from cost_models.context_parallel import qkvo_elements_per_token, ring_overlap_min_tokens
+from cost_models.context_parallel import (
+    CpTraffic,
+    cp_buffer_bytes,
+    cp_problems,
+    cp_traffic,
+    cp_transfer_seconds,
+    exposed_cp_seconds,
+    kv_elements_per_token,
+    qkvo_elements_per_token,
+    ring_overlap_min_tokens,
+)
 from cost_models.data_parallel import embedding_sync_seconds, zero_comm_seconds
+from cost_models.extensions import (
+    LayerExtras,
+    Recomputed,
+    _cp_terms,
+    _ep_seconds,
+    _ep_terms,
+    _expert_kernel_terms,
+    _fp8_terms,
+    _grouped_gemm_slowdown,
+    _layer_params,
+    expert_data_parallel,
+    layer_extras,
+)
+from cost_models.fp8 import fp8_gemm_speedup, fp8_weight_extra_bytes, quantization_seconds
 from cost_models.inputs import MLA, Hardware, Knobs, Layout, Link, MoE, Training
-from cost_models.memory import vocab_padded
+from cost_models.memo import per_model
+from cost_models.memory import (
+    activation_bytes_per_layer,
+    attention_score_traffic_bytes,
+    embedding_activation_bytes,
+    in_flight_per_stage,
+    output_activation_bytes,
+    sp_gathered_input_bytes,
+    vocab_padded,
+)
 from cost_models.moe import (
+    EpTraffic,
     all_to_all_bytes_per_layer,
+    dispatch_buffer_bytes,
+    ep_all_to_all_seconds,
+    ep_traffic,
     expert_kernel_seconds,
     expert_kernels,
+    mlp_forward_flops_per_token,
+    mlp_parameter_counts,
+    moe_layer_other_count,
     node_limited,
     nodes_per_token,
+    routed_activation_bytes,
+    routed_tokens_per_rank,
+    router_activation_bytes,
 )
-from cost_models.pipeline import Makespan, pipeline_makespan
-from cost_models.stage import StageTime, stage_model
+from cost_models.pipeline import Makespan, Op, _timeline, pipeline_makespan, simulate
+from cost_models.stage import (
+    FORWARD_PASSES_PER_TRAINING_PASS,
+    StageTime,
+    elementwise_forward_seconds,
+    layer_costs,
+    stage_model,
+    tp_all_reduce_seconds,
+    tp_backward_hidden_seconds,
+)
 from cost_models.step import (
     CPU_ADAM_PARAMS_PER_SECOND_PER_NODE,
     HOST_GRAD_BYTES,
@@ -593,8 +645,9 @@ def test_per_expert_kernels_and_their_fixed_seconds(fp8, kernels):
     assert expert_kernels(fp8=fp8) == kernels
     fwd, bwd = expert_kernel_seconds(local_experts=16, fp8=fp8, kernel_gflop=0.5, rate_flops_per_second=4e14)
     per_kernel = 0.5e9 / 4e14
-    assert (fwd, bwd) == (pytest.approx(16 * kernels[0] * per_kernel, rel=1e-12),
-                          pytest.approx(16 * kernels[1] * per_kernel, rel=1e-12))
+    # abs=0: the seconds are ~1e-5, below pytest.approx's default absolute tolerance of 1e-12 x 1e7
+    assert (fwd, bwd) == (pytest.approx(16 * kernels[0] * per_kernel, rel=1e-12, abs=0),
+                          pytest.approx(16 * kernels[1] * per_kernel, rel=1e-12, abs=0))
     if fp8:
         assert 16 * sum(kernels) == 160
 
@@ -612,3 +665,734 @@ def test_one_chosen_group_limits_a_token_to_one_of_two_nodes():
     reaches 1 node although k and N would allow 2: node-limited (DeepSeek-V3 §3.2.2's dispatch)."""
     moe = MoE(num_experts=64, top_k=6, expert_ffn_hidden_size=1408, expert_groups=8, groups_per_token=1)
     assert nodes_per_token(moe, ep_nodes=2) == 1 and node_limited(moe, ep_nodes=2)
+
+
+def test_per_model_computes_once_per_model_object_and_again_for_another():
+    """memo.py: `per_model(fn)(m)` calls fn once for the last model object it saw (by identity) and again for any
+    other object, even an equal one. (`per_model` runs at import time for compute.py's memoised functions, so
+    mutmut maps its mutants to the first test that imports compute; this test calls it itself.)"""
+    calls = []
+
+    def count(model):
+        calls.append(model)
+        return len(calls)
+
+    memoised = per_model(count)
+    a, b = SimpleNamespace(n=1), SimpleNamespace(n=1)
+    assert (memoised(a), memoised(a)) == (1, 1)
+    assert memoised(b) == 2
+    assert memoised(a) == 3
+    assert calls == [a, b, a] and [id(m) for m in calls] == [id(a), id(b), id(a)]
+    assert memoised.__name__ == "count"
+
+
+# ---- context_parallel.py on round numbers (modern-training.md §2.3-§2.6) -----------------------------------------
+
+# a = 8 query heads, g = 2 KV heads, d = 64; a made-up MLA with a = 8, d_qk = 32 + 16, d_v = 32
+GQA = gpt_shape(num_layers=2, hidden_size=512, num_attention_heads=8, num_kv_heads=2, ffn_hidden_size=2048,
+                vocab_size=1000)
+SMALL_MLA = replace(GQA, mla=MLA(q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                                 v_head_dim=32))
+CP_LINK = Link(1e9, 1e-5)  # 1 GB/s, 10 µs: each message's latency shows in the sums below
+
+
+@pytest.mark.parametrize("model,tp,expected", [(GQA, 1, 2 * 2 * 64), (GQA, 2, 2 * 1 * 64), (GQA, 4, 2 * 1 * 64),
+                                               (SMALL_MLA, 2, 8 * (48 + 32) / 2)])
+def test_kv_elements_per_token_per_tp_rank(model, tp, expected):
+    """2·max(g/t, 1)·d (a KV head is replicated, not split, once t > g); MLA's expanded K and V a·(d_qk + d_v)/t."""
+    assert kv_elements_per_token(model, tp=tp) == expected
+
+
+@pytest.mark.parametrize("variant", ["p2p", "all_gather", "a2a"])
+def test_cp_one_sends_nothing(variant):
+    kw = dict(micro_batch_size=2, seq_length=4096, tp=1, cp=1)
+    assert cp_traffic(GQA, variant=variant, **kw) == CpTraffic(0.0, 0.0, 0)
+    assert cp_transfer_seconds(CpTraffic(1e6, 2e6, 1), variant=variant, cp=1, link=CP_LINK) == 0.0
+    assert exposed_cp_seconds(CpTraffic(1e6, 2e6, 1), variant=variant, cp=1, link=CP_LINK,
+                              attention_forward_seconds=0.0, attention_backward_seconds=0.0) == (0.0, 0.0)
+    assert cp_buffer_bytes(GQA, variant=variant, **kw) == 0.0
+
+
+@pytest.mark.parametrize("variant,cp,expected", [
+    # (cp-1)·s_l·kv·β·b with s = 4096, kv = 256, β = 2, b = 2; backward 2x; cp-1 ring steps, one all-gather
+    ("p2p", 2, CpTraffic(1 * 2048 * 256 * 2 * 2, 2 * 1 * 2048 * 256 * 2 * 2, 1)),
+    ("p2p", 4, CpTraffic(3 * 1024 * 256 * 2 * 2, 2 * 3 * 1024 * 256 * 2 * 2, 3)),
+    ("all_gather", 4, CpTraffic(3 * 1024 * 256 * 2 * 2, 2 * 3 * 1024 * 256 * 2 * 2, 1)),
+    # Ulysses: (cp-1)/cp·s_l·(2a + 2g)·d·β·b = 3/4 x 1024 x 1280 x 2 x 2 each way, two all-to-alls
+    ("a2a", 4, CpTraffic(3 / 4 * 1024 * 1280 * 2 * 2, 3 / 4 * 1024 * 1280 * 2 * 2, 2)),
+])
+def test_cp_traffic_by_variant(variant, cp, expected):
+    """cp_traffic's docstring formulas (modern-training.md §2.3) on s = 4096, b = 2, t = 1."""
+    got = cp_traffic(GQA, variant=variant, micro_batch_size=2, seq_length=4096, tp=1, cp=cp)
+    assert got.forward_bytes == pytest.approx(expected.forward_bytes, rel=1e-12)
+    assert got.backward_bytes == pytest.approx(expected.backward_bytes, rel=1e-12)
+    assert got.messages_forward == expected.messages_forward
+
+
+def _cp4(variant):
+    return cp_traffic(GQA, variant=variant, micro_batch_size=2, seq_length=4096, tp=1, cp=4)
+
+
+def test_cp_transfer_and_exposed_seconds_by_hand():
+    """cp = 4 over 1 GB/s with 10 µs per message (alpha-beta, cost-models.md §3). Ring: 3 steps of 1/3 of the bytes
+    each way, each hidden behind one of the cp equal attention steps. All-gather: the whole KV buffer
+    (traffic x cp/(cp-1)) gathered, 2x in backward. Ulysses: two all-to-alls of half the per-rank buffer each way."""
+    ring = _cp4("p2p")  # 3,145,728 B forward, 6,291,456 B backward
+    fwd_step, bwd_step = 1e-5 + 1_048_576 / 1e9, 1e-5 + 2_097_152 / 1e9
+    assert cp_transfer_seconds(ring, variant="p2p", cp=4, link=CP_LINK) == pytest.approx(3 * (fwd_step + bwd_step))
+    fwd, bwd = exposed_cp_seconds(ring, variant="p2p", cp=4, link=CP_LINK, attention_forward_seconds=2e-3,
+                                  attention_backward_seconds=4e-3)
+    assert (fwd, bwd) == (pytest.approx(3 * (fwd_step - 2e-3 / 4)), pytest.approx(3 * (bwd_step - 4e-3 / 4)))
+    gather = _cp4("all_gather")
+    one = 3 * 1e-5 + 3 / 4 * (3_145_728 * 4 / 3) / 1e9  # ring all-gather of 4,194,304 B over 4 ranks
+    assert exposed_cp_seconds(gather, variant="all_gather", cp=4, link=CP_LINK, attention_forward_seconds=1.0,
+                              attention_backward_seconds=1.0) == (pytest.approx(one), pytest.approx(2 * one))
+    assert cp_transfer_seconds(gather, variant="all_gather", cp=4, link=CP_LINK) == pytest.approx(3 * one)
+    ulysses = _cp4("a2a")  # 3,932,160 B each way
+    t = 2 * (3 * 1e-5 + 3 / 4 * (3_932_160 / 2 * 4 / 3) / 1e9)
+    assert exposed_cp_seconds(ulysses, variant="a2a", cp=4, link=CP_LINK, attention_forward_seconds=1.0,
+                              attention_backward_seconds=1.0) == (pytest.approx(t), pytest.approx(t))
+    assert cp_transfer_seconds(ulysses, variant="a2a", cp=4, link=CP_LINK) == pytest.approx(2 * t)
+    # cp = 2: one ring step each way, nothing to hide behind
+    two = cp_traffic(GQA, variant="p2p", micro_batch_size=2, seq_length=4096, tp=1, cp=2)
+    assert cp_transfer_seconds(two, variant="p2p", cp=2, link=CP_LINK) == pytest.approx(
+        2e-5 + (2_097_152 + 4_194_304) / 1e9)
+    assert exposed_cp_seconds(two, variant="p2p", cp=2, link=CP_LINK, attention_forward_seconds=0.0,
+                              attention_backward_seconds=0.0) == (pytest.approx(1e-5 + 2_097_152 / 1e9),
+                                                                 pytest.approx(1e-5 + 4_194_304 / 1e9))
+
+
+@pytest.mark.parametrize("variant,expected", [("p2p", 3 * 1024 * 1024), ("all_gather", 4096 * 1024), ("a2a", 0.0)])
+def test_cp_buffer_bytes_by_variant(variant, expected):
+    """§2.5: kv·β·b = 256 x 2 x 2 = 1024 B per token; the ring holds 3 x s_l of it, all-gather the whole s, Ulysses
+    nothing beyond its resharded tensors (s = 4096, cp = 4)."""
+    assert cp_buffer_bytes(GQA, variant=variant, micro_batch_size=2, seq_length=4096, tp=1, cp=4) == expected
+
+
+def test_cp_problems_name_the_field_and_the_numbers():
+    """§2.6: the variant, seq_length divisible by 2 x cp x tp, and Ulysses' heads per TP rank divisible by cp."""
+    assert cp_problems(GQA, variant="ring", cp=1, seq_length=4096, tp=1) == []
+    assert cp_problems(GQA, variant="ring", cp=2, seq_length=4096, tp=1) == [
+        ("cp_comm", "'ring' -> one of p2p, all_gather, a2a")]
+    (field, msg), = cp_problems(GQA, variant="p2p", cp=4, seq_length=4100, tp=2)  # 4100 % 16 = 4 (% 4 = 0)
+    assert field == "cp" and msg.startswith("4 -> seq_length (4100) must be divisible by 2 x cp x tp = 16 ")
+    # tp 2: 4 query heads and 1 KV head per rank; 1 is not divisible by cp = 2
+    (field, msg), = cp_problems(GQA, variant="a2a", cp=2, seq_length=4096, tp=2)
+    assert field == "cp" and msg.startswith("2 -> a2a (Ulysses) needs query heads per TP rank (4) and KV heads per "
+                                            "TP rank (1) divisible by cp ")
+    assert cp_problems(GQA, variant="a2a", cp=2, seq_length=4096, tp=1) == []  # 8 and 2 heads
+
+
+# ---- moe.py on round numbers (modern-training.md §3; Megatron theoretical_memory_usage.py) --------------------
+
+# h = 512, SwiGLU, 4 layers of which the first is dense (f = 2048); 8 routed experts of f_e = 256, k = 2, shared
+# experts of total width 384 with a gate, a router bias
+SMALL_MOE = gpt_shape(num_layers=4, hidden_size=512, num_attention_heads=8, num_kv_heads=8, ffn_hidden_size=2048,
+                      vocab_size=1000, swiglu=True, bias=False,
+                      moe=MoE(num_experts=8, top_k=2, expert_ffn_hidden_size=256, shared_expert_ffn_hidden_size=384,
+                              shared_expert_gate=True, router_bias=True, num_dense_layers=1))
+
+
+@pytest.mark.parametrize("swiglu,expected", [(False, 2 * 512 * 2048 + 2048 + 512),
+                                             (True, 3 * 512 * 2048 + 2 * 2048 + 512)])
+def test_dense_mlp_parameters_with_gpt_biases(swiglu, expected):
+    """GPT-style biases: fc1's f (two of them gated: 2f) and fc2's h, on top of 2 (or 3) h x f weights."""
+    model = gpt_shape(hidden_size=512, ffn_hidden_size=2048, bias=True, swiglu=swiglu)
+    got = mlp_parameter_counts(model)
+    assert (got.dense_layer, got.moe_layer_total, got.moe_layer_active, got.moe_layer_routed) == (expected, 0, 0, 0)
+
+
+def test_moe_layer_parameters_by_part():
+    """Router h·E + E (bias), shared experts 3·h·384, shared gate h (Megatron theoretical_memory_usage.py
+    L104-152); routed 8 x 3·h·f_e of which k = 2 are active."""
+    expert = 3 * 512 * 256
+    other = 512 * 8 + 8 + 3 * 512 * 384 + 512
+    moe = SMALL_MOE.moe
+    assert moe_layer_other_count(moe, hidden_size=512, mlp_matrix_count=3) == other
+    plain = replace(moe, router_bias=False, shared_expert_gate=False)
+    assert moe_layer_other_count(plain, hidden_size=512, mlp_matrix_count=3) == 512 * 8 + 3 * 512 * 384
+    counts = mlp_parameter_counts(SMALL_MOE)
+    assert (counts.dense_layer, counts.moe_layer_total, counts.moe_layer_active, counts.moe_layer_routed) == (
+        3 * 512 * 2048, 8 * expert + other, 2 * expert + other, 8 * expert)
+
+
+def test_mlp_forward_flops_per_token_average_dense_and_moe_layers():
+    """2 FLOPs per weight: one dense layer 2·3·h·f, three MoE layers of 2 routed experts, the shared experts and the
+    router GEMM 2·h·E, averaged over the 4 layers (moe.py mlp_forward_flops_per_token)."""
+    dense = 2 * 3 * 512 * 2048
+    routed, shared, router = 2 * 2 * 3 * 512 * 256, 2 * 3 * 512 * 384, 2 * 512 * 8
+    assert mlp_forward_flops_per_token(SMALL_MOE) == (dense * 1 + (routed + shared + router) * 3) / 4
+
+
+@pytest.mark.parametrize("imbalance,capacity,expected", [(1.5, None, 3000), (1.5, 1.25, 2500), (1.1, 2.0, 2200)])
+def test_routed_tokens_per_rank_with_imbalance_and_capacity(imbalance, capacity, expected):
+    """T·k·γ, capped at T·k·CF with a capacity factor: T = 1000, k = 2."""
+    moe = replace(SMALL_MOE.moe, capacity_factor=capacity)
+    assert routed_tokens_per_rank(moe, tokens=1000, imbalance=imbalance) == pytest.approx(expected, rel=1e-12)
+
+
+GROUPED = MoE(num_experts=64, top_k=6, expert_ffn_hidden_size=1408, expert_groups=8, groups_per_token=2)
+
+
+@pytest.mark.parametrize("moe,ep,per_node,intra,network", [
+    (SMALL_MOE.moe, 8, 8, 6e6 * 7 / 8, 0.0),  # one node: the 7 other GPUs of the 8 over NVLink
+    (SMALL_MOE.moe, 16, 8, 6e6 * 7 / 16, 6e6 * 8 / 16),  # two nodes, plain all-to-all
+    (SMALL_MOE.moe, 4, 1, 0.0, 6e6 * 3 / 4),  # one rank a node: every remote copy crosses the network
+    # node-limited (DeepSeek-V3 §3.2.2): 4 nodes, M = 2 chosen of 8 groups -> 2 nodes a token, once each over the
+    # network for 3 of 4 nodes remote, c/k x 2 x 3/4; then 7/8 of the copies forwarded over NVLink
+    (GROUPED, 32, 8, 6e6 * 7 / 8, 6e6 / 6 * 2 * 3 / 4),
+])
+def test_ep_traffic_by_placement(moe, ep, per_node, intra, network):
+    got = ep_traffic(moe, copies_bytes=6e6, ep=ep, ranks_per_node=per_node)
+    assert (got.intra_node_bytes, got.network_bytes) == (pytest.approx(intra, rel=1e-12),
+                                                         pytest.approx(network, rel=1e-12))
+
+
+def test_ep_all_to_all_seconds_slower_link_plus_a_latency_per_peer():
+    """NVLink and the NICs at once: max(intra/B_intra, network/B_net) + (ep-1) x the larger latency."""
+    intra, net = Link(100e9, 1e-5), Link(10e9, 2e-5)
+    assert ep_all_to_all_seconds(EpTraffic(1e8, 1e8), ep=1, intra=intra, network_per_gpu=net) == 0.0
+    assert ep_all_to_all_seconds(EpTraffic(1e8, 1e8), ep=2, intra=intra, network_per_gpu=net) == pytest.approx(
+        2e-5 + 1e8 / 10e9)
+    assert ep_all_to_all_seconds(EpTraffic(7e8, 0.0), ep=8, intra=intra, network_per_gpu=None) == pytest.approx(
+        7 * 1e-5 + 7e8 / 100e9)
+    assert ep_all_to_all_seconds(EpTraffic(0.0, 3e8), ep=4, intra=intra, network_per_gpu=net) == pytest.approx(
+        3 * 2e-5 + 3e8 / 10e9)
+    with pytest.raises(ValueError, match="^EP traffic crosses nodes but the cluster has no inter-node network$"):
+        ep_all_to_all_seconds(EpTraffic(0.0, 3e8), ep=4, intra=intra, network_per_gpu=None)
+
+
+def test_routed_router_and_dispatch_bytes():
+    """§3.7: T·k·γ·(2h + 3 f_e/etp)·β saved for the routed tokens (2 f_e without a gate); router logits and
+    probabilities T·E·4·2; the dispatch receive buffer T·k·γ·h·β (h = 512, f_e = 256, 100 routed tokens)."""
+    assert routed_activation_bytes(SMALL_MOE, routed_tokens=100, etp=2) == 100 * (2 * 512 + 3 * 256 / 2) * 2
+    plain = replace(SMALL_MOE, swiglu=False)
+    assert routed_activation_bytes(plain, routed_tokens=100) == 100 * (2 * 512 + 2 * 256) * 2
+    assert router_activation_bytes(tokens=100, num_experts=8) == 100 * 8 * 4 * 2
+    assert dispatch_buffer_bytes(routed_tokens=100, hidden_size=512) == 100 * 512 * 2
+    assert dispatch_buffer_bytes(routed_tokens=100, hidden_size=512, activation_bytes=1) == 100 * 512
+
+
+# ---- attention.py's biases and qk-norm (HF modules, modern-training.md §4.1, §6.1) ---------------------------
+
+
+@pytest.mark.parametrize("kw,expected", [
+    (dict(bias=True), (8 + 2 * 2) * 64 + 512),  # GPT: q, k, v (a + 2g)·d and o h
+    (dict(bias=False), 0),
+    (dict(bias=False, qkv_bias=True), (8 + 2 * 2) * 64),  # Qwen2
+    (dict(bias=False, o_bias=True), 512),
+    (dict(bias=False, qkv_bias=True, o_bias=True), (8 + 2 * 2) * 64 + 512),  # Llama attention_bias
+    (dict(bias=False, qk_norm=True), 2 * 64),  # Qwen3: two RMSNorms of size d
+    (dict(bias=True, qk_norm=True), (8 + 2 * 2) * 64 + 512 + 2 * 64),
+])
+def test_attention_biases_and_qk_norm_of_gqa(kw, expected):
+    """a = 8, g = 2, d = 64, h = 512 (attention.py attention_extra_count's docstring)."""
+    assert attention_extra_count(replace(GQA, **kw)) == expected
+
+
+def test_layer_parameters_add_attention_mlp_and_norms():
+    """One GPT-style GQA layer with biases: attention weights h(a·d + 2g·d) + a·d·h = 655,360, their biases
+    1,280, the MLP 2·h·f + f + h = 2,099,712, two LayerNorms of 2h = 2,048 (compute.py layer_parameter_count)."""
+    weights = 512 * (512 + 2 * 128) + 512 * 512
+    assert layer_parameter_count(GQA) == (weights + 1280 + 2 * 512 * 2048 + 2048 + 512 + 2 * 2 * 512, 2 * 2 * 512)
+
+
+# ---- pipeline.py's simulator: timelines worked out by hand (cost-models.md §5) ----------------------------------
+
+
+def _ops(tl):
+    return [(o.stage, o.kind, o.micro_batch, o.chunk, o.start, o.end) for o in tl.ops]
+
+
+def test_gpipe_timeline_pays_the_p2p_delay_once_per_hop():
+    """p = 2, m = 2, F = 1, B = 2, send/receive 0.5 s between stages: stage 1's forwards wait 0.5 s for stage 0's,
+    stage 0's backwards 0.5 s for stage 1's; a stage's own F before its B costs nothing. 9 s without the delay
+    (sum + (m-1) max, Narayanan §2.2.1) + 2 hops x 0.5 s."""
+    tl = simulate(schedule="gpipe", pp=2, num_micro_batches=2, t_forward=1.0, t_backward=2.0, t_p2p=0.5)
+    assert _ops(tl) == [(0, "F", 0, 0, 0.0, 1.0), (0, "F", 1, 0, 1.0, 2.0), (0, "B", 0, 0, 6.0, 8.0),
+                        (0, "B", 1, 0, 8.0, 10.0), (1, "F", 0, 0, 1.5, 2.5), (1, "F", 1, 0, 2.5, 3.5),
+                        (1, "B", 0, 0, 3.5, 5.5), (1, "B", 1, 0, 5.5, 7.5)]
+    assert (tl.schedule, tl.pp, tl.num_micro_batches, tl.virtual_stages) == ("gpipe", 2, 2, 1)
+    assert (tl.makespan, tl.busy_per_stage, tl.peak_in_flight_per_stage) == (10.0, (6.0, 6.0), (2.0, 2.0))
+
+
+def test_interleaved_timeline_by_hand():
+    """p = 2, v = 2, m = 2, F = 1 and B = 2 per stage (0.5 and 1 per chunk), 0.25 s per hop. Stage 0 runs all four
+    forwards first (warm-up (p-r-1)·2 + (v-1)·p = 4), stage 1 two; chunk 1 of stage 0 waits for chunk 0 of the last
+    stage, the last stage's chunk-0 backward for stage 0's chunk-1 backward (Narayanan §2.2.2's chunk order)."""
+    tl = simulate(schedule="interleaved_1f1b", pp=2, num_micro_batches=2, virtual_stages=2, t_forward=1.0,
+                  t_backward=2.0, t_p2p=0.25)
+    assert _ops(tl) == [
+        (0, "F", 0, 0, 0.0, 0.5), (0, "F", 1, 0, 0.5, 1.0), (0, "F", 0, 1, 1.5, 2.0), (0, "F", 1, 1, 2.0, 2.5),
+        (0, "B", 0, 1, 4.0, 5.0), (0, "B", 1, 1, 5.5, 6.5), (0, "B", 0, 0, 6.5, 7.5), (0, "B", 1, 0, 8.0, 9.0),
+        (1, "F", 0, 0, 0.75, 1.25), (1, "F", 1, 0, 1.25, 1.75), (1, "F", 0, 1, 2.25, 2.75), (1, "B", 0, 1, 2.75, 3.75),
+        (1, "F", 1, 1, 3.75, 4.25), (1, "B", 1, 1, 4.25, 5.25), (1, "B", 0, 0, 5.25, 6.25), (1, "B", 1, 0, 6.75, 7.75)]
+    assert (tl.makespan, tl.busy_per_stage, tl.peak_in_flight_per_stage) == (9.0, (6.0, 6.0), (4 / 2, 3 / 2))
+    assert (tl.schedule, tl.virtual_stages) == ("interleaved_1f1b", 2)
+
+
+def test_interleaved_more_micro_batches_than_stages_matches_the_closed_form():
+    """m = 4 > p = 2: the second group of micro-batches (2 and 3) follows the first; equal stages of 3 s:
+    m·t + (p·t - t)/v = 12 + 3/2 (Narayanan §2.2.2), every (micro-batch, chunk) once per stage and kind."""
+    tl = simulate(schedule="interleaved_1f1b", pp=2, num_micro_batches=4, virtual_stages=2)
+    assert tl.makespan == 13.5
+    for r in range(2):
+        for kind in "FB":
+            assert sorted((o.micro_batch, o.chunk) for o in tl.ops if o.stage == r and o.kind == kind) == [
+                (mb, c) for mb in range(4) for c in range(2)]
+
+
+@pytest.mark.parametrize("t_weight,t_p2p,expected", [
+    # default W = B/2 = 1 (the input-gradient part 1): m·3 + (p-1)·max(0, 3 - 2·1) = 7 (Qi et al. Table 2)
+    (None, 0.0, [(0, "F", 0, 0.0, 1.0), (0, "F", 1, 1.0, 2.0), (0, "B", 0, 3.0, 4.0), (0, "W", 0, 4.0, 5.0),
+                 (0, "B", 1, 5.0, 6.0), (0, "W", 1, 6.0, 7.0), (1, "F", 0, 1.0, 2.0), (1, "B", 0, 2.0, 3.0),
+                 (1, "F", 1, 3.0, 4.0), (1, "B", 1, 4.0, 5.0), (1, "W", 0, 5.0, 6.0), (1, "W", 1, 6.0, 7.0)]),
+    # W = 0.5, B = 1.5: stage 0 fills 5.0-5.5 with W0 while B1 waits for stage 1 (ready at 6.0)
+    (0.5, 0.0, [(0, "F", 0, 0.0, 1.0), (0, "F", 1, 1.0, 2.0), (0, "B", 0, 3.5, 5.0), (0, "W", 0, 5.0, 5.5),
+                (0, "B", 1, 6.0, 7.5), (0, "W", 1, 7.5, 8.0), (1, "F", 0, 1.0, 2.0), (1, "B", 0, 2.0, 3.5),
+                (1, "F", 1, 3.5, 4.5), (1, "B", 1, 4.5, 6.0), (1, "W", 0, 6.0, 6.5), (1, "W", 1, 6.5, 7.0)]),
+    # 0.25 s per hop: stage 1's forwards and stage 0's backwards wait for it; the last stage's B and stage 0's F not
+    (None, 0.25, [(0, "F", 0, 0.0, 1.0), (0, "F", 1, 1.0, 2.0), (0, "B", 0, 3.5, 4.5), (0, "W", 0, 4.5, 5.5),
+                  (0, "B", 1, 5.5, 6.5), (0, "W", 1, 6.5, 7.5), (1, "F", 0, 1.25, 2.25), (1, "B", 0, 2.25, 3.25),
+                  (1, "F", 1, 3.25, 4.25), (1, "B", 1, 4.25, 5.25), (1, "W", 0, 5.25, 6.25), (1, "W", 1, 6.25, 7.25)]),
+])
+def test_zero_bubble_timeline_by_hand(t_weight, t_p2p, expected):
+    """ZB-H1 list scheduling (pipeline.py _simulate_zero_bubble; Qi et al. 2023 §3), p = 2, m = 2, F = 1, B + W = 2:
+    B first when it can start first, then F (at most p - stage micro-batches in flight), W only in idle time."""
+    tl = simulate(schedule="zero_bubble", pp=2, num_micro_batches=2, t_forward=1.0, t_backward=2.0,
+                  t_weight=t_weight, t_p2p=t_p2p)
+    assert [(o.stage, o.kind, o.micro_batch, o.start, o.end) for o in tl.ops] == expected
+    assert all(o.chunk == 0 for o in tl.ops)
+    assert (tl.schedule, tl.num_micro_batches, tl.virtual_stages) == ("zero_bubble", 2, 1)
+    assert tl.makespan == max(op[-1] for op in expected) and tl.peak_in_flight_per_stage == (2.0, 1.0)
+
+
+def test_simulate_defaults_naive_and_virtual_stages_only_for_interleaving():
+    """v is 1 unless told and only interleaving reads it; naive is one micro-batch of m x the work, and holds
+    all m micro-batches' activations on every stage (peak m)."""
+    assert simulate(schedule="interleaved_1f1b", pp=2, num_micro_batches=2).virtual_stages == 1
+    assert simulate(schedule="1f1b", pp=2, num_micro_batches=4, virtual_stages=2) == simulate(
+        schedule="1f1b", pp=2, num_micro_batches=4)
+    naive = simulate(schedule="naive", pp=2, num_micro_batches=4)
+    assert naive.makespan == 4 * (1 + 2) * 2 and naive.peak_in_flight_per_stage == (4.0, 4.0)
+    assert (naive.schedule, naive.num_micro_batches) == ("naive", 4)
+    with pytest.raises(ValueError, match="^no static order for schedule 'bogus'$"):
+        simulate(schedule="bogus", pp=2, num_micro_batches=2)
+
+
+def test_peak_in_flight_counts_forwards_started_less_backwards_done():
+    """One stage running F0, B0, F1, F2: in flight 1, 0, 1, 2, so the peak is 2 (pipeline.py _timeline)."""
+    ops = [Op(0, "F", 0, 0, 0.0, 1.0), Op(0, "B", 0, 0, 1.0, 2.0), Op(0, "F", 1, 0, 2.0, 3.0),
+           Op(0, "F", 2, 0, 3.0, 4.0)]
+    assert _timeline("1f1b", 1, 3, 1, ops).peak_in_flight_per_stage == (2.0,)
+
+
+def test_pipeline_makespan_defaults_and_unknown_schedule():
+    """Interleaving with v = 1 unless told: m·max + (sum - max)/1 = 4 x 2 + 1."""
+    assert pipeline_makespan(schedule="interleaved_1f1b", stage_seconds=[1.0, 2.0], num_micro_batches=4) == (
+        9.0, 8.0, 1)
+    with pytest.raises(ValueError, match="^unknown schedule 'bogus'$"):
+        pipeline_makespan(schedule="bogus", stage_seconds=[1.0], num_micro_batches=1)
+
+
+# ---- extensions.py: what CP, EP and FP8 add to one layer (modern-training.md §2-§3, §1) ----------------------
+
+FP32_LONG = replace(BF16, seq_length=4096, activation_bytes=4)
+
+
+@pytest.mark.parametrize("variant", ["p2p", "all_gather", "a2a"])
+def test_cp_terms_attention_backward_is_twice_the_forward(variant):
+    """_cp_terms: the exchange of b = 2 sequences of s = 4096 fp32 tokens over cp = 4 ranks, tp = 2 (the CP group
+    of 4 ranks 2 apart fills one 8-GPU node: NVLink, 200 GB/s, 10 µs); exposed against the attention core
+    forward (1e-5 s per ring step: core/cp) and backward at 2x the forward (Korthikanti's 2:1); totals before any
+    overlap; the forward parts; the receive buffers. Without CP, nothing."""
+    lay = Layout(dp=1, tp=2, pp=1, cp=4, cp_comm=variant, micro_batch_size=2)
+    core = 4e-5
+    kw = dict(micro_batch_size=2, seq_length=4096, tp=2, cp=4, activation_bytes=4)
+    traffic = cp_traffic(GQA, variant=variant, **kw)
+    link = Link(200e9, 1e-5)
+    fwd, bwd = exposed_cp_seconds(traffic, variant=variant, cp=4, link=link, attention_forward_seconds=core,
+                                  attention_backward_seconds=2 * core)
+    fwd_total, _ = exposed_cp_seconds(traffic, variant=variant, cp=4, link=link, attention_forward_seconds=0.0,
+                                      attention_backward_seconds=0.0)
+    got = _cp_terms(GQA, FP32_LONG, HW, lay, core)
+    assert got == (fwd + bwd, cp_buffer_bytes(GQA, variant=variant, **kw),
+                   cp_transfer_seconds(traffic, variant=variant, cp=4, link=link), fwd, fwd_total)
+    if variant == "p2p":  # 3 steps of 1,048,576 B (fp32 K and V of 1024 tokens x 128 elements x 2 sequences)
+        step = 1e-5 + 1_048_576 / 200e9
+        assert fwd == pytest.approx(3 * (step - core / 4)) and fwd_total == pytest.approx(3 * step)
+        assert bwd == pytest.approx(3 * (1e-5 + 2 * 1_048_576 / 200e9 - 2 * core / 4))
+    assert _cp_terms(GQA, FP32_LONG, HW, replace(lay, cp=1), core) == (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+# SMALL_MOE: 3 of 4 layers MoE (frac 0.75), 8 experts, k = 2, h = 512, f_e = 256, shared 384, SwiGLU
+MOE_KNOBS = Knobs(moe_imbalance=1.25, ep_overlap_fraction=0.2)
+
+
+def test_ep_terms_within_one_node_by_hand():
+    """ep = 8 on one 8-GPU node, b·s = 1024 tokens, γ = 1.25: the all-to-all moves 2 passes x T·γ x k x h x (2 + 2) B
+    = 10,485,760 B, 7/8 of it to the node's other GPUs over NVLink (moe.py ep_traffic), plus 7 latencies; exposed
+    (1 - 0.2) x 0.75 of it, 0.75 before overlap (frac of MoE layers); the forward pass half the bytes. Memory: the
+    routed tokens' activations T·k·γ·(2h + 3 f_e)·2, the shared expert's 8·384 B and the router's T·E·8 replace the
+    dense MLP's 8·f B per token (§3.7); the dispatch buffer holds T·k·γ·h·2 B."""
+    lay = Layout(dp=8, tp=1, pp=1, ep=8)
+    got = _ep_terms(SMALL_MOE, BF16, HW, lay, MOE_KNOBS, 1024.0)
+    seconds = 7 * 1e-5 + 10_485_760 * 7 / 8 / 200e9
+    forward = 7 * 1e-5 + 10_485_760 / 2 * 7 / 8 / 200e9
+    routed = 1024 * 2 * 1.25
+    moe_mlp = routed * (2 * 512 + 3 * 256) * 2 + 1024 * 8 * 384 * 2 / 2 + 1024 * 8 * 4 * 2
+    dense_mlp = 1024 * 8 * 2048 * 2 / 2
+    assert got == (pytest.approx(seconds * 0.8 * 0.75), pytest.approx((moe_mlp - dense_mlp) * 0.75),
+                   routed * 512 * 2, pytest.approx(seconds * 0.75), pytest.approx(forward * 0.8 * 0.75),
+                   pytest.approx(forward * 0.75))
+    assert _ep_terms(GQA, BF16, HW, lay, MOE_KNOBS, 1024.0) == (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def test_ep_terms_across_nodes_with_sequence_parallel_etp_and_fp32():
+    """ep = 16, etp = 2 on 8-GPU nodes: 4 EP ranks a node (etp apart), 4 nodes; sequence parallelism gives the MoE
+    layer T/tp = 512 tokens; fp32: 2 x 640 x 2 x 512 x (4 + 4) = 10,485,760 B, 3/16 on NVLink, 12/16 over the
+    node's share of the NICs (8 x 25 GB/s / 8 GPUs = 25 GB/s), 15 latencies of 10 µs. A plain MLP saves 4·f B per
+    token (2h + 2 f_e/etp for the routed tokens)."""
+    moe = replace(SMALL_MOE, swiglu=False)
+    lay = Layout(dp=16, tp=2, pp=1, ep=16, etp=2, sequence_parallel=True)
+    got = _ep_terms(moe, FP32_LONG, HW, lay, MOE_KNOBS, 1024.0)
+    seconds = 15 * 1e-5 + 10_485_760 * 12 / 16 / 25e9
+    forward = 15 * 1e-5 + 10_485_760 / 2 * 12 / 16 / 25e9
+    routed = 512 * 2 * 1.25
+    moe_mlp = routed * (2 * 512 + 2 * 256 / 2) * 4 + 1024 * 4 * 384 * 4 / 2 / 2 + 512 * 8 * 4 * 2
+    dense_mlp = 1024 * 4 * 2048 * 4 / 2 / 2
+    assert got == (pytest.approx(seconds * 0.6), pytest.approx((moe_mlp - dense_mlp) * 0.75), routed * 512 * 4,
+                   pytest.approx(seconds * 0.75), pytest.approx(forward * 0.6), pytest.approx(forward * 0.75))
+
+
+@pytest.mark.parametrize("ep,seconds,buffer", [(1, 0.0, 0.0), (2, 1e-5 + 10_485_760 / 2 / 200e9, 2560 * 512 * 2)])
+def test_ep_terms_at_ep_one_and_two(ep, seconds, buffer):
+    """No all-to-all and no dispatch buffer at ep = 1 (the activation delta stays); at ep = 2 half the copies go to
+    the other GPU, one latency."""
+    got = _ep_terms(SMALL_MOE, BF16, HW, Layout(dp=2, tp=1, pp=1, ep=ep), MOE_KNOBS, 1024.0)
+    assert got.exposed_seconds == pytest.approx(seconds * 0.6, rel=1e-12, abs=0) and got.buffer_bytes == buffer
+    assert got.activation_delta_bytes == pytest.approx(
+        (2560 * (2 * 512 + 3 * 256) * 2 + 1024 * 8 * 384 + 1024 * 64 - 1024 * 8 * 2048) * 0.75)
+
+
+def test_ep_seconds_fp8_dispatch_whole_node_experts_and_one_gpu_nodes():
+    """FP8 blockwise dispatch sends 1 B + 1x128 FP32 scales per element, the combine stays in BF16 (DeepSeek-V3
+    §3.3); expert TP filling a node puts one EP rank per node; one GPU per node: no NVLink, every copy but the
+    local one over the network at nics x 25 GB/s."""
+    fp8 = replace(BF16, fp8_recipe="blockwise")
+    lay = Layout(dp=8, tp=1, pp=1, ep=8)
+    c = 2 * 1000 * 2 * 512 * (1 + 4 / 128 + 2)
+    assert _ep_seconds(SMALL_MOE.moe, fp8, HW, lay, tokens=1000, hidden_size=512) == pytest.approx(
+        7e-5 + c * 7 / 8 / 200e9, rel=1e-12)
+    assert _ep_seconds(SMALL_MOE.moe, replace(BF16, fp8_recipe="tensorwise"), HW, lay, tokens=1000,
+                       hidden_size=512) == pytest.approx(7e-5 + 2 * 1000 * 2 * 512 * 4 * 7 / 8 / 200e9, rel=1e-12)
+    whole = Layout(dp=16, tp=8, pp=1, ep=2, etp=8)  # etp = 8 = GPUs a node: 2 EP ranks, 2 nodes
+    c = 2 * 1000 * 2 * 512 * 4
+    assert _ep_seconds(SMALL_MOE.moe, BF16, HW, whole, tokens=1000, hidden_size=512) == pytest.approx(
+        1e-5 + c / 2 / 25e9, rel=1e-12)
+    single = replace(HW, gpus_per_node=1, intra_node=None, intra_node_kind="none", nics_per_node=1)
+    assert _ep_seconds(SMALL_MOE.moe, BF16, single, Layout(dp=4, tp=1, pp=1, ep=4), tokens=1000,
+                       hidden_size=512) == pytest.approx(3 * 5e-6 + c * 3 / 4 / 25e9, rel=1e-12)
+    assert _ep_seconds(SMALL_MOE.moe, BF16, HW, Layout(dp=8, tp=1, pp=1, ep=1), tokens=1000, hidden_size=512) == 0
+
+
+def test_expert_kernel_terms_need_moe_the_knob_and_a_rate():
+    """ep = 2: 4 local experts x (2 + 4) kernels (BF16) or (4 + 6) (FP8) x 0.5 GFLOP at 4e14 FLOP/s, x 0.75 (frac)."""
+    knobs = Knobs(moe_expert_kernel_gflop=0.5)
+    lay = Layout(dp=2, tp=1, pp=1, ep=2)
+    k = 0.5e9 / 4e14
+    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, knobs, 4e14) == (pytest.approx(4 * 6 * k * 0.75, rel=1e-12, abs=0),
+                                                                     pytest.approx(4 * 2 * k * 0.75, rel=1e-12, abs=0))
+    fp8 = replace(BF16, fp8_recipe="tensorwise")
+    assert _expert_kernel_terms(SMALL_MOE, fp8, lay, knobs, 4e14) == (pytest.approx(4 * 10 * k * 0.75, rel=1e-12, abs=0),
+                                                                    pytest.approx(4 * 4 * k * 0.75, rel=1e-12, abs=0))
+    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, Knobs(), 4e14) == (0.0, 0.0)
+    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, knobs, None) == (0.0, 0.0)
+    assert _expert_kernel_terms(GQA, BF16, lay, knobs, 4e14) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("swiglu", [True, False])
+def test_grouped_gemm_slowdown_by_the_size_curve(swiglu):
+    """tp = 2, etp = 2, ep = 4, 1024 tokens: a local expert's slice has T·k·ep/E = 1024 rows, its FC1
+    2·1024·512·(2)·256/etp FLOPs against the dense FC1 2·1024·512·2048/tp; the efficiency x/(x + 2 GFLOP) at each."""
+    model = replace(SMALL_MOE, swiglu=swiglu)
+    lay = Layout(dp=8, tp=2, pp=1, ep=4, etp=2)
+    gated = 2 if swiglu else 1
+    expert = 2 * 1024 * 512 * gated * 256 / 2
+    dense = 2 * 1024 * 512 * 2048 / 2
+    expected = (dense / (dense + 2e9)) / (expert / (expert + 2e9))
+    assert _grouped_gemm_slowdown(model, lay, Knobs(), 1024.0) == pytest.approx(expected, rel=1e-13)
+
+
+def test_layer_params_shard_dense_by_tp_and_experts_by_ep_times_etp():
+    """SMALL_MOE's mean layer 18,568,728 / 4 = 4,642,182 parameters: routed experts 8 x 3·512·256 x 0.75
+    = 2,359,296, norms 2 x 2h = 2,048, the rest dense; tp = 2, ep x etp = 4 x 2."""
+    params, experts = _layer_params(SMALL_MOE, Layout(dp=8, tp=2, pp=1, ep=4, etp=2))
+    routed = 8 * 3 * 512 * 256 * 0.75
+    assert parameter_counts(SMALL_MOE).layers == 18_568_728
+    assert experts == routed / 8
+    assert params == pytest.approx((4_642_182 - routed - 2048) / 2 + routed / 8 + 2048, rel=1e-15)
+
+
+@pytest.mark.parametrize("lay,edp", [(Layout(dp=4, tp=2, pp=1, cp=2, ep=4, etp=2), 2),
+                                      (Layout(dp=2, tp=2, pp=1, ep=2, etp=2), 1),
+                                      (Layout(dp=8, tp=1, pp=1, cp=2, ep=4), 4)])
+def test_expert_data_parallel_is_dp_cp_tp_over_ep_etp(lay, edp):
+    assert expert_data_parallel(lay) == edp
+
+
+def test_fp8_terms_by_gemm():
+    """The four Linear GEMMs of a layer at their FP8 speed-up by size (fp8.py fp8_gemm_speedup: above ~8 GFLOP, so
+    65,536 tokens), QKV and projection on the layer's tokens, FC1/FC2 on a local expert's T·k·ep/E rows (MoE),
+    widths split by tp; the casts of fresh operands (fp8.py quantization_seconds). Without a recipe: factor 1."""
+    tokens = 65536
+
+    def expected(shapes, token_rows):
+        flops = [2 * r * k * n for (k, n), r in zip(shapes, token_rows, strict=True)]
+        factor = sum(f / fp8_gemm_speedup(gemm_flops=f, recipe="tensorwise") for f in flops) / sum(flops)
+        fwd, bwd = quantization_seconds(tokens=tokens, shapes=shapes, recipe="tensorwise", hbm_bytes_per_second=2e12)
+        return (pytest.approx(factor, rel=1e-13), pytest.approx(fwd + bwd, rel=1e-13),
+                pytest.approx(fwd, rel=1e-13))
+    fp8 = replace(BF16, fp8_recipe="tensorwise")
+    lay = Layout(dp=2, tp=2, pp=1, ep=2)
+    # GQA (a = 8, g = 2, d = 64, plain MLP f = 2048), tp 2: 25.8, 17.2, 68.7 and 68.7 GFLOP
+    dense = [(512, (512 + 2 * 128) // 2), (256, 512), (512, 2048 // 2), (1024, 512)]
+    got = _fp8_terms(GQA, fp8, HW, lay, float(tokens))
+    assert got == expected(dense, [tokens] * 4) and got[0] < 1 / 1.2
+    # SMALL_MOE (a = g = 8, SwiGLU, f_e = 256): 65,536 x 2 x 2 / 8 = 32,768 rows per local expert
+    moe = [(512, (512 + 2 * 512) // 2), (256, 512), (512, 2 * 256 // 2), (128, 512)]
+    assert _fp8_terms(SMALL_MOE, fp8, HW, lay, float(tokens)) == expected(moe, [tokens, tokens, tokens // 2,
+                                                                                tokens // 2])
+    assert _fp8_terms(GQA, BF16, HW, lay, float(tokens)) == (1.0, 0.0, 0.0)
+
+
+def test_fp8_terms_keep_at_least_one_expert_row():
+    """h = 4096, 1024 experts, k = 1: 1000 tokens give 1000 / 1024 rows per expert, floored at one row; the QKV
+    (2·1000·4096·6144 = 50 GFLOP) and projection GEMMs are large enough to run faster in FP8."""
+    model = replace(SMALL_MOE, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
+                    moe=replace(SMALL_MOE.moe, num_experts=1024, top_k=1))
+    fp8 = replace(BF16, fp8_recipe="tensorwise")
+    flops = [2 * 1000 * 4096 * 6144, 2 * 1000 * 4096 * 4096, 2 * 1 * 4096 * 512, 2 * 1 * 256 * 4096]
+    factor = sum(f / fp8_gemm_speedup(gemm_flops=f, recipe="tensorwise") for f in flops) / sum(flops)
+    assert _fp8_terms(model, fp8, HW, Layout(dp=1, tp=1, pp=1), 1000.0)[0] == pytest.approx(factor, rel=1e-13)
+
+
+def test_layer_extras_composes_its_terms():
+    """Everything at once (SMALL_MOE, FP8 tensorwise with FP8 parameter gathers, cp 2 ring, ep 2, tp 2 with
+    sequence parallelism, per-expert kernels): each field is its term function's value. The expert GEMMs' share
+    of the layer's FLOPs, 2·T·k·(3·h·f_e)/tp x 0.75, scales their imbalance x grouped-GEMM slowdown into the GEMM
+    time factor; FP8 saves 1 B per element of the four Linear inputs (h/tp under SP, a·d/tp, k·f_e/tp) and keeps
+    no FP8 weight copies with FP8 parameter gathers (fp8.py)."""
+    training = replace(BF16, seq_length=65536, fp8_recipe="tensorwise", fp8_param_gather=True)
+    lay = Layout(dp=4, tp=2, pp=1, cp=2, ep=2, micro_batch_size=2, sequence_parallel=True)
+    knobs = replace(MOE_KNOBS, moe_expert_kernel_gflop=0.5)
+    gemm = 4e12
+    got = layer_extras(SMALL_MOE, training, HW, lay, knobs, gemm_flops_per_gpu=gemm, core_seconds=1e-9,
+                       rate_flops_per_second=4e14)
+    tokens = 2 * 65536 / 2
+    factor, quant, quant_fwd = _fp8_terms(SMALL_MOE, training, HW, lay, tokens)
+    share = 2 * tokens * 2 * (3 * 512 * 256) / 2 * 0.75 / gemm
+    factor *= 1 + (1.25 * _grouped_gemm_slowdown(SMALL_MOE, lay, knobs, tokens) - 1) * share
+    cp = _cp_terms(SMALL_MOE, training, HW, lay, 1e-9)
+    ep = _ep_terms(SMALL_MOE, training, HW, lay, knobs, tokens)
+    kernels, kernels_fwd = _expert_kernel_terms(SMALL_MOE, training, lay, knobs, 4e14)
+    params, experts = _layer_params(SMALL_MOE, lay)
+    saving = tokens * (2 * 512 / 2 + 512 / 2 + 256 * 2 / 2)
+    assert cp.buffer_bytes > 0 and ep.buffer_bytes > 0 and kernels > 0 and 0 < share < 1
+    assert cp.exposed_forward_seconds > 0 and factor != 1.0 and _fp8_terms(SMALL_MOE, training, HW, lay, tokens)[0] < 1
+    assert got == LayerExtras(
+        tokens, pytest.approx(factor, rel=1e-13), cp.exposed_seconds, ep.exposed_seconds, quant,
+        ep.activation_delta_bytes - saving, cp.buffer_bytes + ep.buffer_bytes, params, experts, 0.0,
+        cp.total_seconds, ep.total_seconds, cp.exposed_forward_seconds, ep.exposed_forward_seconds, quant_fwd,
+        cp.total_forward_seconds, ep.total_forward_seconds, kernels, kernels_fwd)
+    # FP8 weight copies without FP8 parameter gathers: +2 B per non-norm parameter; without SP the inputs are whole
+    plain = replace(training, fp8_param_gather=False)
+    no_sp = replace(lay, sequence_parallel=False)
+    got = layer_extras(SMALL_MOE, plain, HW, no_sp, knobs, gemm_flops_per_gpu=gemm, core_seconds=1e-9,
+                       rate_flops_per_second=4e14)
+    params, _ = _layer_params(SMALL_MOE, no_sp)
+    assert got.fp8_weight_bytes == fp8_weight_extra_bytes(fp8_params=params - 2048, recipe="tensorwise")
+    assert got.activation_delta_bytes == pytest.approx(
+        _ep_terms(SMALL_MOE, plain, HW, no_sp, knobs, tokens).activation_delta_bytes
+        - tokens * (2 * 512 + 512 / 2 + 256 * 2 / 2), rel=1e-13)
+
+
+def test_layer_extras_expert_share_is_capped_at_the_whole_layer():
+    """share = min(1, expert FLOPs / the layer's GEMM FLOPs): with a layer of 1 MFLOP the experts are all of it."""
+    lay = Layout(dp=8, tp=1, pp=1, ep=8)
+    got = layer_extras(SMALL_MOE, BF16, HW, lay, MOE_KNOBS, gemm_flops_per_gpu=1e6, core_seconds=1e-4)
+    assert got.gemm_time_factor == pytest.approx(1.25 * _grouped_gemm_slowdown(SMALL_MOE, lay, MOE_KNOBS, 1024.0),
+                                                 rel=1e-13)
+    assert got.tokens_per_rank == 1024.0 and got.expert_kernel_seconds == 0.0
+
+
+def test_recomputed_repeats_what_the_recomputed_forward_runs():
+    """full: the forward's CP and EP exchanges, FP8 casts and per-expert kernels run again; selective: only the
+    attention core's CP exchange; none: nothing (extensions.py LayerExtras.recomputed)."""
+    ex = LayerExtras(1.0, 1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, cp_total_seconds=5.0, ep_total_seconds=6.0,
+                     cp_forward_seconds=0.5, ep_forward_seconds=0.25, fp8_quant_forward_seconds=0.125,
+                     cp_forward_total_seconds=0.75, ep_forward_total_seconds=0.375, expert_kernel_seconds=7.0,
+                     expert_kernel_forward_seconds=0.0625)
+    assert ex.recomputed("full") == Recomputed(0.5, 0.25, 0.125 + 0.0625, 0.75, 0.375)
+    assert ex.recomputed("selective") == Recomputed(0.5, 0.0, 0.0, 0.75, 0.0)
+    assert ex.recomputed("none") == Recomputed(0.0, 0.0, 0.0, 0.0, 0.0)
+    assert ex.recomputed("full").seconds == 0.5 + 0.25 + 0.1875 and ex.extra_seconds == 2.0 + 3.0 + 4.0 + 7.0
+
+
+def test_core_attention_flops_of_mla_use_its_head_sizes():
+    """Full s² convention 2·T·s·a·(d_qk + d_v) (attention.py core_attention_forward_flops): a = 8, d_qk = 48,
+    d_v = 32; without a window (sliding_window_layers alone) the whole core."""
+    assert core_attention_forward_flops(SMALL_MLA, tokens=1024, seq_length=1024) == 2.0 * 1024 * 1024 * 8 * (48 + 32)
+    assert core_attention_forward_flops(replace(GQA, sliding_window_layers=2), tokens=1024, seq_length=1024) == (
+        2.0 * 1024 * 1024 * 8 * 2 * 64)
+
+
+def test_ep_traffic_inside_one_node_even_with_node_limited_routing():
+    """ep = 8 on one 8-GPU node: 7/8 of the copies over NVLink and none over the network, whatever the routing's
+    group limit (one group a token would limit it to one node of two, were there two)."""
+    one_group = replace(GROUPED, groups_per_token=1)
+    assert ep_traffic(one_group, copies_bytes=6e6, ep=8, ranks_per_node=8) == EpTraffic(6e6 * 7 / 8, 0.0)
+
+
+# ---- memory.py: torch-native SP's gathered inputs, score-matrix traffic, micro-batches in flight ------------------
+
+
+@pytest.mark.parametrize("tp,sp,expected", [(4, True, 2 * 1024 * 2 * 512 * 2 * (1 - 1 / 4)),
+                                            (2, True, 2 * 1024 * 2 * 512 * 2 * (1 - 1 / 2)),
+                                            (1, True, 0.0), (4, False, 0.0)])
+def test_sp_gathered_inputs_are_2sbh_times_one_minus_one_over_tp(tp, sp, expected):
+    """memory.py sp_gathered_input_bytes: the QKV and FC1 inputs kept all-gathered, 2·s·b·h·β·(1 - 1/t) beyond
+    Megatron's sharded ones (s = 1024, b = 2, h = 512, β = 2 by default); nothing without SP or TP."""
+    assert sp_gathered_input_bytes(seq_length=1024, micro_batch_size=2, hidden_size=512, tp=tp,
+                                   sequence_parallel=sp) == expected
+
+
+def test_attention_score_traffic_scales_with_the_micro_batch():
+    """(5β + 4β + 2) B per score element with dropout (memory.py attention_score_traffic_bytes: 20 B at β = 2),
+    a·s²·b/t elements: a = 8, s = 1024, b = 2, t = 2."""
+    assert attention_score_traffic_bytes(GQA, seq_length=1024, micro_batch_size=2, tp=2) == 20 * 8 * 1024 ** 2 * 2 / 2
+
+
+def test_in_flight_per_stage_defaults_to_every_stage_and_one_virtual_stage():
+    """1F1B: min(m, p - stage) for stages 0..p-1 (Narayanan §2.2.1); interleaving without virtual stages given
+    is 1F1B."""
+    assert in_flight_per_stage(schedule="1f1b", pp=4, num_micro_batches=8) == [4.0, 3.0, 2.0, 1.0]
+    assert in_flight_per_stage(schedule="interleaved_1f1b", pp=4, num_micro_batches=8) == [4.0, 3.0, 2.0, 1.0]
+
+
+# ---- stage.py's per-layer costs (cost-models.md §2-§4; Narayanan §3.2; Korthikanti §4) ---------------------------
+
+
+def test_async_tp_all_reduces_hide_behind_their_weight_gradient_gemms():
+    """Megatron's async TP all-reduce (stage.py tp_backward_hidden_seconds): QKV's and FC1's backward all-reduces
+    each hide behind their own weight-gradient GEMM, 2·T·h·(a + 2g)·d/t and 2·T·h·f(x2 gated)/t FLOPs, at most the
+    exposed all-reduce (1 - 0.25 of 1 ms); nothing without the knob, TP or an exposed part."""
+    on = Knobs(tp_async_grad_allreduce=True, tp_overlap_fraction=0.25)
+    kw = dict(tokens=1024, tp=2, all_reduce_seconds=1e-3)
+    qkv = 2 * 1024 * 512 * (8 + 2 * 4) * 64 / 2
+    fc1 = 2 * 1024 * 512 * 1536 * 2 / 2
+    assert tp_backward_hidden_seconds(SWIGLU, on, rate_flops_per_second=4e12, **kw) == pytest.approx(
+        qkv / 4e12 + fc1 / 4e12, rel=1e-12)
+    assert tp_backward_hidden_seconds(SMALL, on, rate_flops_per_second=1e12, **kw) == pytest.approx(2 * 0.75e-3)
+    assert tp_backward_hidden_seconds(SMALL, Knobs(tp_overlap_fraction=0.25), rate_flops_per_second=1e12, **kw) == 0
+    assert tp_backward_hidden_seconds(SMALL, on, rate_flops_per_second=1e12, tokens=1024, tp=1,
+                                      all_reduce_seconds=1e-3) == 0
+    assert tp_backward_hidden_seconds(SMALL, replace(on, tp_overlap_fraction=1.0), rate_flops_per_second=1e12,
+                                      **kw) == 0
+
+
+@pytest.mark.parametrize("tp,expected", [(1, 0.0), (2, 2 * 1e-5 + 2 * 1 / 2 * 2_097_152 / 200e9),
+                                         (8, 14 * 1e-5 + 14 / 8 * 2_097_152 / 200e9)])
+def test_tp_all_reduce_of_bsh_over_the_node(tp, expected):
+    """One ring all-reduce of b·s·h·β = 1 x 1024 x 512 x 4 B (fp32) over tp adjacent ranks of a node (NVLink,
+    200 GB/s, 10 µs): 2(n-1) steps, 2(n-1)/n of the bytes."""
+    got = tp_all_reduce_seconds(HW, micro_batch_size=1, seq_length=1024, hidden_size=512, tp=tp, activation_bytes=4)
+    assert got == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_elementwise_seconds_charge_the_kept_bytes_and_the_score_kernels():
+    """stage.py elementwise_forward_seconds: 10 B moved per byte kept of the s·b·h activations (the kept a·s² score
+    bytes taken out), plus the score kernels' own traffic, over HBM, the forward's third of fwd + bwd (tp 2, fp32)."""
+    kw = dict(seq_length=1024, micro_batch_size=1, tp=2, activation_bytes=4)
+    kept = 8 * 1024 ** 2 * 1 * (4 + 1 + 4) / 2  # softmax output + dropout mask and output (fp32)
+    moved = (5 * 4 + 4 * 4 + 2) * 8 * 1024 ** 2 / 2
+    got = elementwise_forward_seconds(SMALL, HW, Knobs(), act_none_bytes=1e8, **kw)
+    assert got == pytest.approx((10 * (1e8 - kept) + moved) / 2e12 / FORWARD_PASSES_PER_TRAINING_PASS, rel=1e-12)
+
+
+def _costs(model=SMALL, training=BF16, knobs=Knobs(), **lay):
+    return layer_costs(model, training, HW, Layout(**{"dp": 1, "tp": 2, "pp": 1, **lay}), knobs)
+
+
+def test_layer_costs_parameters_of_the_embedding_and_output_layers():
+    """V padded to 1024 (Megatron: a multiple of 128 x tp), V·h/t = 262,144 per GPU; the learned positions
+    2048 x 512 on the embedding stage; a tied output layer only costs its own copy when it sits on another stage."""
+    tied = _costs()
+    assert tied.padded_vocab == 1024
+    assert tied.embedding_params == 1024 * 512 / 2 + 2048 * 512
+    assert tied.output_params == 0.0
+    assert _costs(pp=2).output_params == 1024 * 512 / 2
+    assert _costs(replace(SMALL, tied_embeddings=False)).output_params == 1024 * 512 / 2
+
+
+def test_layer_costs_times_by_their_formulas():
+    """b = 1, s = 1024, tp 2: GEMM FLOPs per GPU = the layer's / t; efficiency from the FC1 GEMM 2·T·h·f/t
+    (stage.py matmul_efficiency: 0.8 x x/(x + 2) x 0.8, x in GFLOP); logits 2·T·h·V/t at their own size's
+    efficiency; the TP dispatch overhead a third (the forward's share) in the forward; TP exposed 1 - overlap;
+    flash attention's recompute: full = the layer's forward again + the QK^T once more, selective = the core."""
+    knobs = Knobs(tp_overlap_fraction=0.25, tp_layer_overhead_seconds=3e-3)
+    flash = replace(SMALL, flash_attention=True)
+    got = _costs(flash, knobs=knobs)
+    gemm, core = layer_forward_flops(flash, tokens=1024, seq_length=1024)
+    x = 2 * 1024 * 512 * 2048 / 2 / 1e9
+    eff = 0.8 * x / (x + 2.0) * 0.8
+    rate = 1e15 * eff
+    assert got.gemm_flops_per_gpu == gemm / 2 and got.matmul_efficiency == pytest.approx(eff, rel=1e-12)
+    assert got.rate_flops_per_second == pytest.approx(rate, rel=1e-12) and got.tp_expose == 0.75
+    logits = 2 * 1024 * 512 * 1024 / 2
+    assert got.t_logits_forward == pytest.approx(logits / (1e15 * 0.8 * (logits / 1e9) / (logits / 1e9 + 2) * 0.8),
+                                                 rel=1e-12)
+    no_dispatch = _costs(flash, knobs=replace(knobs, tp_layer_overhead_seconds=0.0))
+    assert got.t_layer_forward - no_dispatch.t_layer_forward == pytest.approx(1e-3, rel=1e-9)
+    one = layer_costs(flash, BF16, HW, Layout(dp=2, tp=1, pp=1), knobs)
+    assert one.t_layer_forward == layer_costs(flash, BF16, HW, Layout(dp=2, tp=1, pp=1),
+                                              replace(knobs, tp_layer_overhead_seconds=0.0)).t_layer_forward
+    mem = no_dispatch.t_layer_forward - (gemm + core) / 2 / rate  # the memory-bound kernels
+    assert no_dispatch.t_recompute_full == pytest.approx((gemm + core + core / 2) / 2 / rate + mem, rel=1e-9)
+    selective = _costs(flash, knobs=replace(knobs, tp_layer_overhead_seconds=0.0), recompute="selective")
+    assert selective.t_recompute_policy == pytest.approx((core + core / 2) / 2 / rate, rel=1e-12)
+
+
+def test_layer_costs_activations_with_sp_gathered_inputs_and_fp32():
+    """torch-native SP keeps the QKV and FC1 inputs gathered (Knobs.sp_saves_gathered_inputs): 2·s·b·h·β(1 - 1/t)
+    more saved bytes, except under full recompute (only the layer input is kept), and no more elementwise time
+    (the gathered tensor is the all-gather's output, memory.py sp_gathered_input_bytes); fp32 activations; the
+    embedding (token ids, dropout mask) and output (norm and projection inputs, fp32 logits) bytes with SP."""
+    fp32 = replace(BF16, activation_bytes=4)
+    plain = _costs(training=fp32, sequence_parallel=True)
+    kept = _costs(training=fp32, knobs=Knobs(sp_saves_gathered_inputs=True), sequence_parallel=True)
+    gathered = 2 * 1024 * 1 * 512 * 4 * (1 - 1 / 2)
+    assert kept.act_none_bytes - plain.act_none_bytes == pytest.approx(gathered, rel=1e-12)
+    assert kept.act_full_bytes == plain.act_full_bytes
+    assert kept.t_layer_forward == pytest.approx(plain.t_layer_forward, rel=1e-12)
+    assert plain.act_none_bytes == activation_bytes_per_layer(SMALL, seq_length=1024, micro_batch_size=1, tp=2,
+                                                              sequence_parallel=True, activation_bytes=4)
+    assert plain.embedding_act_bytes == embedding_activation_bytes(seq_length=1024, micro_batch_size=1,
+                                                                   hidden_size=512, tp=2, sequence_parallel=True,
+                                                                   dropout=True)
+    assert plain.output_act_bytes == output_activation_bytes(seq_length=1024, micro_batch_size=1, hidden_size=512,
+                                                             vocab_size=1024, tp=2, sequence_parallel=True,
+                                                             activation_bytes=4)
+    assert layer_costs(SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs()) == layer_costs(
+        SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs(), fused_swiglu=False)
+
+
+def test_ep_group_spilling_onto_a_second_node_crosses_the_network():
+    """Bug: `ep_traffic` counted ep // ranks_per_node nodes, so an EP group of 10 ranks on 8-GPU nodes (possible for
+    DeepSeek-V2's 160 experts) was one node with no network bytes. It spans 2 nodes; the 2 ranks of the second one
+    send 8/10 of their copies across the network (the slowest ranks), the 8 of the first 7/10 to NVLink peers."""
+    got = ep_traffic(SMALL_MOE.moe, copies_bytes=1e7, ep=10, ranks_per_node=8)
+    assert got == EpTraffic(pytest.approx(1e7 * 7 / 10), pytest.approx(1e7 * 8 / 10))
+    # full nodes are unchanged: 16 ranks on two nodes, 8/16 across
+    assert ep_traffic(SMALL_MOE.moe, copies_bytes=1e7, ep=16, ranks_per_node=8) == EpTraffic(
+        pytest.approx(1e7 * 7 / 16), pytest.approx(1e7 * 8 / 16))
