@@ -863,11 +863,16 @@ def test_ep_all_to_all_seconds_slower_link_plus_a_latency_per_peer():
 
 
 def test_routed_router_and_dispatch_bytes():
-    """§3.7: T·k·γ·(2h + 3 f_e/etp)·β saved for the routed tokens (2 f_e without a gate); router logits and
-    probabilities T·E·4·2; the dispatch receive buffer T·k·γ·h·β (h = 512, f_e = 256, 100 routed tokens)."""
-    assert routed_activation_bytes(SMALL_MOE, routed_tokens=100, etp=2) == 100 * (2 * 512 + 3 * 256 / 2) * 2
+    """§3.7: T·k·γ·(2h + 3 f_e/etp)·β saved for the routed tokens with Megatron's fused SwiGLU (4 f_e under
+    autograd, which keeps the SiLU output too; 2 f_e without a gate); router logits and probabilities T·E·4·2; the
+    dispatch receive buffer T·k·γ·h·β (h = 512, f_e = 256, 100 routed tokens)."""
+    assert routed_activation_bytes(SMALL_MOE, routed_tokens=100, fused_swiglu=True, etp=2) == (
+        100 * (2 * 512 + 3 * 256 / 2) * 2)
+    assert routed_activation_bytes(SMALL_MOE, routed_tokens=100, fused_swiglu=False, etp=2) == (
+        100 * (2 * 512 + 4 * 256 / 2) * 2)
     plain = replace(SMALL_MOE, swiglu=False)
-    assert routed_activation_bytes(plain, routed_tokens=100) == 100 * (2 * 512 + 2 * 256) * 2
+    for fused in (True, False):
+        assert routed_activation_bytes(plain, routed_tokens=100, fused_swiglu=fused) == 100 * (2 * 512 + 2 * 256) * 2
     assert router_activation_bytes(tokens=100, num_experts=8) == 100 * 8 * 4 * 2
     assert dispatch_buffer_bytes(routed_tokens=100, hidden_size=512) == 100 * 512 * 2
     assert dispatch_buffer_bytes(routed_tokens=100, hidden_size=512, activation_bytes=1) == 100 * 512
@@ -1033,14 +1038,15 @@ def test_ep_terms_within_one_node_by_hand():
     """ep = 8 on one 8-GPU node, b·s = 1024 tokens, γ = 1.25: the all-to-all moves 2 passes x T·γ x k x h x (2 + 2) B
     = 10,485,760 B, 7/8 of it to the node's other GPUs over NVLink (moe.py ep_traffic), plus 7 latencies; exposed
     (1 - 0.2) x 0.75 of it, 0.75 before overlap (frac of MoE layers); the forward pass half the bytes. Memory: the
-    routed tokens' activations T·k·γ·(2h + 3 f_e)·2, the shared expert's 8·384 B and the router's T·E·8 replace the
-    dense MLP's 8·f B per token (§3.7); the dispatch buffer holds T·k·γ·h·2 B."""
+    routed tokens' activations T·k·γ·(2h + 4 f_e)·2 (SwiGLU under autograd, Knobs' default), the shared expert's
+    8·384 B and the router's T·E·8 replace the dense MLP's 8·f B per token (§3.7); the dispatch buffer holds
+    T·k·γ·h·2 B."""
     lay = Layout(dp=8, tp=1, pp=1, ep=8)
     got = _ep_terms(SMALL_MOE, BF16, HW, lay, MOE_KNOBS, 1024.0)
     seconds = 7 * 1e-5 + 10_485_760 * 7 / 8 / 200e9
     forward = 7 * 1e-5 + 10_485_760 / 2 * 7 / 8 / 200e9
     routed = 1024 * 2 * 1.25
-    moe_mlp = routed * (2 * 512 + 3 * 256) * 2 + 1024 * 8 * 384 * 2 / 2 + 1024 * 8 * 4 * 2
+    moe_mlp = routed * (2 * 512 + 4 * 256) * 2 + 1024 * 8 * 384 * 2 / 2 + 1024 * 8 * 4 * 2
     dense_mlp = 1024 * 8 * 2048 * 2 / 2
     assert got == (pytest.approx(seconds * 0.8 * 0.75), pytest.approx((moe_mlp - dense_mlp) * 0.75),
                    routed * 512 * 2, pytest.approx(seconds * 0.75), pytest.approx(forward * 0.8 * 0.75),
@@ -1072,7 +1078,7 @@ def test_ep_terms_at_ep_one_and_two(ep, seconds, buffer):
     got = _ep_terms(SMALL_MOE, BF16, HW, Layout(dp=2, tp=1, pp=1, ep=ep), MOE_KNOBS, 1024.0)
     assert got.exposed_seconds == pytest.approx(seconds * 0.6, rel=1e-12, abs=0) and got.buffer_bytes == buffer
     assert got.activation_delta_bytes == pytest.approx(
-        (2560 * (2 * 512 + 3 * 256) * 2 + 1024 * 8 * 384 + 1024 * 64 - 1024 * 8 * 2048) * 0.75)
+        (2560 * (2 * 512 + 4 * 256) * 2 + 1024 * 8 * 384 + 1024 * 64 - 1024 * 8 * 2048) * 0.75)
 
 
 def test_ep_seconds_fp8_dispatch_whole_node_experts_and_one_gpu_nodes():
@@ -1181,8 +1187,9 @@ def test_layer_extras_composes_its_terms():
     """Everything at once (SMALL_MOE, FP8 tensorwise with FP8 parameter gathers, cp 2 ring, ep 2, tp 2 with
     sequence parallelism, per-expert kernels): each field is its term function's value. The expert GEMMs' share
     of the layer's FLOPs, 2·T·k·(3·h·f_e)/tp x 0.75, scales their imbalance x grouped-GEMM slowdown into the GEMM
-    time factor; FP8 saves 1 B per element of the four Linear inputs (h/tp under SP, a·d/tp, k·f_e/tp) and keeps
-    no FP8 weight copies with FP8 parameter gathers (fp8.py)."""
+    time factor; FP8 saves 1 B per element of the four Linear inputs (h/tp under SP, a·d/tp, k·f_e/tp), and of the
+    experts' FC1 input for every routed copy beyond one per token ((k·γ - 1)·T/tp rows of h under SP, x 0.75), and
+    keeps no FP8 weight copies with FP8 parameter gathers (fp8.py)."""
     training = replace(BF16, seq_length=65536, fp8_recipe="tensorwise", fp8_param_gather=True)
     lay = Layout(dp=4, tp=2, pp=1, cp=2, ep=2, micro_batch_size=2, sequence_parallel=True)
     knobs = replace(MOE_KNOBS, moe_expert_kernel_gflop=0.5)
@@ -1197,7 +1204,7 @@ def test_layer_extras_composes_its_terms():
     ep = _ep_terms(SMALL_MOE, training, HW, lay, knobs, tokens)
     kernels, kernels_fwd = _expert_kernel_terms(SMALL_MOE, training, lay, knobs, 4e14)
     params, experts = _layer_params(SMALL_MOE, lay)
-    saving = tokens * (2 * 512 / 2 + 512 / 2 + 256 * 2 / 2)
+    saving = tokens * (2 * 512 / 2 + 512 / 2 + 256 * 2 / 2) + (2 * 1.25 - 1) * tokens / 2 * 512 * 0.75
     assert cp.buffer_bytes > 0 and ep.buffer_bytes > 0 and kernels > 0 and 0 < share < 1
     assert cp.exposed_forward_seconds > 0 and factor != 1.0 and _fp8_terms(SMALL_MOE, training, HW, lay, tokens)[0] < 1
     assert got == LayerExtras(
@@ -1214,7 +1221,7 @@ def test_layer_extras_composes_its_terms():
     assert got.fp8_weight_bytes == fp8_weight_extra_bytes(fp8_params=params - 2048, recipe="tensorwise")
     assert got.activation_delta_bytes == pytest.approx(
         _ep_terms(SMALL_MOE, plain, HW, no_sp, knobs, tokens).activation_delta_bytes
-        - tokens * (2 * 512 + 512 / 2 + 256 * 2 / 2), rel=1e-13)
+        - tokens * (2 * 512 + 512 / 2 + 256 * 2 / 2) - (2 * 1.25 - 1) * tokens * 512 * 0.75, rel=1e-13)
 
 
 def test_layer_extras_expert_share_is_capped_at_the_whole_layer():
@@ -1384,7 +1391,7 @@ def test_layer_costs_activations_with_sp_gathered_inputs_and_fp32():
                                                              vocab_size=1024, tp=2, sequence_parallel=True,
                                                              activation_bytes=4)
     assert layer_costs(SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs()) == layer_costs(
-        SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs(), fused_swiglu=False)
+        SWIGLU, BF16, HW, Layout(dp=1, tp=2, pp=1), Knobs(fused_swiglu=False))
 
 
 def test_ep_group_spilling_onto_a_second_node_crosses_the_network():
