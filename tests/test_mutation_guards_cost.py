@@ -1403,3 +1403,68 @@ def test_ep_group_spilling_onto_a_second_node_crosses_the_network():
     # full nodes are unchanged: 16 ranks on two nodes, 8/16 across
     assert ep_traffic(SMALL_MOE.moe, copies_bytes=1e7, ep=16, ranks_per_node=8) == EpTraffic(
         pytest.approx(1e7 * 7 / 16), pytest.approx(1e7 * 8 / 16))
+
+
+# ---- this stop's MLA, fused-SwiGLU and FP8 terms at the stage level (survivors of the merged run) ---------------
+
+
+def test_recompute_seconds_by_hand_mla_selective_fp8_and_repeated_traffic():
+    """stage._recompute_seconds: the recomputed FLOPs, GEMMs at the forward's time factor (FP8, experts; the
+    attention core and flash attention's QK^T are not GEMMs of the layer's Linears), per TP rank at the forward's
+    rate, plus what the recomputed forward repeats (LayerExtras.recomputed). MLA's selective runs its
+    up-projections (at the GEMM factor) and flash's QK^T instead of the core (compute.recompute_extra_of)."""
+    from cost_models.stage import _recompute_seconds
+
+    repeated = {"full": 3.0, "selective": 2.0, "none": 1.0}
+    ext = SimpleNamespace(gemm_time_factor=0.5, recomputed=lambda r: SimpleNamespace(seconds=repeated[r]))
+    kw = dict(flash=True, tp=2, rate=10.0)
+    # gemm 1000, core 40, up-projections 100: selective (50 + 20) / 2 / 10 + 2; without MLA (40 + 20) / 20 + 2
+    assert _recompute_seconds(1000.0, 40.0, ext, recompute="selective", up_projections=100.0, **kw) == 70 / 20 + 2
+    assert _recompute_seconds(1000.0, 40.0, ext, recompute="selective", **kw) == 60 / 20 + 2
+    assert _recompute_seconds(1000.0, 40.0, ext, recompute="full", up_projections=100.0, **kw) == 560 / 20 + 3
+    assert _recompute_seconds(1000.0, 40.0, ext, recompute="none", up_projections=100.0, **kw) == 20 / 20 + 1
+
+
+def test_selective_keeps_q_k_v_without_mla():
+    """Without MLA, selective recomputes the attention core from its saved inputs: Q, K, V and O stay
+    (Llama-3-70B: 18,432 elements per token, modern-training.md §4.3); MLA keeps O only (V3: 16,384)."""
+    from cost_models.attention import selective_saved_elements_per_token
+
+    assert selective_saved_elements_per_token(LLAMA3_70B) == 18_432
+    assert selective_saved_elements_per_token(V3) == 16_384
+
+
+def test_step_flops_of_mla_selective_count_the_up_projections():
+    """Hardware FLOPs of a step with selective recompute on an MLA model: model FLOPs plus, per layer, the
+    up-projections' forward (2 T x 54,525,952 for V3) and flash attention's QK^T (half the core)."""
+    from cost_models.compute import layer_forward_flops, step_flops
+
+    B, s = 2, 4096
+    T = B * s
+    model_flops, hardware, extra = step_flops(V3, global_batch_size=B, seq_length=s, recompute="selective")
+    _, core = layer_forward_flops(V3, tokens=T, seq_length=s)
+    assert extra == pytest.approx(2 * T * 54_525_952 + core / 2, rel=1e-12)
+    assert hardware == pytest.approx(model_flops + V3.num_layers * extra, rel=1e-12)
+
+
+def test_mla_activations_scale_with_the_activation_bytes():
+    """fp32 activations (4 B) double every 2-byte term, MLA's latents and Q/K/V/O included (memory.py's `scale`)."""
+    from cost_models.memory import activation_bytes_per_layer
+
+    for rec in ("none", "selective"):
+        two = activation_bytes_per_layer(V3, seq_length=1024, micro_batch_size=1, recompute=rec)
+        four = activation_bytes_per_layer(V3, seq_length=1024, micro_batch_size=1, recompute=rec, activation_bytes=4)
+        lse = 4 * 128 * 1024  # fp32 log-sum-exp, the same at either activation size
+        assert four - lse == pytest.approx(2 * (two - lse), rel=1e-12)
+
+
+def test_ep_terms_follow_the_fused_swiglu_knob():
+    """Knobs.fused_swiglu reaches the MoE layer's activation replacement: the dense MLP it removes and the shared
+    expert it adds at 6 f (fused) instead of 8 f bytes per token, the routed copies at 3 f_e instead of 4 f_e."""
+    lay = Layout(dp=8, tp=1, pp=1, ep=8)
+    fused = _ep_terms(SMALL_MOE, BF16, HW, lay, replace(MOE_KNOBS, fused_swiglu=True), 1024.0)
+    plain = _ep_terms(SMALL_MOE, BF16, HW, lay, MOE_KNOBS, 1024.0)
+    routed = 1024 * 2 * 1.25
+    # per MoE layer: routed 2 B x f_e less, shared and dense 2 B x f less each (2-byte activations), x 0.75
+    expected = (-routed * 256 * 2 - 1024 * 2 * 384 + 1024 * 2 * 2048) * 0.75
+    assert fused.activation_delta_bytes - plain.activation_delta_bytes == pytest.approx(expected, rel=1e-12)
