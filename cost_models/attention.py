@@ -102,12 +102,19 @@ def attention_saved_elements_per_token(model: Transformer) -> int:
     return 2 * a * mla.qk_head_dim + 2 * a * mla.v_head_dim
 
 
+def selective_recomputes_up_projections(model: Transformer) -> bool:
+    """What `selective` recomputes: on an MLA model its up-projections (DeepSeek-V3 §3.2.3; Megatron
+    --recompute-modules mla_up_proj), elsewhere the attention core (Megatron's default core_attn). The one rule the
+    memory, FLOP and traffic terms of selective recompute follow."""
+    return model.mla is not None
+
+
 def selective_saved_elements_per_token(model: Transformer) -> int:
     """attention_saved_elements_per_token under selective recompute. MLA: the up-projections are recomputed
     (DeepSeek-V3 §3.2.3 'Recomputation of ... MLA Up-Projection'; Megatron --recompute-modules mla_up_proj), so Q,
     K and V are dropped and O kept: a·d_v (V3: 16,384 of 81,920; modern-training.md §4.3: 'drops Q, K, V').
     Otherwise the attention core is recomputed and its inputs Q, K, V stay saved (Korthikanti §5): as without."""
-    if model.mla is None:
+    if not selective_recomputes_up_projections(model) or model.mla is None:  # (the second: for the type checker)
         return attention_saved_elements_per_token(model)
     return model.num_attention_heads * model.mla.v_head_dim
 
@@ -117,7 +124,7 @@ def up_projection_forward_flops(model: Transformer, *, tokens: float) -> float |
     d_c·a(d_n + d_v)) (q_proj's h·a·d_qk without q_lora_rank; V3: 2 T x 54.5M). None without MLA, where selective
     recomputes the attention core instead (compute.recompute_extra_of)."""
     mla = model.mla
-    if mla is None:
+    if mla is None:  # selective_recomputes_up_projections: only MLA has up-projections
         return None
     a = model.num_attention_heads
     q_in = mla.q_lora_rank or model.hidden_size

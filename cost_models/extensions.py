@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from cost_models.attention import selective_recomputes_up_projections
 from cost_models.communication import group_link
 from cost_models.compute import parameter_counts
 from cost_models.context_parallel import cp_buffer_bytes, cp_traffic, cp_transfer_seconds, exposed_cp_seconds
@@ -301,5 +302,5 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
         cp_forward_seconds=cp.exposed_forward_seconds, ep_forward_seconds=ep.exposed_forward_seconds,
         fp8_quant_forward_seconds=quant_fwd, cp_forward_total_seconds=cp.total_forward_seconds,
         ep_forward_total_seconds=ep.total_forward_seconds, expert_kernel_seconds=kernels,
-        expert_kernel_forward_seconds=kernels_fwd, selective_in_core_attention=model.mla is None,
+        expert_kernel_forward_seconds=kernels_fwd, selective_in_core_attention=not selective_recomputes_up_projections(model),
     )

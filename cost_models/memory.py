@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from cost_models.attention import (
     attention_saved_elements_per_token,
     mla_latent_elements_per_token,
+    selective_recomputes_up_projections,
     selective_saved_elements_per_token,
 )
 from cost_models.inputs import Transformer
@@ -61,7 +62,7 @@ def activation_bytes_per_layer(
         attn = 2 * kept / h * scale
     mlp = mlp_intermediate_coefficient(model, fused_swiglu=fused_swiglu) * f_over_h * scale
     per_layer = sbh * (replicated / rep + (attn + mlp) / t)
-    if recompute == "selective" and model.mla is None:
+    if recompute == "selective" and not selective_recomputes_up_projections(model):
         return per_layer  # the a s^2 terms are recomputed (Korthikanti §5)
     if model.flash_attention:
         return per_layer + 4 * a * s * b / t  # fp32 softmax statistics
