@@ -247,3 +247,7 @@ class Knobs:
     # SwiGLU runs as one fused kernel that saves only its input (Megatron-Core's bias_swiglu_impl), not autograd's
     # gate, up, SiLU output and product: 6 s b f bytes kept per layer instead of 8 (memory.mlp_intermediate_coefficient)
     fused_swiglu: bool = False
+    # fraction of peak a fused causal attention kernel reaches over its forward and backward, counted on the FLOPs
+    # it runs (the causal half of the score matrix); 0: not stated, the core is costed as its full-s^2 FLOPs at the
+    # layer's GEMM rate (stage.attention_core_gemm_equivalent_flops)
+    attention_kernel_efficiency: float = 0.0

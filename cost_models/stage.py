@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from cost_models.attention import up_projection_forward_flops
+from cost_models.attention import up_projection_forward_flops, window_context
 from cost_models.communication import all_reduce_seconds, group_link, tp_bytes_per_layer_per_micro_batch
 from cost_models.compute import layer_forward_flops, parameter_counts, recompute_extra_of
 from cost_models.extensions import LayerExtras, expert_data_parallel, layer_extras
@@ -98,6 +98,38 @@ def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float
     """
     x = gemm_flops / 1e9
     return hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop) * knobs.end_to_end_efficiency
+
+
+def attention_core_gemm_equivalent_flops(model: Transformer, hw: Hardware, knobs: Knobs, *, core_flops: float,
+                                         seq_length: int, gemm_flops: float) -> float:
+    """The attention core's forward FLOPs restated as the FLOPs the layer's GEMMs would run in the same time, so
+    `core / rate` is the core's time at the GEMM rate of a layer whose FC1 GEMM is `gemm_flops`.
+
+    The core is counted at the full s^2 score matrix (attention.core_attention_forward_flops). A fused causal kernel
+    (flash attention) skips the masked blocks: it runs the causal share (s+1)/(2s) of those FLOPs
+    (attention.window_context), at its own fraction of peak, `attention_kernel_efficiency`, where a framework
+    profile states it for the GPU (planner/frameworks/profiles.py), times the same end-to-end factor as the GEMMs.
+    Without a stated kernel (0), or with unfused attention (which computes the whole masked matrix), the core is
+    its full FLOPs at the GEMM rate: the convention of the fitted knobs, close to FlashAttention-2 on H100.
+    """
+    kernel = knobs.attention_kernel_efficiency
+    if kernel <= 0 or not model.flash_attention:
+        return core_flops
+    causal_share = window_context(seq_length, seq_length) / seq_length
+    x = gemm_flops / 1e9
+    gemm_share_of_peak = hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop)
+    return core_flops * causal_share * gemm_share_of_peak / kernel
+
+
+def _layer_time_flops(model: Transformer, hw: Hardware, knobs: Knobs, *, tokens: int, seq_length: int,
+                      tp: int) -> tuple[float, float, float]:
+    """(GEMM FLOPs, the attention core as GEMM-rate FLOPs, the FC1 GEMM per GPU) of one layer's forward on
+    `tokens` tokens: what the layer's time is computed from (its FLOP counts stay compute.layer_forward_flops)."""
+    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
+    fc1_gemm = 2 * tokens * model.hidden_size * model.ffn_hidden_size / tp
+    core = attention_core_gemm_equivalent_flops(model, hw, knobs, core_flops=core, seq_length=seq_length,
+                                                gemm_flops=fc1_gemm)
+    return gemm, core, fc1_gemm
 
 
 def elementwise_forward_seconds(model: Transformer, hw: Hardware, knobs: Knobs, *, act_none_bytes: float,
@@ -199,8 +231,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     policy = _policy(layout.recompute)
     s_l = s // layout.cp  # tokens of each sequence on this rank (context parallelism)
     tokens, sp = b * s_l, layout.sequence_parallel
-    gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=s)
-    eff = matmul_efficiency(hw, knobs, gemm_flops=2 * tokens * h * model.ffn_hidden_size / t)
+    gemm, core, fc1_gemm = _layer_time_flops(model, hw, knobs, tokens=tokens, seq_length=s, tp=t)
+    eff = matmul_efficiency(hw, knobs, gemm_flops=fc1_gemm)
     peak, rate = hw.peak_flops_per_second, hw.peak_flops_per_second * eff
     # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
     ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate,

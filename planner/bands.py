@@ -26,9 +26,9 @@ from functools import lru_cache
 from importlib import resources
 
 BAND_COVERAGE = 0.8  # target: share of a held-out source's rows inside their band
-# central quantile levels tried, 0.80-0.90: beyond the 5th-95th percentile a regime's few rows (MIN_ROWS) give its
+# central quantile levels tried, 0.80-0.94: beyond the 3rd-97th percentile a regime's few rows (MIN_ROWS) give its
 # extremes, not a quantile, and the band widens for one outlier
-BAND_LEVELS = tuple(round(0.80 + 0.02 * i, 2) for i in range(6))
+BAND_LEVELS = tuple(round(0.80 + 0.02 * i, 2) for i in range(8))
 MIN_ROWS = 8
 MIN_SOURCES = 2
 BANDS_FILE = "error_bands.json"

@@ -24,7 +24,7 @@ from cost_models import compute
 from cost_models.inputs import Knobs
 from planner.bands import DOES_NOT_FIT, fit_verdict_of_result, gpu_generation
 from planner.frameworks import Framework
-from planner.frameworks.profiles import profile_knobs
+from planner.frameworks.profiles import profile_for
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.problem import Problem
 from planner.rules import layout_violations
@@ -90,12 +90,16 @@ class Case:
 
     @property
     def gpu_generation(self) -> str:
-        gpu = self.cluster.gpu
-        return gpu_generation(gpu if isinstance(gpu, str) else (gpu.name or ""))
+        return cluster_generation(self.cluster)
 
     @property
     def num_gpus(self) -> int:
         return self.cluster.num_gpus
+
+
+def cluster_generation(cluster: ClusterSpec) -> str:
+    gpu = cluster.gpu
+    return gpu_generation(gpu if isinstance(gpu, str) else (gpu.name or ""))
 
 
 @dataclass
@@ -193,13 +197,19 @@ FAMILY_FRAMEWORK = {"mcore": Framework.MEGATRON, "fsdp": Framework.TORCHTITAN, "
 """The profile each family of published rows runs with (report groups keep the family apart)."""
 
 
-def family_knobs(family: str, precision: str = "bf16", year: int | None = None) -> Knobs:
+def family_knobs(family: str, precision: str = "bf16", year: int | None = None,
+                 generation: str | None = None) -> Knobs:
     """The framework profile's knobs, with what a row's software era fixes: Megatron-LM before 2023 had no
-    --overlap-grad-reduce / --overlap-param-gather / --tp-comm-overlap (Korthikanti et al. 2022 §6.3); DeepSpeed's
-    ZeRO-3 before 2022 did not overlap its parameter gathers with compute (ZERO3_SYNC_GATHERS_UNTIL)."""
-    knobs = profile_knobs(FAMILY_FRAMEWORK[family], precision=precision)
+    --overlap-grad-reduce / --overlap-param-gather / --tp-comm-overlap (Korthikanti et al. 2022 §6.3) and no
+    Transformer Engine attention; DeepSpeed's ZeRO-3 before 2022 did not overlap its parameter gathers with compute
+    (ZERO3_SYNC_GATHERS_UNTIL). The profile's stated facts of the GPU generation (its fused attention kernel) apply;
+    its kernel-efficiency factor does not: validation fits that per fold (KERNEL_FACTOR_GRID)."""
+    profile = profile_for(FAMILY_FRAMEWORK[family])
+    knobs = replace(profile.knobs(precision=precision),
+                    attention_kernel_efficiency=profile.attention_kernel_efficiency(generation))
     if family == "megatron-classic":
-        knobs = replace(knobs, dp_overlap_fraction=0.0, pp_overlap_fraction=0.0, tp_overlap_fraction=0.0)
+        knobs = replace(knobs, dp_overlap_fraction=0.0, pp_overlap_fraction=0.0, tp_overlap_fraction=0.0,
+                        attention_kernel_efficiency=0.0)
     if family == "deepspeed" and year is not None and year <= ZERO3_SYNC_GATHERS_UNTIL:
         knobs = replace(knobs, zero3_overlap_fraction=0.0)
     return knobs
@@ -397,7 +407,7 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     fields = _layout_fields(row, family, n)
     if isinstance(fields, str):
         return fields
-    knobs = family_knobs(family, precision, _row_year(row))
+    knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
     if measured is None and memory_only and mem:

@@ -170,7 +170,7 @@ def moe_case(row: dict, runs: dict):
     from cluster_specs import ClusterSpec, load_cluster
     from planner.inputs.models import load_model
     from planner.inputs.specs import TrainingSpec
-    from planner.validation import Case, family_knobs
+    from planner.validation import Case, cluster_generation, family_knobs
 
     model = load_model(row["model"])
     if row.get("model_overrides"):
@@ -182,7 +182,8 @@ def moe_case(row: dict, runs: dict):
     training = TrainingSpec(global_batch_size=row["global_batch_size"], seq_length=row["seq_length"],
                             precision=row["precision"], fp8_recipe=row.get("fp8_recipe", "tensorwise"),
                             fp8_param_gather=row["precision"] == "fp8" and row["source"] == "mb-archive")
-    knobs = replace(family_knobs("mcore", row["precision"]), **row.get("facts", {}))
+    knobs = replace(family_knobs("mcore", row["precision"], generation=cluster_generation(cluster)),
+                    **row.get("facts", {}))
     tokens = row["global_batch_size"] * row["seq_length"]
     measured = tokens / (row["tokens_per_sec_per_gpu"] * row["gpus"])
     fields = _moe_layout_fields(row, model.num_layers)

@@ -146,3 +146,68 @@ def test_nemo_llama31_8b_cp2_fits_without_recompute_as_it_ran():
     assert fits_in_memory(est, 0.0)
     unfused = replace(problem, knobs=replace(problem.knobs, fused_swiglu=False))
     assert not fits_in_memory(estimate_layout(unfused, layout), 0.0)
+
+
+def test_transformer_engine_attention_is_stated_for_hopper_only():
+    """Megatron-Core and NeMo run Transformer Engine, which prefers cuDNN's fused attention on Hopper
+    (get_attention_backend); its forward+backward efficiency there is a stated fact, 0.50 of peak (FlashAttention-3
+    paper, cuDNN at head dim 128: 470-521 TFLOPs/s of 989 over s 2k-8k). Elsewhere nothing is stated (0)."""
+    for fw in (Framework.MEGATRON, Framework.NEMO):
+        assert profile_knobs(fw, gpu_generation="hopper").attention_kernel_efficiency == 0.50
+        assert profile_knobs(fw, gpu_generation="ampere").attention_kernel_efficiency == 0.0
+        assert profile_knobs(fw).attention_kernel_efficiency == 0.0
+    for fw in (Framework.TORCHTITAN, Framework.DEEPSPEED, Framework.MEGATRON_DEEPSPEED, Framework.GENERIC):
+        assert profile_knobs(fw, gpu_generation="hopper").attention_kernel_efficiency == 0.0
+    assert any(k == "attention_kernel_efficiency" for k, _, _ in profile_for("nemo").assumptions())
+
+
+def _h100_layer(knobs: Knobs, *, flash: bool = True, cp: int = 1):
+    from cluster_specs import load_cluster
+    from cost_models.stage import layer_costs
+
+    hw = load_cluster("dgx-h100", nodes=1).to_cost_model("bf16")
+    model = replace(LLAMA3_8B, flash_attention=flash)
+    training = Training(global_batch_size=8, seq_length=8192, activation_bytes=2, param_bytes=2, grad_bytes=4,
+                        optimizer_bytes=12, grad_reduce_bytes=4)
+    layout = Layout(dp=8 // cp, tp=1, pp=1, zero_stage=1, micro_batch_size=1, num_micro_batches=1, cp=cp)
+    return layer_costs(model, training, hw, layout, knobs), hw
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_a_stated_attention_kernel_runs_the_causal_half_at_its_own_rate(cp):
+    """Llama 3 8B, 8192 tokens, one H100. The core's forward is 4 T s a d = 4 x 8192 x 8192 x 4096 FLOPs at the
+    full s^2 convention (per rank: T = 8192 / cp). Without a stated kernel it runs at the layer's GEMM rate; with
+    TE's cuDNN kernel (0.50 of peak, times the same end-to-end factor) it runs the causal (s+1)/(2s) of those
+    FLOPs. The forward differs by exactly that; unfused attention (the whole masked matrix) is unchanged."""
+    base = Knobs(end_to_end_efficiency=0.8)
+    stated = replace(base, attention_kernel_efficiency=0.5)
+    plain, hw = _h100_layer(base, cp=cp)
+    fused, _ = _h100_layer(stated, cp=cp)
+    s = 8192
+    core = 4.0 * (s // cp) * s * 4096
+    at_gemm_rate = core / plain.rate_flops_per_second
+    on_kernel = core * (s + 1) / (2 * s) / (hw.peak_flops_per_second * 0.5 * 0.8)
+    assert plain.t_layer_forward - fused.t_layer_forward == pytest.approx(at_gemm_rate - on_kernel, rel=1e-9)
+    assert on_kernel < at_gemm_rate  # cuDNN on H100 beats the GEMM-rate convention (~0.40 of peak causal)
+    # flash's backward recompute of Q K^T (half a core forward) moves with the kernel too
+    assert fused.t_recompute_policy < plain.t_recompute_policy
+    unfused_plain, _ = _h100_layer(base, flash=False, cp=cp)
+    unfused_stated, _ = _h100_layer(stated, flash=False, cp=cp)
+    assert unfused_plain == unfused_stated
+
+
+def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names():
+    """Llama 3.1 8B at 8192 tokens on DGX H100 under NeMo: TE's cuDNN attention is a named assumption, with the
+    step time it would take at the GEMM-rate convention (slower); on DGX A100 nothing is stated, nothing named."""
+    from planner.estimate import assumptions_json, build_problem, estimate_layout, layout_from_arg
+
+    def named(cluster):
+        problem = build_problem(cluster, 1, "llama3-8b", 128, 8192, framework="nemo", headroom_gib=0)
+        layout = layout_from_arg("tp=1,pp=1,dp=4,cp=2,zero=1,mbs=1,recompute=full", problem)
+        est = estimate_layout(problem, layout)
+        return est, [a for a in assumptions_json(problem, layout, est) if "fused causal attention" in a["statement"]]
+
+    est, found = named("dgx-h100")
+    assert len(found) == 1 and found[0]["step_time_seconds_if_not"] > est.step_seconds
+    assert "Transformer Engine" in found[0]["source"]
+    assert named("dgx-a100-80gb")[1] == []

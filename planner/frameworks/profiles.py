@@ -98,6 +98,15 @@ class Profile:
     # where SwiGLU runs as one fused kernel that saves only its input (Knobs.fused_swiglu); None: autograd's SiLU and
     # product keep their own operands (8 s b f bytes, not 6)
     fused_swiglu: str | None = None
+    # GPU generation -> fraction of peak the framework's fused causal attention kernel reaches over forward and
+    # backward, on the causal FLOPs it runs (Knobs.attention_kernel_efficiency); a generation not listed keeps the
+    # core at its full-s^2 FLOPs and the GEMM rate
+    attention_kernel: dict[str, Sourced] = field(default_factory=dict)
+
+    def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
+        """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
+        stated = self.attention_kernel.get(gpu_generation or "")
+        return stated.value if stated is not None else 0.0
 
     def recipe(self, precision: str = "bf16") -> MemoryRecipe:
         return self.memory_fp16 if precision == "fp16" and self.memory_fp16 is not None else self.memory
@@ -130,6 +139,7 @@ class Profile:
             sp_saves_gathered_inputs=self.sp_gathered_inputs is not None,
             moe_expert_kernel_gflop=self.expert_kernel_gflop.value if self.expert_kernel_gflop else 0.0,
             fused_swiglu=self.fused_swiglu is not None,
+            attention_kernel_efficiency=self.attention_kernel_efficiency(gpu_generation),
         )
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -151,7 +161,9 @@ class Profile:
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
              if self.sp_gathered_inputs else []) + ([
             ("fused_swiglu", "SwiGLU fused: saves FC1's output and FC2's input only (6 s b f bytes per layer, not "
-             "autograd's 8)", self.fused_swiglu)] if self.fused_swiglu else [])
+             "autograd's 8)", self.fused_swiglu)] if self.fused_swiglu else []) + [
+            ("attention_kernel_efficiency", f"fused causal attention on {gen}: {v.value:.0%} of peak over forward and "
+             "backward, on the causal half of the scores", v.source) for gen, v in self.attention_kernel.items()]
 
 
 # Megatron-Core's GroupedMLP on TE GroupedLinear launches each local expert's GEMMs (and FP8 casts) as their own kernels
@@ -159,9 +171,23 @@ class Profile:
 # per kernel, in GFLOP at the layer's GEMM rate, fitted on the MoE set (planner/data/moe_runs.json) over all
 # its rows; docs/validation-modern.md reports the rows leave-one-model-out (each model's rows with the value fitted on
 # the other models' rows). torchtitan runs all local experts in one torch._grouped_mm and keeps 0.
-MEGATRON_EXPERT_KERNEL_GFLOP = 40.0
+MEGATRON_EXPERT_KERNEL_GFLOP = 44.0
 _GROUPED_LINEAR = Sourced(MEGATRON_EXPERT_KERNEL_GFLOP, "per-expert GEMM/cast kernels of TE GroupedLinear (Megatron "
                           "MoE README, --moe-grouped-gemm) [fit: the MoE set, docs/validation-modern.md]")
+
+# Transformer Engine's DotProductAttention picks cuDNN's fused attention (FusedAttention, F16_arbitrary_seqlen) over
+# flash-attn on Hopper and newer ("Disabling FlashAttention to give FusedAttention preference on Hopper+ for
+# performance reasons", NVIDIA/TransformerEngine@a0b36d0c transformer_engine/pytorch/attention/dot_product_attention/
+# utils.py get_attention_backend); Megatron-Core's TE spec and NeMo run it. cuDNN on H100 SXM5 at head dim 128
+# (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, Figs. 5-6): causal forward 484 / 518 / 529 TFLOPs/s and
+# backward 465 / 499 / 518 at s = 2k / 4k / 8k; with the backward's 2.5x FLOPs that is 470 / 504 / 521 TFLOPs/s
+# over forward + backward, 0.48-0.53 of the 989 peak. FlashAttention-2 on the same figures: 0.30-0.33 (the
+# full-s^2-at-GEMM-rate convention the other profiles keep comes to ~0.40). Blackwell: no published figure, none
+# stated.
+TE_FUSED_ATTENTION_HOPPER = 0.50
+_TE_FUSED_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "Transformer Engine prefers cuDNN fused attention "
+                                         "on Hopper (get_attention_backend, TE@a0b36d0c); cuDNN fwd+bwd at head dim "
+                                         "128, s 2k-8k: 0.48-0.53 of peak (FlashAttention-3 paper, Figs. 5-6)")}
 
 _MEGATRON_RECIPE = MemoryRecipe(
     "Megatron bf16 + fp32 main grads + distributed optimizer", 2, 4, 12, 2, "layer",
@@ -254,7 +280,8 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "allocated and reserved, MB = 2^20 B (report_memory, frameworks.md §2.5)", memory_fp16=_MEGATRON_FP16_RECIPE,
-        expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU),
+        expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU,
+        attention_kernel=_TE_FUSED_ATTENTION),
     Framework.NEMO: Profile(
         Framework.NEMO, "NeMo 2 / Megatron-Bridge (Megatron-Core)", _MEGATRON_RECIPE,
         "core attention only (Megatron-Core fields, frameworks.md §4.4); on an MLA model the up-projections "
@@ -270,7 +297,8 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "allocated and reserved, MB (Megatron-Core report_memory)", memory_fp16=_MEGATRON_FP16_RECIPE,
-        expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU_NEMO),
+        expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU_NEMO,
+        attention_kernel=_TE_FUSED_ATTENTION),
     Framework.TORCHTITAN: Profile(
         Framework.TORCHTITAN, "torchtitan (FSDP2, torch.distributed.pipelining)", _FSDP2_RECIPE,
         "per-op SAC: saves matmul/attention/reduce-scatter outputs, recomputes every 2nd matmul and all elementwise "
@@ -361,9 +389,10 @@ class Assumption:
     effect: float  # |step_seconds_if_wrong / step_seconds - 1|
 
 
-# what each knob is set to when the assumption does not hold: overlap -> none hidden; reserve -> doubled
+# what each knob is set to when the assumption does not hold: overlap -> none hidden; the fused attention kernel ->
+# not stated (the core at its full-s^2 FLOPs and the GEMM rate, about FlashAttention-2's speed on H100)
 _OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_overlap_fraction": 0.0,
-             "pp_overlap_fraction": 0.0}
+             "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0}
 
 
 def ranked_assumptions(estimate_with, knobs: Knobs, framework: Framework | str | None, step_seconds: float,
