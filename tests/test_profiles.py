@@ -211,3 +211,22 @@ def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names():
     assert len(found) == 1 and found[0]["step_time_seconds_if_not"] > est.step_seconds
     assert "Transformer Engine" in found[0]["source"]
     assert named("dgx-a100-80gb")[1] == []
+
+
+def test_the_layer_rate_saturates_on_its_fc1_gemm_per_gpu():
+    """The layer's GEMM rate is the MAMF fraction x x/(x + 2 GFLOP) x the end-to-end factor, x its FC1 GEMM per
+    GPU: 2 T h f / tp. Llama 3 8B, 8192 tokens, tp 2 on H100: x = 2 x 8192 x 4096 x 14336 / 2 / 1e9 = 481 GFLOP;
+    at 256 tokens x = 15.0 GFLOP, where the size term matters (0.88)."""
+    from cluster_specs import load_cluster
+    from cost_models.stage import layer_costs
+
+    hw = load_cluster("dgx-h100", nodes=1).to_cost_model("bf16")
+    for s in (8192, 256):
+        training = Training(global_batch_size=8, seq_length=s, activation_bytes=2, param_bytes=2, grad_bytes=4,
+                            optimizer_bytes=12, grad_reduce_bytes=4)
+        layout = Layout(dp=4, tp=2, pp=1, zero_stage=1, micro_batch_size=1, num_micro_batches=2,
+                        sequence_parallel=True)
+        lc = layer_costs(LLAMA3_8B, training, hw, layout, Knobs(end_to_end_efficiency=0.8))
+        x = 2 * s * 4096 * 14336 / 2 / 1e9
+        assert lc.matmul_efficiency == pytest.approx(hw.matmul_efficiency * x / (x + 2.0) * 0.8, rel=1e-12)
+        assert lc.rate_flops_per_second == pytest.approx(hw.peak_flops_per_second * lc.matmul_efficiency, rel=1e-12)
