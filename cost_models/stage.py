@@ -96,8 +96,14 @@ def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float
     Size saturation x / (x + x_half), x the per-GPU GEMM size in GFLOP (small GEMMs run far from peak;
     Calculon uses steps 0.95 / 0.9 / 0.6 at 128 / 16 / 1 GFLOP, cost-models.md §6.3).
     """
+    return gemm_share_of_peak(hw, knobs, gemm_flops=gemm_flops) * knobs.end_to_end_efficiency
+
+
+def gemm_share_of_peak(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float:
+    """MAMF fraction x size saturation x / (x + x_half), x the GEMM in GFLOP: matmul_efficiency before the
+    end-to-end factor."""
     x = gemm_flops / 1e9
-    return hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop) * knobs.end_to_end_efficiency
+    return hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop)
 
 
 def attention_core_gemm_equivalent_flops(model: Transformer, hw: Hardware, knobs: Knobs, *, core_flops: float,
@@ -116,9 +122,7 @@ def attention_core_gemm_equivalent_flops(model: Transformer, hw: Hardware, knobs
     if kernel <= 0 or not model.flash_attention:
         return core_flops
     causal_share = window_context(seq_length, seq_length) / seq_length
-    x = gemm_flops / 1e9
-    gemm_share_of_peak = hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop)
-    return core_flops * causal_share * gemm_share_of_peak / kernel
+    return core_flops * causal_share * gemm_share_of_peak(hw, knobs, gemm_flops=gemm_flops) / kernel
 
 
 def _layer_time_flops(model: Transformer, hw: Hardware, knobs: Knobs, *, tokens: int, seq_length: int,
