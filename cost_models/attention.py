@@ -114,9 +114,10 @@ def selective_saved_elements_per_token(model: Transformer) -> int:
     (DeepSeek-V3 §3.2.3 'Recomputation of ... MLA Up-Projection'; Megatron --recompute-modules mla_up_proj), so Q,
     K and V are dropped and O kept: a·d_v (V3: 16,384 of 81,920; modern-training.md §4.3: 'drops Q, K, V').
     Otherwise the attention core is recomputed and its inputs Q, K, V stay saved (Korthikanti §5): as without."""
-    if not selective_recomputes_up_projections(model) or model.mla is None:  # (the second: for the type checker)
+    mla = model.mla
+    if mla is None or not selective_recomputes_up_projections(model):
         return attention_saved_elements_per_token(model)
-    return model.num_attention_heads * model.mla.v_head_dim
+    return model.num_attention_heads * mla.v_head_dim
 
 
 def up_projection_forward_flops(model: Transformer, *, tokens: float) -> float | None:

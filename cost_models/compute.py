@@ -102,6 +102,12 @@ _attention_weights = per_model(attention_weight_count)
 _mlp_flops_per_token = per_model(mlp_forward_flops_per_token)
 
 
+def fc1_gemm_flops(model: Transformer, *, tokens: float, tp: int) -> float:
+    """The dense FC1 GEMM of `tokens` tokens on one of `tp` ranks, 2 T h f / tp: the GEMM whose size sets a layer's
+    GEMM rate (stage.matmul_efficiency; extensions' grouped-GEMM slowdown compares the experts' slices with it)."""
+    return 2 * tokens * model.hidden_size * model.ffn_hidden_size / tp
+
+
 def logits_forward_flops(*, tokens: int, hidden_size: int, vocab_size: int) -> float:
     return 2.0 * tokens * hidden_size * vocab_size
 

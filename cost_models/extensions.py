@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from cost_models.attention import selective_recomputes_up_projections
 from cost_models.communication import group_link
-from cost_models.compute import parameter_counts
+from cost_models.compute import fc1_gemm_flops, parameter_counts
 from cost_models.context_parallel import cp_buffer_bytes, cp_traffic, cp_transfer_seconds, exposed_cp_seconds
 from cost_models.fp8 import (
     fp8_gemm_speedup,
@@ -249,7 +249,7 @@ def _grouped_gemm_slowdown(model: Transformer, layout: Layout, knobs: Knobs, tok
     rows = _moe_tokens(layout, tokens) * moe.top_k * layout.ep / moe.num_experts
     gated = 2 if model.swiglu else 1
     expert_gemm = 2 * rows * model.hidden_size * gated * moe.expert_ffn_hidden_size / layout.etp
-    dense_gemm = 2 * tokens * model.hidden_size * model.ffn_hidden_size / layout.tp
+    dense_gemm = fc1_gemm_flops(model, tokens=tokens, tp=layout.tp)
     return (dense_gemm / (dense_gemm + half)) / (expert_gemm / (expert_gemm + half))
 
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from cost_models.attention import up_projection_forward_flops, window_context
 from cost_models.communication import all_reduce_seconds, group_link, tp_bytes_per_layer_per_micro_batch
-from cost_models.compute import layer_forward_flops, parameter_counts, recompute_extra_of
+from cost_models.compute import fc1_gemm_flops, layer_forward_flops, parameter_counts, recompute_extra_of
 from cost_models.extensions import LayerExtras, expert_data_parallel, layer_extras
 from cost_models.inputs import (
     Hardware,
@@ -130,7 +130,7 @@ def _layer_time_flops(model: Transformer, hw: Hardware, knobs: Knobs, *, tokens:
     """(GEMM FLOPs, the attention core as GEMM-rate FLOPs, the FC1 GEMM per GPU) of one layer's forward on
     `tokens` tokens: what the layer's time is computed from (its FLOP counts stay compute.layer_forward_flops)."""
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
-    fc1_gemm = 2 * tokens * model.hidden_size * model.ffn_hidden_size / tp
+    fc1_gemm = fc1_gemm_flops(model, tokens=tokens, tp=tp)
     core = attention_core_gemm_equivalent_flops(model, hw, knobs, core_flops=core, seq_length=seq_length,
                                                 gemm_flops=fc1_gemm)
     return gemm, core, fc1_gemm
