@@ -152,6 +152,10 @@ def assumptions_json(problem: Problem, layout: LayoutSpec, est: StepEstimate) ->
     def step_with(knobs) -> float:
         return estimate_step(problem.cm_model, problem.cm_training, problem.hardware, cm_layout, knobs).step_seconds
 
-    found = ranked_assumptions(step_with, problem.knobs, problem.knobs.profile, est.step_seconds)
+    from planner.bands import gpu_generation
+
+    generation = gpu_generation(problem.cluster.gpu_spec().name or str(problem.cluster.gpu))
+    found = ranked_assumptions(step_with, problem.knobs, problem.knobs.profile, est.step_seconds,
+                               gpu_generation=generation)
     return [{"statement": a.statement, "source": a.source, "step_time_seconds_if_not": a.step_seconds_if_wrong}
             for a in found]

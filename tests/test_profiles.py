@@ -213,6 +213,33 @@ def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names():
     assert named("dgx-a100-80gb")[1] == []
 
 
+def test_megatron_deepspeed_on_a100_runs_at_its_fitted_factor_and_says_so():
+    """The Megatron-DeepSpeed profile scales the end-to-end efficiency on Ampere only (the generation its evidence
+    is from: MT-NLG and BigScience on A100), and an A100 plan names that factor with the step time without it:
+    faster by 1/0.8 on the compute it scales; on H100 nothing is stated, nothing named."""
+    from planner.estimate import assumptions_json, build_problem, estimate_layout, layout_from_arg
+    from planner.frameworks.profiles import MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY as factor
+
+    base = Knobs()
+    ampere = profile_knobs("megatron-deepspeed", base, gpu_generation="ampere")
+    assert ampere.end_to_end_efficiency == pytest.approx(base.end_to_end_efficiency * factor)
+    hopper = profile_knobs("megatron-deepspeed", base, gpu_generation="hopper")
+    assert hopper.end_to_end_efficiency == base.end_to_end_efficiency
+
+    def named(cluster):
+        problem = build_problem(cluster, 2, "gpt3-1.3b", 64, 2048, framework="megatron-deepspeed", headroom_gib=0)
+        layout = layout_from_arg("tp=1,pp=1,dp=16,zero=1,mbs=4,recompute=full", problem)
+        est = estimate_layout(problem, layout)
+        return est, [a for a in assumptions_json(problem, layout, est) if "end-to-end efficiency" in a["statement"]]
+
+    est, found = named("dgx-a100-80gb")
+    assert len(found) == 1 and "MT-NLG 126 vs Megatron-LM 159" in found[0]["source"]
+    # without the factor the step is faster, by at most 1/0.8 (only the compute is scaled, not the traffic)
+    ratio = est.step_seconds / found[0]["step_time_seconds_if_not"]
+    assert 1.0 < ratio <= 1 / factor + 1e-9
+    assert named("dgx-h100")[1] == []
+
+
 def test_the_layer_rate_saturates_on_its_fc1_gemm_per_gpu():
     """The layer's GEMM rate is the MAMF fraction x x/(x + 2 GFLOP) x the end-to-end factor, x its FC1 GEMM per
     GPU: 2 T h f / tp. Llama 3 8B, 8192 tokens, tp 2 on H100: x = 2 x 8192 x 4096 x 14336 / 2 / 1e9 = 481 GFLOP;

@@ -16,6 +16,8 @@ from planner.validation import (
     band_hits,
     build_case,
     build_cases,
+    case_knobs,
+    evaluate,
     load_rows,
     memory_rows,
     nested_band_coverage,
@@ -34,7 +36,7 @@ def _shared_data():
 
 
 GRID = {"end_to_end_efficiency": (0.80, 0.825, 0.85), "elementwise_traffic_factor": (8.0, 10.0, 12.0)}
-FACTORS = {("fsdp", "hopper"): (0.775, 0.85, 1.0)}
+FACTORS = {("fsdp", "hopper"): (0.775, 0.85, 1.0), ("megatron-deepspeed", "ampere"): (0.8, 0.9, 1.0)}
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +49,14 @@ def test_loso_targets_of_issue_10(report):
     assert s["rows_evaluated"] >= 250
     # issue #10: LOSO median <= 10% and 90th percentile <= 25%, both met since the 2020-21 Megatron-LM README rows
     # run with the recompute their printed TFLOP/s count (full, Narayanan Eq. 3) and 2020's whole batch per replica,
-    # and DeepSpeed's ZeRO-3 of 2021 hides no gather (validation.py ASSUMPTIONS): make validate's full grid 8.3% /
-    # 21.1% (docs/validation.md), this grid 7.4% / 21.1% (8.2% / 21.0% on both before Megatron-Core and NeMo ran
+    # and DeepSpeed's ZeRO-3 of 2021 hides no gather (validation.py ASSUMPTIONS): make validate's full grid 7.8% /
+    # 19.3% (docs/validation.md), this grid 7.3% / 19.5% (8.3% / 21.1% and 7.4% / 21.1% before Megatron-DeepSpeed
+    # on A100 got its own kernel factor, KERNEL_FACTOR_GRID; 8.2% / 21.0% on both before Megatron-Core and NeMo ran
     # TE's cuDNN attention on Hopper, profiles.py TE_FUSED_ATTENTION_HOPPER; 8.0% / 21.5% before those profiles
     # kept fused SwiGLU's 6 s b f bytes); 9.4% / 26.0% before the README rows' rules. The bounds are those figures
     # plus about half a point, to catch a regression.
-    assert s["loso_median_abs_error"] <= 0.085
-    assert s["loso_p90_abs_error"] <= 0.22
+    assert s["loso_median_abs_error"] <= 0.08
+    assert s["loso_p90_abs_error"] <= 0.20
     assert s["false_out_of_memory"] == 0  # every published run fit in memory
     # held-out figures cannot beat the in-sample ones by construction of the folds
     assert s["loso_median_abs_error"] >= s["fitted_on_all_median_abs_error"] - 1e-9
@@ -79,9 +82,10 @@ def test_source_balanced_objective():
 
 def test_band_coverage_near_80_percent(report):
     # the nominal band (central 80% of the other sources' LOSO errors) covers fewer held-out rows than it claims
-    # (65.2% on this grid); the calibrated one, its level chosen on the other sources only, about 80% (78.2% on
-    # this grid, 81.2% on make validate's full grid, docs/validation.md; with levels capped at 90% it was 76.9%
-    # there once the Hopper attention kernel tightened the mcore residuals, so the levels now reach 94%)
+    # (64.3% on this grid); the calibrated one, its level chosen on the other sources only, about 80% (79.4% on
+    # this grid and on make validate's full grid, docs/validation.md; 78.2% / 81.2% before Megatron-DeepSpeed's
+    # kernel factor; with levels capped at 90% it was 76.9% there once the Hopper attention kernel tightened the
+    # mcore residuals, so the levels now reach 94%)
     inside, total = band_coverage(report)
     assert total >= 250
     assert inside / total < 0.8
@@ -90,9 +94,10 @@ def test_band_coverage_near_80_percent(report):
     assert 0.78 <= sum(h.inside for h in hits) / total <= 0.86
     assert set(levels.values()) <= set(BAND_LEVELS)
     # the band is not right because it is wide: the calibrated median width (high - low over the prediction) stays
-    # under 70% (67.5% on this grid, 70.5% on the full grid at the 94% level; 64.9% / 67.0% at 90%). It is 1.9x the
-    # nominal width (35.7%): with the Megatron-LM README rows' residuals tight, the central 80% of most
-    # regimes narrowed, and coverage comes from the tails (ZeRO-3 baselines, BLOOM prequel, llm-foundry on H100)
+    # under 70% (60.8% on this grid, 63.9% on the full grid at the 92-94% levels; 67.5% / 70.5% before
+    # Megatron-DeepSpeed's kernel factor). It is 2.6x the nominal width (23.8%): with the Megatron-LM README rows'
+    # residuals tight, the central 80% of most regimes narrowed, and coverage comes from the tails (ZeRO-3
+    # baselines, llm-foundry on H100)
     nominal = statistics.median(h.width for h in band_hits(report, BAND_COVERAGE))
     calibrated = statistics.median(h.width for h in hits)
     assert nominal < calibrated <= 0.70
@@ -184,22 +189,53 @@ def test_shipped_defaults_are_the_all_source_fit():
     from importlib import resources
 
     from cost_models.inputs import Knobs
-    from planner.frameworks.profiles import FSDP_HOPPER_KERNEL_EFFICIENCY
+    from planner.frameworks.profiles import (
+        FSDP_HOPPER_KERNEL_EFFICIENCY,
+        MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY,
+    )
 
     table = json.loads(resources.files("planner.data").joinpath("error_bands.json").read_text())
     fitted = table["fitted_knobs"]
     assert Knobs().end_to_end_efficiency == fitted["end_to_end_efficiency"]
     assert Knobs().elementwise_traffic_factor == fitted["elementwise_traffic_factor"]
     assert FSDP_HOPPER_KERNEL_EFFICIENCY == fitted["kernel_efficiency[fsdp/hopper]"]
+    assert MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY == fitted["kernel_efficiency[megatron-deepspeed/ampere]"]
+
+
+def test_megatron_deepspeed_runs_below_megatron_lm_on_a100(report):
+    # MT-NLG 530B (Smith et al. 2022, Table 2: 126 TFLOP/s per GPU at tp 8 x pp 35 x dp 8 on Selene) against
+    # Megatron-LM's PTD-P at the same layout on the same cluster (Narayanan et al. 2021, Table 2: 159): per
+    # sequence 60.1 s / 1,920 = 31.3 ms vs 55.45 s / 2,240 = 24.8 ms, 1.26x. Both Megatron-DeepSpeed sources show
+    # the gap on their own: each one's fold, fitted on the other source alone, chooses a factor below 1 (0.8 on this
+    # grid, both), and the family's held-out median falls from 20.2% (make validate before the factor) to 6.1% here
+    # (9.1% on the full grid)
+    by_source = {r.case.source: r for r in report.results if r.case.family == "megatron-deepspeed"}
+    assert len(by_source) == 2
+    name = "kernel_efficiency[megatron-deepspeed/ampere]"
+    for src in by_source:
+        assert report.loso.points[report.loso.fold_choice[src]][name] < 1.0, src
+    rows = [r for r in report.results if r.case.family == "megatron-deepspeed"]
+    assert statistics.median(abs(r.loso_error) for r in rows) <= 0.10
+    mtnlg = next(r for r in rows if r.case.row_id == "mtnlg-530B-2240gpu")
+    ptdp = next(r for r in report.results if r.case.row_id == "narayanan21-t2-ptdp-529.6B-2240gpu")
+    measured = (mtnlg.case.measured_step_seconds / 1920) / (ptdp.case.measured_step_seconds / 2240)
+    assert measured == pytest.approx(1.264, abs=0.005)
+    # the model without the factor runs the two at almost the same time per sequence (MT-NLG's shorter pipeline
+    # fill, 240 micro-batches vs 280: more bubble); the factor is what carries the gap
+    predicted = (mtnlg.predicted_step_seconds / 1920) / (ptdp.predicted_step_seconds / 2240)
+    assert 1.15 <= predicted <= 1.35
+    without = {k: v for k, v in report.knobs.items() if k != name}
+    bare = evaluate(mtnlg.case, case_knobs(mtnlg.case, without)).predicted_step_seconds
+    assert 1.0 <= (bare / 1920) / (ptdp.predicted_step_seconds / 2240) <= 1.03
 
 
 def test_published_pairs_rank_like_vtrains(report):
     # The tie tolerance comes from vTrain's layout sweeps (planner/decisions/ranking.py: 80% of 1,721 ratio errors
     # within 22.3%, 20% within 2.2%). A second, independent estimate: pairs of published runs of one model on one
     # cluster from one source, predicted leave-one-source-out (69 groups, 118 pairs today): 80% within 14.5% on
-    # this coarse grid (also on make validate's full grid, docs/decisions.md), 20% within 1.9% (2.0% before
-    # Megatron-Core/NeMo ran cuDNN attention on Hopper, 2.1% before they fused SwiGLU: both moved the DGX Cloud
-    # Llama 3.1 8B pairs). The 20% point of 118 pairs is the 24th smallest ratio error: it moves by a few tenths of
+    # this coarse grid (also on make validate's full grid, docs/decisions.md), 20% within 2.2% (1.9% before
+    # Megatron-DeepSpeed on A100 had its own factor; 2.0% before Megatron-Core/NeMo ran cuDNN attention on Hopper,
+    # 2.1% before they fused SwiGLU: both moved the DGX Cloud Llama 3.1 8B pairs). The 20% point of 118 pairs is the 24th smallest ratio error: it moves by a few tenths of
     # a point when one source's rows move, so the two estimates are held to agree within 0.7 points (0.5, then 0.6
     # before those changes; vTrain's 2.56% is shipped).
     from planner.decisions.ranking import band_figures, error_groups, ranking_band

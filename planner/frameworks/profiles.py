@@ -163,7 +163,9 @@ class Profile:
             ("fused_swiglu", "SwiGLU fused: saves FC1's output and FC2's input only (6 s b f bytes per layer, not "
              "autograd's 8)", self.fused_swiglu)] if self.fused_swiglu else []) + [
             ("attention_kernel_efficiency", f"fused causal attention on {gen}: {v.value:.0%} of peak over forward and "
-             "backward, on the causal half of the scores", v.source) for gen, v in self.attention_kernel.items()]
+             "backward, on the causal half of the scores", v.source) for gen, v in self.attention_kernel.items()] + [
+            (f"kernel_efficiency[{gen}]", f"{self.title} on {gen}: {v.value:.1%} of the end-to-end efficiency the "
+             "other frameworks reach", v.source) for gen, v in self.kernel_efficiency.items()]
 
 
 # Megatron-Core's GroupedMLP on TE GroupedLinear launches each local expert's GEMMs (and FP8 casts) as their own kernels
@@ -233,6 +235,14 @@ FSDP_HOPPER_KERNEL_EFFICIENCY = 0.85
 _FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
                 "README and torchtitan's performance page print lower MFU on H100 for the same models); the factor is "
                 "fitted leave-one-source-out with the global efficiency (docs/validation.md)")
+MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY = 0.8
+_MEGATRON_DEEPSPEED_AMPERE = (
+    "fitted: MT-NLG 126 vs Megatron-LM 159 TFLOP/s per GPU at one layout on the same A100s (Megatron-DeepSpeed "
+    "of 2021-22: MT-NLG 530B at tp 8 x pp 35 x dp 8 on Selene, Smith et al. 2022 Table 2; Megatron-LM's PTD-P, "
+    "Narayanan et al. 2021 Table 2; the longer pipeline at 1,920 vs 2,240 sequences explains ~2% of it); BigScience's "
+    "Jean Zay runs show the same gap. Fitted leave-one-source-out with the global efficiency (docs/validation.md) "
+    "[U: the mechanism (pipe engine, optimizer, kernels) is not isolated; no Megatron-DeepSpeed run on another GPU "
+    "generation is in the data, so none is stated there]")
 
 _CONTEXT = ("CUDA context + NCCL communicators + cuBLAS workspaces, measured outside torch's pool: ~1.3 GB on "
             "V100 (BigScience tr8-104B: 'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json)")
@@ -342,6 +352,7 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
+        {"ampere": Sourced(MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY, _MEGATRON_DEEPSPEED_AMPERE)},
         memory_fp16=replace(_DEEPSPEED_ZERO1_PIPE_RECIPE, zero0=None)),
     Framework.GENERIC: Profile(
         Framework.GENERIC, "generic (no framework named)", _MEGATRON_RECIPE,
@@ -396,19 +407,22 @@ _OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_over
 
 
 def ranked_assumptions(estimate_with, knobs: Knobs, framework: Framework | str | None, step_seconds: float,
-                       limit: int = 3) -> list[Assumption]:
+                       limit: int = 3, gpu_generation: str | None = None) -> list[Assumption]:
     """The profile's time assumptions that move this prediction most, largest first (those that move it < 0.5%
     are left out). `estimate_with(knobs)` re-estimates the same layout with other knobs and returns step seconds.
-    An overlap assumption is tested by hiding nothing of that traffic."""
+    An overlap assumption is tested by hiding nothing of that traffic; the framework's kernel factor on this GPU
+    generation by dropping it (the end-to-end efficiency of every other framework)."""
+    profile = profile_for(framework)
     out = []
-    for knob, statement, source in profile_for(framework).assumptions():
-        if knob not in _OPPOSITE:
+    for knob, statement, source in profile.assumptions():
+        changed: dict[str, Any]
+        if knob == f"kernel_efficiency[{gpu_generation}]":
+            changed = {"end_to_end_efficiency": knobs.end_to_end_efficiency
+                       / profile.kernel_efficiency[gpu_generation or ""].value}
+        elif knob in _OPPOSITE and getattr(knobs, knob) != _OPPOSITE[knob]:
+            changed = {knob: _OPPOSITE[knob]}
+        else:
             continue
-        value = getattr(knobs, knob)
-        opposite = _OPPOSITE[knob]
-        if value == opposite:
-            continue
-        changed: dict[str, Any] = {knob: opposite}
         other = estimate_with(replace(knobs, **changed))
         effect = abs(other / step_seconds - 1)
         if effect >= 0.005:
