@@ -199,13 +199,9 @@ def test_a_stated_attention_kernel_runs_the_causal_half_at_its_own_rate(cp):
 def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names():
     """Llama 3.1 8B at 8192 tokens on DGX H100 under NeMo: TE's cuDNN attention is a named assumption, with the
     step time it would take at the GEMM-rate convention (slower); on DGX A100 nothing is stated, nothing named."""
-    from planner.estimate import assumptions_json, build_problem, estimate_layout, layout_from_arg
-
     def named(cluster):
-        problem = build_problem(cluster, 1, "llama3-8b", 128, 8192, framework="nemo", headroom_gib=0)
-        layout = layout_from_arg("tp=1,pp=1,dp=4,cp=2,zero=1,mbs=1,recompute=full", problem)
-        est = estimate_layout(problem, layout)
-        return est, [a for a in assumptions_json(problem, layout, est) if "fused causal attention" in a["statement"]]
+        return _named_assumptions(cluster, 1, "llama3-8b", 128, 8192, "nemo",
+                                  "tp=1,pp=1,dp=4,cp=2,zero=1,mbs=1,recompute=full", "fused causal attention")
 
     est, found = named("dgx-h100")
     assert len(found) == 1 and found[0]["step_time_seconds_if_not"] > est.step_seconds
@@ -213,11 +209,20 @@ def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names():
     assert named("dgx-a100-80gb")[1] == []
 
 
+def _named_assumptions(cluster, nodes, model, batch, seq, framework, layout_text, phrase):
+    """(the estimate, the plan's ranked assumptions whose statement holds `phrase`) for one layout."""
+    from planner.estimate import assumptions_json, build_problem, estimate_layout, layout_from_arg
+
+    problem = build_problem(cluster, nodes, model, batch, seq, framework=framework, headroom_gib=0)
+    layout = layout_from_arg(layout_text, problem)
+    est = estimate_layout(problem, layout)
+    return est, [a for a in assumptions_json(problem, layout, est) if phrase in a["statement"]]
+
+
 def test_megatron_deepspeed_on_a100_runs_at_its_fitted_factor_and_says_so():
     """The Megatron-DeepSpeed profile scales the end-to-end efficiency on Ampere only (the generation its evidence
     is from: MT-NLG and BigScience on A100), and an A100 plan names that factor with the step time without it:
     faster by 1/0.8 on the compute it scales; on H100 nothing is stated, nothing named."""
-    from planner.estimate import assumptions_json, build_problem, estimate_layout, layout_from_arg
     from planner.frameworks.profiles import MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY as factor
 
     base = Knobs()
@@ -227,10 +232,8 @@ def test_megatron_deepspeed_on_a100_runs_at_its_fitted_factor_and_says_so():
     assert hopper.end_to_end_efficiency == base.end_to_end_efficiency
 
     def named(cluster):
-        problem = build_problem(cluster, 2, "gpt3-1.3b", 64, 2048, framework="megatron-deepspeed", headroom_gib=0)
-        layout = layout_from_arg("tp=1,pp=1,dp=16,zero=1,mbs=4,recompute=full", problem)
-        est = estimate_layout(problem, layout)
-        return est, [a for a in assumptions_json(problem, layout, est) if "end-to-end efficiency" in a["statement"]]
+        return _named_assumptions(cluster, 2, "gpt3-1.3b", 64, 2048, "megatron-deepspeed",
+                                  "tp=1,pp=1,dp=16,zero=1,mbs=4,recompute=full", "end-to-end efficiency")
 
     est, found = named("dgx-a100-80gb")
     assert len(found) == 1 and "MT-NLG 126 vs Megatron-LM 159" in found[0]["source"]
