@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from cost_models import op_sac
 from cost_models.attention import selective_recomputes_up_projections
 from cost_models.communication import group_link
 from cost_models.compute import fc1_gemm_flops, parameter_counts
@@ -302,5 +303,6 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
         cp_forward_seconds=cp.exposed_forward_seconds, ep_forward_seconds=ep.exposed_forward_seconds,
         fp8_quant_forward_seconds=quant_fwd, cp_forward_total_seconds=cp.total_forward_seconds,
         ep_forward_total_seconds=ep.total_forward_seconds, expert_kernel_seconds=kernels,
-        expert_kernel_forward_seconds=kernels_fwd, selective_in_core_attention=not selective_recomputes_up_projections(model),
+        expert_kernel_forward_seconds=kernels_fwd, selective_in_core_attention=not selective_recomputes_up_projections(model)
+        and not (knobs.selective_op_sac and op_sac.applies(model)),
     )

@@ -220,7 +220,7 @@ class Knobs:
     memory_high_fraction: float = 0.0  # plan: a layout must fit with its peak raised by this (the error band's high end)
     matmul_half_efficiency_gflop: float = 2.0  # per-GEMM size at which efficiency is half its maximum
     end_to_end_efficiency: float = 0.8  # launch gaps, data loading, imperfect kernels (fit: docs/validation.md)
-    elementwise_traffic_factor: float = 10.0  # HBM bytes moved by non-GEMM kernels per saved activation byte [fit]
+    elementwise_traffic_factor: float = 8.0  # HBM bytes moved by non-GEMM kernels per saved activation byte [fit]
     zero3_gather: Zero3Gather = Zero3Gather.LAYER  # layer: FSDP, a whole block (+1 prefetched); module: DeepSpeed
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
@@ -251,3 +251,10 @@ class Knobs:
     # it runs (the causal half of the score matrix); 0: not stated, the core is costed as its full-s^2 FLOPs at the
     # layer's GEMM rate (stage.attention_core_gemm_equivalent_flops)
     attention_kernel_efficiency: float = 0.0
+    # 'selective' is torchtitan's per-op SAC (cost_models/op_sac.py: every 2nd matmul and all elementwise ops
+    # recomputed, the attention output kept), not Megatron's core-attention recompute
+    selective_op_sac: bool = False
+    # peak bytes per logit element of the loss on the last stage (memory.output_activation_bytes): 4, the fp32 logits
+    # Megatron's vocab-parallel cross-entropy keeps (Korthikanti §4.3); torch's F.cross_entropy on fp32-cast logits
+    # (torchtitan) holds more at its backward
+    loss_bytes_per_logit: float = 4.0

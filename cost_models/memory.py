@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from cost_models import op_sac
 from cost_models.attention import (
     attention_saved_elements_per_token,
     mla_latent_elements_per_token,
@@ -26,7 +27,7 @@ from cost_models.inputs import Transformer
 
 def activation_bytes_per_layer(
     model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1, sequence_parallel: bool = False,
-    recompute: str = "none", activation_bytes: int = 2, fused_swiglu: bool = False,
+    recompute: str = "none", activation_bytes: int = 2, fused_swiglu: bool = False, per_op_sac: bool = False,
 ) -> float:
     """Bytes one layer keeps for backward, per micro-batch, per GPU.
 
@@ -38,6 +39,7 @@ def activation_bytes_per_layer(
     Component list generalised to GQA (K, V are 2 s b h g/a each), SwiGLU (gate, up, SiLU output and product,
     8 s b f; 6 s b f fused), no dropout (no masks, no dropout outputs), flash attention (no a s^2 terms; 4 a s b
     bytes of fp32 log-sum-exp) [D, cost-models.md §2.6]. Masks take 1 byte; other tensors `activation_bytes`.
+    per_op_sac: 'selective' is torchtitan's per-op SAC on a dense block (cost_models/op_sac.py save set).
     """
     s, b, h, a = seq_length, micro_batch_size, model.hidden_size, model.num_attention_heads
     t = tp
@@ -46,6 +48,9 @@ def activation_bytes_per_layer(
     rep = t if sequence_parallel else 1  # the replicated (non-TP) region is sharded by SP
     if recompute == "full":
         return 2 * sbh * scale / rep
+    if recompute == "selective" and per_op_sac and op_sac.applies(model):
+        return op_sac.saved_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
+                                            sequence_parallel=sequence_parallel, activation_bytes=activation_bytes)
     mask = 1 if model.dropout else 0
     # K and V are g/a of Q's width; without flash attention they are expanded to all heads before Q K^T
     # (Megatron's unfused path and the torch reference repeat_interleave them), so the saved copies are full width.
@@ -136,12 +141,26 @@ def embedding_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden
 
 
 def output_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, vocab_size: int, tp: int,
-                            sequence_parallel: bool, activation_bytes: int = 2) -> float:
+                            sequence_parallel: bool, activation_bytes: int = 2,
+                            loss_bytes_per_logit: float = 4.0) -> float:
     """Last stage, per micro-batch: final-norm input and output-projection input (2 s b h each, the first
-    sharded by SP) and the fp32 logits kept for cross-entropy, 4 s b V / t (Korthikanti §4.3)."""
+    sharded by SP) and what the loss holds per logit, `loss_bytes_per_logit` s b V / t: 4, the fp32 logits
+    Megatron's cross-entropy keeps (Korthikanti §4.3); TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT for torch's."""
     s, b, h = seq_length, micro_batch_size, hidden_size
     norm_in = activation_bytes * s * b * h / (tp if sequence_parallel else 1)
-    return norm_in + activation_bytes * s * b * h + 4 * s * b * vocab_size / tp
+    return norm_in + activation_bytes * s * b * h + loss_bytes_per_logit * s * b * vocab_size / tp
+
+
+FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT = 4.0
+"""flash-attn's fused cross-entropy (flash_attn.losses.cross_entropy, llm-foundry's default loss_fn
+'fused_crossentropy'): it keeps the 16-bit logits (2 B per logit) and writes their 16-bit gradient (2 B), no fp32
+softmax; the same 4 B as Megatron's fp32 logits."""
+
+TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT = 12.0
+"""torch's F.cross_entropy on fp32-cast logits (torchtitan's loss: cross_entropy(pred.flatten(0, 1).float(), ...)):
+log_softmax saves its fp32 output (4 B per logit); at its backward the fp32 gradient from nll_loss (4) and the
+fp32 input gradient it writes (4) are alive with it, 12 B per logit, before the gradient is cast back to 16 bits
+[D: the kernels' operands; torch's log_softmax_backward_data]."""
 
 
 def in_flight_micro_batches(*, schedule: str, stage: int, pp: int, num_micro_batches: int, virtual_stages: int = 1) -> float:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from cost_models import op_sac
 from cost_models.attention import up_projection_forward_flops, window_context
 from cost_models.communication import all_reduce_seconds, group_link, tp_bytes_per_layer_per_micro_batch
 from cost_models.compute import fc1_gemm_flops, layer_forward_flops, parameter_counts, recompute_extra_of
@@ -58,6 +59,9 @@ BACKWARD_OVER_FORWARD = 2  # backward FLOPs = 2 x forward FLOPs (input and weigh
 # ones (Narayanan et al. 2021 §3.2; ZeRO paper §8).
 TP_ALL_REDUCES_PER_LAYER = 4
 TP_ALL_REDUCES_PER_RECOMPUTED_LAYER = 2
+# torchtitan's per-op SAC re-issues a layer's two SP all-gathers (attention and MLP inputs) in backward: an
+# all-gather moves half an all-reduce's bytes, so the two cost one all-reduce (frameworks.md §1.5)
+OP_SAC_ALL_REDUCES_REPEATED = 1
 # DeepSpeed's default reduce_bucket_size (5e8 elements): one bucket of gradients is staged on the GPU before it is
 # copied to the host under optimizer offload (deepspeed/runtime/zero/config.py).
 OFFLOAD_REDUCE_BUCKET_ELEMENTS = 5e8
@@ -67,7 +71,7 @@ ZERO3_MAX_LIVE_PARAMETERS = 1e9  # DeepSpeed stage3_max_live_parameters default 
 # (EnumType's attribute lookup), paid per stage on the hot path; a module global costs tens.
 _NAIVE, _PIPEDREAM_ASYNC, _INTERLEAVED, _ONE_F_ONE_B = (Schedule.NAIVE, Schedule.PIPEDREAM_ASYNC,
                                                         Schedule.INTERLEAVED_1F1B, Schedule.ONE_F_ONE_B)
-_REC_NONE, _REC_FULL = Recompute.NONE, Recompute.FULL
+_REC_NONE, _REC_FULL, _REC_SELECTIVE = Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE
 _OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
 _GATHER_MODULE = Zero3Gather.MODULE
 # StageMemory(...) of the fields in order, without the named tuple's Python-level __new__ (16 stages per estimate)
@@ -228,6 +232,42 @@ def _recompute_seconds(gemm: float, core: float, ext: LayerExtras, *, flash: boo
     return flops / tp / rate + ext.recomputed(recompute).seconds
 
 
+def _per_op_sac(model: Transformer, knobs: Knobs) -> bool:
+    """'selective' is torchtitan's per-op SAC on this model (op_sac.py), not Megatron's core-attention recompute."""
+    return knobs.selective_op_sac and op_sac.applies(model)
+
+
+def _activation_bytes(model: Transformer, training: Training, layout: Layout, knobs: Knobs, ext: LayerExtras,
+                      policy: Recompute) -> tuple[float, float, float, float]:
+    """(bytes a layer keeps per micro-batch without recompute, under its policy, under full recompute; the SP
+    inputs kept all-gathered among them). Per-op SAC keeps no gathered input: it re-issues the all-gathers."""
+    t, b, s_l, sp = layout.tp, layout.micro_batch_size, training.seq_length // layout.cp, layout.sequence_parallel
+    act_b, per_op_sac = training.activation_bytes, _per_op_sac(model, knobs)
+    gathered = sp_gathered_input_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=model.hidden_size, tp=t,
+                                       activation_bytes=act_b, sequence_parallel=sp and knobs.sp_saves_gathered_inputs)
+
+    def act(rec: Recompute) -> float:
+        base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
+                                          recompute=rec, activation_bytes=act_b, fused_swiglu=knobs.fused_swiglu,
+                                          per_op_sac=per_op_sac)
+        if rec == _REC_FULL:
+            return base
+        return base + ext.activation_delta_bytes + (0.0 if per_op_sac and rec == _REC_SELECTIVE else gathered)
+    act_none = act(_REC_NONE)
+    return act_none, act_none if policy == _REC_NONE else act(policy), act(_REC_FULL), gathered
+
+
+def _selective_reruns(model: Transformer, knobs: Knobs, *, tokens: int, elementwise_seconds: float,
+                      all_reduce_seconds: float) -> tuple[float | None, float]:
+    """(the forward FLOPs selective recompute runs again where it is not the attention core, the seconds of other
+    forward work it repeats). Per-op SAC: the matmuls it does not save, every elementwise op and the SP all-gathers;
+    MLA: its up-projections; otherwise (None, 0): the core (compute.recompute_extra_of)."""
+    if _per_op_sac(model, knobs):
+        repeated = elementwise_seconds + OP_SAC_ALL_REDUCES_REPEATED * all_reduce_seconds * (1 - knobs.tp_overlap_fraction)
+        return op_sac.recomputed_gemm_flops(model, tokens=tokens), repeated
+    return up_projection_forward_flops(model, tokens=tokens), 0.0
+
+
 def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs) -> LayerCosts:
     h, t, act_b = model.hidden_size, layout.tp, training.activation_bytes
     b, s = layout.micro_batch_size, training.seq_length
@@ -241,18 +281,12 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
     ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate,
                        rate_flops_per_second=rate)
-    gathered = sp_gathered_input_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t, activation_bytes=act_b,
-                                       sequence_parallel=sp and knobs.sp_saves_gathered_inputs)
-
-    def act(rec: Recompute) -> float:
-        base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
-                                          recompute=rec, activation_bytes=act_b, fused_swiglu=knobs.fused_swiglu)
-        return base if rec == _REC_FULL else base + ext.activation_delta_bytes + gathered
-    act_none = act(_REC_NONE)
-    act_policy = act_none if policy == _REC_NONE else act(policy)
+    act_none, act_policy, act_full, gathered = _activation_bytes(model, training, layout, knobs, ext, policy)
     t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=act_none - gathered, seq_length=s_l,
                                               micro_batch_size=b, tp=t, activation_bytes=act_b)
     t_ar = tp_all_reduce_seconds(hw, micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t, activation_bytes=act_b)
+    reruns, repeats = _selective_reruns(model, knobs, tokens=tokens, elementwise_seconds=t_layer_mem,
+                                        all_reduce_seconds=t_ar)
     # per-layer dispatch cost of tensor parallelism (calibrated; 0 on GPUs), the forward's share of fwd + bwd
     t_tp_dispatch = knobs.tp_layer_overhead_seconds / FORWARD_PASSES_PER_TRAINING_PASS if t > 1 else 0.0
     logits_gemm = 2 * tokens * h * V / t
@@ -261,7 +295,7 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         t_layer_forward=(gemm * ext.gemm_time_factor + core) / t / rate + t_layer_mem + t_tp_dispatch
         + ext.extra_seconds / FORWARD_PASSES_PER_TRAINING_PASS,
         t_recompute_policy=_recompute_seconds(gemm, core, ext, flash=flash, recompute=policy, tp=t, rate=rate,
-                                              up_projections=up_projection_forward_flops(model, tokens=tokens)),
+                                              up_projections=reruns) + (repeats if policy == _REC_SELECTIVE else 0.0),
         t_recompute_full=_recompute_seconds(gemm, core, ext, flash=flash, recompute="full", tp=t, rate=rate) + t_layer_mem,
         t_tp_all_reduce=t_ar,
         tp_expose=1 - knobs.tp_overlap_fraction,
@@ -271,12 +305,13 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         gemm_flops_per_gpu=gemm / t,
         rate_flops_per_second=rate,
         act_policy_bytes=act_policy,
-        act_full_bytes=act(_REC_FULL),
+        act_full_bytes=act_full,
         act_none_bytes=act_none,
         embedding_act_bytes=embedding_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t,
                                                        sequence_parallel=sp, dropout=model.dropout),
         output_act_bytes=output_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
-                                                 sequence_parallel=sp, activation_bytes=act_b),
+                                                 sequence_parallel=sp, activation_bytes=act_b,
+                                                 loss_bytes_per_logit=knobs.loss_bytes_per_logit),
         layer_params=ext.layer_params,
         embedding_params=V * h / t + pc.position_embedding,
         output_params=V * h / t if (not model.tied_embeddings or layout.pp > 1) else 0.0,

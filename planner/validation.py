@@ -22,6 +22,8 @@ from typing import Any
 from cluster_specs import ClusterSpec, SpecError, load_cluster
 from cost_models import compute
 from cost_models.inputs import Knobs
+from cost_models.memory import FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
+from cost_models.stage import stage_split
 from planner.bands import DOES_NOT_FIT, fit_verdict_of_result, gpu_generation
 from planner.frameworks import Framework
 from planner.frameworks.profiles import profile_for
@@ -44,7 +46,11 @@ ASSUMPTIONS = [
     "NeMo/Megatron-Core rows (distributed optimizer = 1).",
     "Framework profile (planner/frameworks/profiles.py, the same one `estimate --framework` uses): Megatron-Core "
     "and NeMo rows -> megatron/nemo; torchtitan and llm-foundry (FSDP) -> torchtitan; DeepSpeed -> deepspeed; "
-    "Megatron-DeepSpeed -> megatron-deepspeed. Megatron-LM rows of 2020-2022 use the megatron profile without the "
+    "Megatron-DeepSpeed -> megatron-deepspeed; llm-foundry rows keep their fused cross-entropy's 4 B per logit "
+    "(loss_fn 'fused_crossentropy', flash_attn.losses.cross_entropy, its default), not torchtitan's torch loss "
+    "(12). torchtitan 'selective (op)' rows run the torchtitan profile's selective, per-op SAC (cost_models/op_sac.py); "
+    "'selective (layer)' rows its layer SAC of the time (selective_ac_option '2', the default: every 2nd block fully "
+    "recomputed). Megatron-LM rows of 2020-2022 use the megatron profile without the "
     "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3). "
     "DeepSpeed ZeRO-3 rows dated 2021 or earlier hide none of their ZeRO-3 traffic: DeepSpeed's ZeRO-3 of "
     "2021 (v0.3.13-v0.5.4) synchronised the device before every per-parameter gather (DeepSpeed PR #1188: 'the "
@@ -63,6 +69,8 @@ ASSUMPTIONS = [
 
 
 RECOMPUTE_POLICIES = ("none", "selective", "full")
+LAYER_SAC = "layer"  # _printed_recompute: torchtitan's layer SAC (v0.2.2 and before)
+LAYER_SAC_EVERY = 2  # its default selective_ac_option '2' (job_config.py@v0.2.2 L651-659, frameworks.md §1.5)
 SELECTIVE_RECOMPUTE_YEAR = 2022
 MICRO_BATCHES_YEAR = 2021
 """Megatron-LM split a replica's batch into micro-batches from commit 9019bbf400 (2020-12-06, --micro-batch-size);
@@ -295,6 +303,10 @@ def _layout_fields(row: dict, family: str, n: int) -> dict | str:
     return fields
 
 
+def _is_llm_foundry(row: dict) -> bool:
+    return "llm-foundry" in str(row.get("framework") or "")
+
+
 def _row_year(row: dict) -> int | None:
     """The year a row's software or source is dated (the framework field first, then the source); arXiv ids such
     as 2005.14165 are not years."""
@@ -334,7 +346,9 @@ def _printed_recompute(row: dict) -> str | None:
     """The recompute policy the row prints ('' when it prints none it can be held to; None: not printed)."""
     rec = (row.get("activation_recomputation") or "").lower()
     if "(op)" in rec:
-        return ""  # torchtitan's op-level policy is not modelled: searched
+        return "selective"  # torchtitan's per-op SAC: the torchtitan profile's selective (cost_models/op_sac.py)
+    if "(layer)" in rec:
+        return LAYER_SAC  # torchtitan's layer SAC: every 2nd block fully recomputed (_layer_sac_fields)
     if rec.startswith("full"):
         return "full"
     if "selective" in rec:
@@ -352,12 +366,16 @@ def _searched_fields(row: dict, fields: dict, choices: tuple[tuple[str, ...], st
     inferred: list[str] = []
     rec = _printed_recompute(row)
     options, why = choices
-    if rec:
+    if rec == LAYER_SAC:
+        fields.update(recompute="none", recompute_layers_per_stage=[
+            n // LAYER_SAC_EVERY for n in stage_split(row["num_layers"], fields["pp"])])
+        options = ("none",)
+        inferred.append(f"recompute_layers_per_stage={fields['recompute_layers_per_stage']}: torchtitan's layer SAC "
+                        f"(selective_ac_option '{LAYER_SAC_EVERY}', its default) fully recomputes every "
+                        f"{LAYER_SAC_EVERY}-th block and saves everything of the others (frameworks.md §1.5)")
+    elif rec:
         fields["recompute"] = rec
         options = (rec,)
-    elif rec == "":
-        searched.append("recompute (torchtitan's op-level policy is not modelled)")
-        options = RECOMPUTE_POLICIES
     elif len(options) == 1:
         fields["recompute"] = options[0]
         inferred.append(why or f"recompute={options[0]}")
@@ -408,6 +426,8 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     if isinstance(fields, str):
         return fields
     knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
+    if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss (ASSUMPTIONS)
+        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT)
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
     if measured is None and memory_only and mem:

@@ -502,3 +502,15 @@ def test_plan_json_with_a_context_degree_beyond_the_sequence_is_a_violation_not_
     out = check(view, build_problem("dgx-a100-80gb", 1, "llama2-7b", 64, 2048))
     assert out.estimate is None
     assert {"dp*tp*pp*cp", "cp"} <= {v["rule"] for v in out.violations}, out.violations
+
+
+@pytest.mark.parametrize("key", ["memory_headroom_bytes", "step_time_seconds", "peak_memory_bytes_per_gpu"])
+@pytest.mark.parametrize("value", [[], "2", -1.0, float("nan"), True])
+def test_plan_json_with_a_predicted_figure_that_is_no_number_is_refused_not_a_crash(plan_doc, tmp, key, value):
+    """Found by this suite (test_commands after test_plan_json's last mutation): `export` read the plan's predicted
+    headroom and figures as given, and a list reached the fit test and the header's arithmetic (TypeError, exit
+    9). It now exits 3 naming the field, the value and what is allowed."""
+    doc = json.loads(json.dumps(plan_doc))
+    doc["predicted"][key] = value
+    code, out, err = run_cli(["export", str(write(tmp, "predicted.json", doc)), "--to", "torchtitan"])
+    assert code == 3 and f"predicted.{key}" in err and "allowed" in err, (code, err)

@@ -1323,7 +1323,7 @@ def test_elementwise_seconds_charge_the_kept_bytes_and_the_score_kernels():
     kw = dict(seq_length=1024, micro_batch_size=1, tp=2, activation_bytes=4)
     kept = 8 * 1024 ** 2 * 1 * (4 + 1 + 4) / 2  # softmax output + dropout mask and output (fp32)
     moved = (5 * 4 + 4 * 4 + 2) * 8 * 1024 ** 2 / 2
-    got = elementwise_forward_seconds(SMALL, HW, Knobs(), act_none_bytes=1e8, **kw)
+    got = elementwise_forward_seconds(SMALL, HW, Knobs(elementwise_traffic_factor=10.0), act_none_bytes=1e8, **kw)
     assert got == pytest.approx((10 * (1e8 - kept) + moved) / 2e12 / FORWARD_PASSES_PER_TRAINING_PASS, rel=1e-12)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cost_models.inputs import Knobs, Zero3Gather
+from cost_models.memory import TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT
 from planner.frameworks import Framework
 
 GIB = 2**30
@@ -102,6 +103,9 @@ class Profile:
     # backward, on the causal FLOPs it runs (Knobs.attention_kernel_efficiency); a generation not listed keeps the
     # core at its full-s^2 FLOPs and the GEMM rate
     attention_kernel: dict[str, Sourced] = field(default_factory=dict)
+    # where 'selective' is torchtitan's per-op SAC (cost_models/op_sac.py), not Megatron's core-attention recompute
+    selective_op_sac: str | None = None
+    loss_bytes_per_logit: Sourced | None = None  # the loss's peak bytes per logit (Knobs); None: Megatron's 4
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -140,6 +144,8 @@ class Profile:
             moe_expert_kernel_gflop=self.expert_kernel_gflop.value if self.expert_kernel_gflop else 0.0,
             fused_swiglu=self.fused_swiglu is not None,
             attention_kernel_efficiency=self.attention_kernel_efficiency(gpu_generation),
+            selective_op_sac=self.selective_op_sac is not None,
+            loss_bytes_per_logit=self.loss_bytes_per_logit.value if self.loss_bytes_per_logit else base.loss_bytes_per_logit,
         )
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -161,7 +167,10 @@ class Profile:
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
              if self.sp_gathered_inputs else []) + ([
             ("fused_swiglu", "SwiGLU fused: saves FC1's output and FC2's input only (6 s b f bytes per layer, not "
-             "autograd's 8)", self.fused_swiglu)] if self.fused_swiglu else []) + [
+             "autograd's 8)", self.fused_swiglu)] if self.fused_swiglu else []) + ([
+            ("selective_op_sac", "recompute selective = per-op SAC: a dense block keeps its input, every 2nd matmul's "
+             "output and the attention output; it recomputes the other matmuls and every elementwise op",
+             self.selective_op_sac)] if self.selective_op_sac else []) + [
             ("attention_kernel_efficiency", f"fused causal attention on {gen}: {v.value:.0%} of peak over forward and "
              "backward, on the causal half of the scores", v.source) for gen, v in self.attention_kernel.items()] + [
             (f"kernel_efficiency[{gen}]", f"{self.title} on {gen}: {v.value:.1%} of the end-to-end efficiency the "
@@ -173,7 +182,7 @@ class Profile:
 # per kernel, in GFLOP at the layer's GEMM rate, fitted on the MoE set (planner/data/moe_runs.json) over all
 # its rows; docs/validation-modern.md reports the rows leave-one-model-out (each model's rows with the value fitted on
 # the other models' rows). torchtitan runs all local experts in one torch._grouped_mm and keeps 0.
-MEGATRON_EXPERT_KERNEL_GFLOP = 44.0
+MEGATRON_EXPERT_KERNEL_GFLOP = 52.0
 _GROUPED_LINEAR = Sourced(MEGATRON_EXPERT_KERNEL_GFLOP, "per-expert GEMM/cast kernels of TE GroupedLinear (Megatron "
                           "MoE README, --moe-grouped-gemm) [fit: the MoE set, docs/validation-modern.md]")
 
@@ -231,7 +240,7 @@ _DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
     "(bf16_optimizer.py L141-210, frameworks.md §3.5)", 1e9, keeps_stage_output=True, dynamic_grads=True,
     zero0=(2, 4, 12))
 
-FSDP_HOPPER_KERNEL_EFFICIENCY = 0.85
+FSDP_HOPPER_KERNEL_EFFICIENCY = 0.775
 _FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
                 "README and torchtitan's performance page print lower MFU on H100 for the same models); the factor is "
                 "fitted leave-one-source-out with the global efficiency (docs/validation.md)")
@@ -244,6 +253,12 @@ _MEGATRON_DEEPSPEED_AMPERE = (
     "[U: the mechanism (pipe engine, optimizer, kernels) is not isolated; no Megatron-DeepSpeed run on another GPU "
     "generation is in the data, so none is stated there]")
 
+_OP_SAC = ("torchtitan's SelectiveAC (per-op, the Trainer's default; activation_checkpoint.py _get_custom_policy): "
+           "must-save the outputs of mm / SDPA / reduce_scatter, recompute every 2nd mm of each block and everything "
+           "else, SP all-gathers included (frameworks.md §1.5); MoE and MLA blocks keep the core-attention policy [U]")
+_TORCH_LOSS = ("torchtitan's loss is torch's cross_entropy on the fp32-cast logits (components/loss.py "
+               "cross_entropy_loss: pred.flatten(0, 1).float()): 12 B per logit at its backward "
+               "(cost_models/memory.py TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT) where Megatron keeps 4")
 _CONTEXT = ("CUDA context + NCCL communicators + cuBLAS workspaces, measured outside torch's pool: ~1.3 GB on "
             "V100 (BigScience tr8-104B: 'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json)")
 _DTENSOR_SP = ("torchtitan's TP plan (parallelize_llama: SequenceParallel norms, PrepareModuleInput Shard(1) -> "
@@ -324,7 +339,8 @@ PROFILES: dict[Framework, Profile] = {
         Allocator(Sourced(0.04, _EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "max_reserved GiB (DeviceMemoryMonitor, frameworks.md §1.6)",
         {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)},
-        sp_gathered_inputs=_DTENSOR_SP),
+        sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC,
+        loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS)),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
         "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",

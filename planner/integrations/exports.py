@@ -69,11 +69,27 @@ def with_fields(lay: LayoutSpec, fields: dict) -> LayoutSpec:
     return LayoutSpec.model_validate({**lay.model_dump(), **fields})
 
 
+PREDICTED_NUMBERS = ("memory_headroom_bytes", "step_time_seconds", "peak_memory_bytes_per_gpu")
+"""The plan's predicted figures an export reads back (the headroom it re-plans with, the figures its header
+compares with the nearest layout's)."""
+
+
+def _finite_non_negative(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < float("inf")
+
+
 def plan_parts(plan: dict, source: str = "plan JSON") -> PlanParts:
     from planner.inputs import plan_file
 
     parts = plan_file.plan_parts(plan, source)  # schemas and the layout rules: a hand-edited, invalid plan is refused
     predicted = plan.get("predicted") or {}
+    if not isinstance(predicted, dict):
+        raise SpecError(f"predicted: expected an object, got {type(predicted).__name__} (the output of `planner plan "
+                        "--json`)", source=source)
+    problems = [f"predicted.{key}: {predicted[key]!r} -> allowed: a finite number >= 0 (the output of `planner plan "
+                "--json`)" for key in PREDICTED_NUMBERS if key in predicted and not _finite_non_negative(predicted[key])]
+    if problems:
+        raise SpecError(problems, source=source)
     from planner.estimate import DEFAULT_HEADROOM_GIB
 
     headroom = predicted.get("memory_headroom_bytes", DEFAULT_HEADROOM_GIB * GIB)
@@ -234,7 +250,7 @@ def _header(target: str, parts: PlanParts, exp: Export) -> list[str]:
         old, new = parts.predicted, exp.predicted or {}
         lines.append(f"the plan ({parts.layout.short()}) cannot be expressed exactly; nearest expressible layout:")
         lines += [f"  - {c}" for c in exp.changes]
-        if new and old:
+        if all(k in new and k in old for k in ("step_time_seconds", "peak_memory_bytes_per_gpu")):
             lines.append(f"  its prediction: {new['step_time_seconds']:.3g} s/step (plan {old['step_time_seconds']:.3g}), "
                          f"peak {new['peak_memory_bytes_per_gpu'] / GIB:.1f} GiB/GPU "
                          f"(plan {old['peak_memory_bytes_per_gpu'] / GIB:.1f})")
@@ -545,8 +561,9 @@ def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     # it off; the Trainer's default is SelectiveAC (per-op)
     policy = {"none": None, "full": "FullAC", "selective": "SelectiveAC"}[lay.recompute]
     if lay.recompute == "selective":
-        notes.append("recompute selective -> torchtitan's per-op SAC (recomputes more than Megatron's core-attention "
-                     "recomputation: less memory, more time than predicted)")
+        notes.append("recompute selective -> torchtitan's per-op SAC, which --framework torchtitan predicts "
+                     "(cost_models/op_sac.py); a plan made for another framework's selective (Megatron's core "
+                     "attention) predicted more memory and less time: re-run estimate --framework torchtitan")
 
     def kwargs(d: dict, indent: str) -> str:
         return "".join(f"\n{indent}{k}={v!r}," for k, v in d.items())

@@ -440,8 +440,8 @@ def _torchtitan_ac(ac: dict | None, legacy: bool, view: ConfigView) -> tuple[str
         return "none", int(option)  # every N-th block fully recomputed, the others save everything
     if option.isdigit():
         view.notes.append(f"selective_ac_option {option}: layer SAC was removed in 0.3 (per-op SAC runs)")
-    view.notes.append("per-op SAC modelled as Megatron's selective recomputation (it recomputes more: the "
-                      "memory prediction errs high)")
+    view.notes.append("per-op SAC: the torchtitan profile's selective (cost_models/op_sac.py: every 2nd matmul and "
+                      "every elementwise op recomputed, not Megatron's core attention)")
     return "selective", None
 
 
