@@ -89,3 +89,24 @@ def test_the_loss_holds_what_its_implementation_keeps():
     assert profile_knobs("torchtitan").loss_bytes_per_logit == TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT == 12
     assert profile_knobs("megatron").loss_bytes_per_logit == 4  # Korthikanti §4.3: the fp32 logits
     assert FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT == 4
+
+
+def test_the_block_matmuls_in_their_issue_order_by_hand():
+    """(name, in, out, row-parallel) of every matmul, Llama 3 8B (SwiGLU) and a GeLU GPT block (no w3: its saved
+    set is wq, wv, w1 and the recomputed wk, wo, w2); the recomputed FLOPs scale with the tokens."""
+    m = _llama3_8b()
+    assert [(x.name, x.in_features, x.out_features, x.row_parallel) for x in op_sac.block_matmuls(m)] == [
+        ("wq", 4096, 4096, False), ("wk", 4096, 1024, False), ("wv", 4096, 1024, False), ("wo", 4096, 4096, True),
+        ("w1", 4096, 14336, False), ("w3", 4096, 14336, False), ("w2", 14336, 4096, True)]
+    gpt = load_model("gpt3-175b").to_cost_model(seq_length=2048)
+    assert [(x.name, x.in_features, x.out_features, x.row_parallel) for x in op_sac.block_matmuls(gpt)] == [
+        ("wq", 12288, 12288, False), ("wk", 12288, 12288, False), ("wv", 12288, 12288, False),
+        ("wo", 12288, 12288, True), ("w1", 12288, 49152, False), ("w2", 49152, 12288, True)]
+    assert [x.name for x in op_sac.recomputed_matmuls(gpt)] == ["wk", "wo", "w2"]
+    assert op_sac.recomputed_gemm_flops(m, tokens=3) == 3 * op_sac.recomputed_gemm_flops(m, tokens=1)
+    # tp 2 without SP: the block input is whole (h), the rest as under SP; the default is no SP
+    with_sp = op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1, tp=2, sequence_parallel=True)
+    assert op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1, tp=2) == with_sp + 2 * 4096 / 2
+    # MoE without MLA (Qwen3-30B-A3B) and MLA with MoE (DeepSeek-V3) both keep the core-attention policy
+    assert not op_sac.applies(load_model("qwen3-30b-a3b").to_cost_model(seq_length=4096))
+    assert op_sac.applies(m)
