@@ -304,5 +304,5 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
         fp8_quant_forward_seconds=quant_fwd, cp_forward_total_seconds=cp.total_forward_seconds,
         ep_forward_total_seconds=ep.total_forward_seconds, expert_kernel_seconds=kernels,
         expert_kernel_forward_seconds=kernels_fwd, selective_in_core_attention=not selective_recomputes_up_projections(model)
-        and not (knobs.selective_op_sac and op_sac.applies(model)),
+        and not op_sac.in_effect(model, knobs.selective_op_sac),
     )

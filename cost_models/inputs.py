@@ -255,6 +255,7 @@ class Knobs:
     # recomputed, the attention output kept), not Megatron's core-attention recompute
     selective_op_sac: bool = False
     # peak bytes per logit element of the loss on the last stage (memory.output_activation_bytes): 4, the fp32 logits
-    # Megatron's vocab-parallel cross-entropy keeps (Korthikanti §4.3); torch's F.cross_entropy on fp32-cast logits
+    # Megatron's vocab-parallel cross-entropy keeps (memory.FP32_LOGITS_BYTES_PER_LOGIT, Korthikanti §4.3; inputs.py
+    # cannot import memory.py, which imports it); torch's F.cross_entropy on fp32-cast logits
     # (torchtitan) holds more at its backward
     loss_bytes_per_logit: float = 4.0

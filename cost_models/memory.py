@@ -48,7 +48,7 @@ def activation_bytes_per_layer(
     rep = t if sequence_parallel else 1  # the replicated (non-TP) region is sharded by SP
     if recompute == "full":
         return 2 * sbh * scale / rep
-    if recompute == "selective" and per_op_sac and op_sac.applies(model):
+    if recompute == "selective" and op_sac.in_effect(model, per_op_sac):
         return op_sac.saved_bytes_per_layer(model, seq_length=s, micro_batch_size=b, tp=t,
                                             sequence_parallel=sequence_parallel, activation_bytes=activation_bytes)
     mask = 1 if model.dropout else 0
@@ -140,9 +140,14 @@ def embedding_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden
     return 8 * s * b + mask
 
 
+FP32_LOGITS_BYTES_PER_LOGIT = 4.0
+"""What Megatron's vocab-parallel cross-entropy keeps per logit: the fp32 logits (Korthikanti et al. 2022 §4.3, 4 s b V
+/ t); the Knobs default of loss_bytes_per_logit."""
+
+
 def output_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, vocab_size: int, tp: int,
                             sequence_parallel: bool, activation_bytes: int = 2,
-                            loss_bytes_per_logit: float = 4.0) -> float:
+                            loss_bytes_per_logit: float = FP32_LOGITS_BYTES_PER_LOGIT) -> float:
     """Last stage, per micro-batch: final-norm input and output-projection input (2 s b h each, the first
     sharded by SP) and what the loss holds per logit, `loss_bytes_per_logit` s b V / t: 4, the fp32 logits
     Megatron's cross-entropy keeps (Korthikanti §4.3); TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT for torch's."""
@@ -154,7 +159,7 @@ def output_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden_si
 FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT = 4.0
 """flash-attn's fused cross-entropy (flash_attn.losses.cross_entropy, llm-foundry's default loss_fn
 'fused_crossentropy'): it keeps the 16-bit logits (2 B per logit) and writes their 16-bit gradient (2 B), no fp32
-softmax; the same 4 B as Megatron's fp32 logits."""
+softmax; the same 4 B as Megatron's fp32 logits (FP32_LOGITS_BYTES_PER_LOGIT)."""
 
 TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT = 12.0
 """torch's F.cross_entropy on fp32-cast logits (torchtitan's loss: cross_entropy(pred.flatten(0, 1).float(), ...)):

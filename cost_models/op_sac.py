@@ -41,6 +41,12 @@ def applies(model: Transformer) -> bool:
     return model.moe is None and model.mla is None
 
 
+def in_effect(model: Transformer, selective_op_sac: bool) -> bool:
+    """Whether 'selective' means per-op SAC here: the profile states it (Knobs.selective_op_sac) and the block is
+    one this module models. The one rule the memory, recompute-time and CP-repeat terms follow."""
+    return selective_op_sac and applies(model)
+
+
 def saved_matmuls(model: Transformer) -> list[Matmul]:
     """The 1st, 3rd, 5th ... matmul of the block: their outputs are saved."""
     return block_matmuls(model)[0::2]

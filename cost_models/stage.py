@@ -232,17 +232,12 @@ def _recompute_seconds(gemm: float, core: float, ext: LayerExtras, *, flash: boo
     return flops / tp / rate + ext.recomputed(recompute).seconds
 
 
-def _per_op_sac(model: Transformer, knobs: Knobs) -> bool:
-    """'selective' is torchtitan's per-op SAC on this model (op_sac.py), not Megatron's core-attention recompute."""
-    return knobs.selective_op_sac and op_sac.applies(model)
-
-
 def _activation_bytes(model: Transformer, training: Training, layout: Layout, knobs: Knobs, ext: LayerExtras,
                       policy: Recompute) -> tuple[float, float, float, float]:
     """(bytes a layer keeps per micro-batch without recompute, under its policy, under full recompute; the SP
     inputs kept all-gathered among them). Per-op SAC keeps no gathered input: it re-issues the all-gathers."""
     t, b, s_l, sp = layout.tp, layout.micro_batch_size, training.seq_length // layout.cp, layout.sequence_parallel
-    act_b, per_op_sac = training.activation_bytes, _per_op_sac(model, knobs)
+    act_b, per_op_sac = training.activation_bytes, op_sac.in_effect(model, knobs.selective_op_sac)
     gathered = sp_gathered_input_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=model.hidden_size, tp=t,
                                        activation_bytes=act_b, sequence_parallel=sp and knobs.sp_saves_gathered_inputs)
 
@@ -262,7 +257,7 @@ def _selective_reruns(model: Transformer, knobs: Knobs, *, tokens: int, elementw
     """(the forward FLOPs selective recompute runs again where it is not the attention core, the seconds of other
     forward work it repeats). Per-op SAC: the matmuls it does not save, every elementwise op and the SP all-gathers;
     MLA: its up-projections; otherwise (None, 0): the core (compute.recompute_extra_of)."""
-    if _per_op_sac(model, knobs):
+    if op_sac.in_effect(model, knobs.selective_op_sac):
         repeated = elementwise_seconds + OP_SAC_ALL_REDUCES_REPEATED * all_reduce_seconds * (1 - knobs.tp_overlap_fraction)
         return op_sac.recomputed_gemm_flops(model, tokens=tokens), repeated
     return up_projection_forward_flops(model, tokens=tokens), 0.0

@@ -58,6 +58,12 @@ def gpu_generation(gpu_name: str) -> str:
     return "other"
 
 
+def cluster_generation(cluster) -> str:
+    """gpu_generation of a cluster spec's GPU: its catalog name, else the GPU as written (the one rule estimate,
+    plan and validate read a cluster's generation by)."""
+    return gpu_generation(cluster.gpu_spec().name or str(cluster.gpu))
+
+
 def scale_bucket(num_gpus: int) -> str:
     return "<=64 GPUs" if num_gpus <= 64 else ("65-512 GPUs" if num_gpus <= 512 else ">512 GPUs")
 

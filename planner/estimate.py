@@ -61,12 +61,11 @@ def problem_knobs(cluster: ClusterSpec, precision: str, framework: str | None, h
     use it."""
     from dataclasses import replace
 
-    from planner.bands import gpu_generation
+    from planner.bands import cluster_generation
     from planner.frameworks.profiles import profile_knobs
 
     profiled = profile_knobs(framework, Knobs(memory_headroom_bytes=headroom_bytes),
-                             gpu_generation=gpu_generation(cluster.gpu_spec().name or str(cluster.gpu)),
-                             precision=precision)
+                             gpu_generation=cluster_generation(cluster), precision=precision)
     return replace(profiled, **calibrated)
 
 
@@ -152,10 +151,9 @@ def assumptions_json(problem: Problem, layout: LayoutSpec, est: StepEstimate) ->
     def step_with(knobs) -> float:
         return estimate_step(problem.cm_model, problem.cm_training, problem.hardware, cm_layout, knobs).step_seconds
 
-    from planner.bands import gpu_generation
+    from planner.bands import cluster_generation
 
-    generation = gpu_generation(problem.cluster.gpu_spec().name or str(problem.cluster.gpu))
     found = ranked_assumptions(step_with, problem.knobs, problem.knobs.profile, est.step_seconds,
-                               gpu_generation=generation)
+                               gpu_generation=cluster_generation(problem.cluster))
     return [{"statement": a.statement, "source": a.source, "step_time_seconds_if_not": a.step_seconds_if_wrong}
             for a in found]

@@ -24,7 +24,7 @@ from cost_models import compute
 from cost_models.inputs import Knobs
 from cost_models.memory import FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
 from cost_models.stage import stage_split
-from planner.bands import DOES_NOT_FIT, fit_verdict_of_result, gpu_generation
+from planner.bands import DOES_NOT_FIT, cluster_generation, fit_verdict_of_result
 from planner.frameworks import Framework
 from planner.frameworks.profiles import profile_for
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
@@ -103,11 +103,6 @@ class Case:
     @property
     def num_gpus(self) -> int:
         return self.cluster.num_gpus
-
-
-def cluster_generation(cluster: ClusterSpec) -> str:
-    gpu = cluster.gpu
-    return gpu_generation(gpu if isinstance(gpu, str) else (gpu.name or ""))
 
 
 @dataclass
@@ -343,12 +338,12 @@ def recompute_choices(row: dict, family: str, flops_count_recompute: bool) -> tu
 
 
 def _printed_recompute(row: dict) -> str | None:
-    """The recompute policy the row prints ('' when it prints none it can be held to; None: not printed)."""
+    """The recompute policy the row prints (LAYER_SAC for torchtitan's layer SAC; None: not printed)."""
     rec = (row.get("activation_recomputation") or "").lower()
     if "(op)" in rec:
         return "selective"  # torchtitan's per-op SAC: the torchtitan profile's selective (cost_models/op_sac.py)
     if "(layer)" in rec:
-        return LAYER_SAC  # torchtitan's layer SAC: every 2nd block fully recomputed (_layer_sac_fields)
+        return LAYER_SAC  # torchtitan's layer SAC: every 2nd block fully recomputed (_searched_fields)
     if rec.startswith("full"):
         return "full"
     if "selective" in rec:

@@ -171,9 +171,10 @@ def moe_case(row: dict, runs: dict):
     from dataclasses import replace
 
     from cluster_specs import ClusterSpec, load_cluster
+    from planner.bands import cluster_generation
     from planner.inputs.models import load_model
     from planner.inputs.specs import TrainingSpec
-    from planner.validation import Case, cluster_generation, family_knobs
+    from planner.validation import Case, family_knobs
 
     model = load_model(row["model"])
     if row.get("model_overrides"):

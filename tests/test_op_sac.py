@@ -88,6 +88,10 @@ def test_the_loss_holds_what_its_implementation_keeps():
 
     assert profile_knobs("torchtitan").loss_bytes_per_logit == TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT == 12
     assert profile_knobs("megatron").loss_bytes_per_logit == 4  # Korthikanti §4.3: the fp32 logits
+    from cost_models.inputs import Knobs
+    from cost_models.memory import FP32_LOGITS_BYTES_PER_LOGIT
+
+    assert Knobs().loss_bytes_per_logit == FP32_LOGITS_BYTES_PER_LOGIT  # the default is that one fact
     assert FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT == 4
 
 
