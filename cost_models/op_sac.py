@@ -61,12 +61,13 @@ def saved_bytes_per_layer(model: Transformer, *, seq_length: int, micro_batch_si
                           sequence_parallel: bool = False, activation_bytes: int = 2) -> float:
     """Bytes one block keeps for backward per micro-batch on one GPU under per-op SAC: its input (sharded by SP),
     the saved matmuls' outputs (a column-parallel output sharded by TP, a row-parallel one the full-width partial
-    sum), the two reduce-scatter outputs under TP (h / t each), and the attention output with its fp32
-    log-sum-exp (a·d / t and a / t per token)."""
+    sum), the two reduce-scatter outputs under TP with SP (h / t each; without SP the row-parallel outputs are
+    all-reduced, and an all-reduce is not on the save list), and the attention output with its fp32 log-sum-exp
+    (a·d / t and a / t per token)."""
     tokens, h, t = seq_length * micro_batch_size, model.hidden_size, tp
     elements = h / (t if sequence_parallel else 1)
     elements += sum(m.out_features if (m.row_parallel and t > 1) else m.out_features / t for m in saved_matmuls(model))
-    elements += (2 * h / t if t > 1 else 0.0) + model.num_attention_heads * model.head_dim / t
+    elements += (2 * h / t if t > 1 and sequence_parallel else 0.0) + model.num_attention_heads * model.head_dim / t
     lse_bytes = 4 * model.num_attention_heads / t
     return tokens * (elements * activation_bytes + lse_bytes)
 

@@ -570,17 +570,22 @@ class BenchReport(_Strict):
     torch_version: str | None
     allocator_config: str | None = Field(description="PYTORCH_CUDA_ALLOC_CONF during the run ('' when unset; "
                                                      "null on CPU).")
+    framework: str = Field("generic", description="Whose recompute semantics the run and its prediction follow "
+                                                  "(--framework, else the plan's framework, else generic).")
+    selective: str = Field("core_attention", description="What recompute 'selective' runs as: core_attention "
+                                                         "(Megatron's attention-core recompute) or per_op "
+                                                         "(torchtitan's per-op selective activation checkpointing).")
     comparison: BenchComparison
     ranks: list[dict[str, Any]] = Field(description="Each rank's raw measurements.")
 
     @classmethod
     def from_run(cls, *, problem: Any, layout: LayoutSpec, cfg: Any, comparison: dict[str, Any],
-                 ranks: list[dict[str, Any]]) -> BenchReport:
+                 ranks: list[dict[str, Any]], framework: str = "generic") -> BenchReport:
         return cls(**_versions(), layout=layout, model=problem.model, cluster=problem.cluster,
                    seq_length=cfg.seq_length, steps=cfg.steps, warmup=cfg.warmup, dtype=cfg.dtype,
                    optimizer=cfg.optimizer, world_size=len(ranks), device=ranks[0]["device"],
                    device_name=ranks[0].get("device_name"), torch_version=ranks[0].get("torch_version"),
-                   allocator_config=ranks[0].get("allocator_config"),
+                   allocator_config=ranks[0].get("allocator_config"), framework=framework, selective=cfg.selective,
                    comparison=BenchComparison.model_validate(comparison), ranks=ranks)
 
 

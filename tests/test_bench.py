@@ -40,6 +40,8 @@ LAYOUTS = [
         sequence_parallel=True)),
     ("dp4, ZeRO-3, selective recompute", GPT, dict(tp=1, pp=1, dp=4, zero_stage=3, micro_batch_size=1,
                                                    num_micro_batches=2, recompute="selective")),
+    ("dp2 x tp2 + SP, per-op SAC", GPT, dict(tp=2, pp=1, dp=2, zero_stage=1, micro_batch_size=1, num_micro_batches=2,
+                                             recompute="selective", sequence_parallel=True)),
     ("pp2 x tp2, 1F1B", LLAMA, dict(tp=2, pp=2, dp=1, micro_batch_size=1, num_micro_batches=4, schedule="1f1b")),
     ("pp2 x tp2 + SP, interleaved, full recompute", LLAMA, dict(tp=2, pp=2, dp=1, micro_batch_size=1,
                                                                 num_micro_batches=4, schedule="interleaved_1f1b",
@@ -68,7 +70,8 @@ ADAMW = [
 @pytest.mark.parametrize("title,shape,layout", LAYOUTS, ids=[t for t, _, _ in LAYOUTS])
 def test_layout_matches_single_process(title, shape, layout):
     cfg = BenchConfig(shape=shape, seq_length=16, layout=layout, steps=2, warmup=1, collect_params=True,
-                      timeout_seconds=60, measure_collectives=True, optimizer="sgd")
+                      timeout_seconds=60, measure_collectives=True, optimizer="sgd",
+                      selective="per_op" if "per-op SAC" in title else "core_attention")
     reports = launch_local(cfg, 4)
     params = {}
     for r in reports:
@@ -145,6 +148,29 @@ def test_calibrate_estimate_bench_loop_on_cpu(tmp_path):
 def test_bench_refuses_bad_input():
     proc = _cli("bench", "-c", "dgx-h100", "-m", "llama3-8b", "--layout", "tp=2,pp=1,dp=2", "--nproc", "3")
     assert proc.returncode == errors.EXIT_INPUT and "--nproc" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _cli("bench", "-c", "dgx-h100", "-m", "llama3-8b", "--layout", "tp=1,pp=1,dp=1", "--nproc", "1",
+                "--framework", "jax")
+    assert proc.returncode == errors.EXIT_INPUT and "Traceback" not in proc.stderr
+    assert "framework: 'jax'" in proc.stderr and "torchtitan" in proc.stderr
+
+
+def test_bench_runs_selective_as_the_plans_framework_means_it(tmp_path):
+    """A plan made with --framework torchtitan is benchmarked with torchtitan's 'selective' (per-op SAC), and the
+    report says so; --framework overrides the plan's."""
+    plan = tmp_path / "plan.json"
+    proc = _cli("estimate", "-c", "dgx-h100", "-m", "llama3-8b", "--layout", "tp=1,pp=1,dp=8,mbs=1,recompute=selective",
+                "-b", "8", "--seq-len", "128", "--framework", "torchtitan", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["framework"] == "torchtitan"
+    plan.write_text(proc.stdout)
+    common = ("--dp", "1", "--layers-per-stage", "1", "--hidden-size", "128", "--vocab-size", "256", "--nproc", "1",
+              "--steps", "1", "--json")
+    ran = json.loads(_cli("bench", str(plan), *common).stdout)
+    assert (ran["framework"], ran["selective"]) == ("torchtitan", "per_op")
+    assert any("per-op selective activation checkpointing" in n for n in ran["comparison"]["notes"])
+    ran = json.loads(_cli("bench", str(plan), *common, "--framework", "megatron").stdout)
+    assert (ran["framework"], ran["selective"]) == ("megatron", "core_attention")
 
 
 def test_missing_torch_is_an_install_hint():
@@ -181,22 +207,37 @@ def test_bench_builds_the_estimators_stages():
 # Before the meter counted DTensor's local shard (not the global shape), skipped torch's first-step shape inference
 # and FSDP2's gathered weights, these read +49% (tp=2: 4.83 vs 3.24 MiB), +33% (pp=2 stage 0: 12.57 vs 9.44 MiB)
 # and +126% (ZeRO-3: 11.77 vs 5.22 MiB).
+#
+# 'selective' runs as the framework means it (planner.bench.recompute): Megatron's attention core (generic, and
+# every framework but torchtitan) or torchtitan's per-op SAC, whose cache the meter reads. Observed exact at world
+# size 1 (-0.2% and -0.3%), the pp and tp differences above on top. Before, the bench ran every 'selective' as a
+# checkpointed attention block, which keeps less than either: the generic case read -19% (4.20 vs 5.19 MiB).
 SAVED = [
-    ("tp1 pp2 1F1B", "tp=1,pp=2,dp=1,mbs=1", 2, {0: (0.0, 0.01), 1: (0.0, 0.10)}),
-    ("dp2 ZeRO-3 (FSDP2)", "tp=1,pp=1,dp=2,mbs=1,zero=3", 2, {0: (0.0, 0.01)}),
-    ("tp2, no SP", "tp=2,pp=1,dp=1,mbs=1,sp=0", 2, {0: (0.0, 0.10)}),
-    ("tp2 + SP", "tp=2,pp=1,dp=1,mbs=1", 2, {0: (0.0, 0.06)}),
+    ("tp1 pp2 1F1B", "tp=1,pp=2,dp=1,mbs=1", 2, {0: (0.0, 0.01), 1: (0.0, 0.10)}, "generic"),
+    ("dp2 ZeRO-3 (FSDP2)", "tp=1,pp=1,dp=2,mbs=1,zero=3", 2, {0: (0.0, 0.01)}, "generic"),
+    ("tp2, no SP", "tp=2,pp=1,dp=1,mbs=1,sp=0", 2, {0: (0.0, 0.10)}, "generic"),
+    ("tp2 + SP", "tp=2,pp=1,dp=1,mbs=1", 2, {0: (0.0, 0.06)}, "generic"),
+    ("selective, Megatron's attention core", "tp=1,pp=1,dp=1,mbs=1,recompute=selective", 1, {0: (0.0, 0.01)},
+     "megatron"),
+    ("selective, torchtitan's per-op SAC", "tp=1,pp=1,dp=1,mbs=1,recompute=selective", 1, {0: (0.0, 0.01)},
+     "torchtitan"),
+    ("per-op SAC, pp2 1F1B", "tp=1,pp=2,dp=1,mbs=1,recompute=selective", 2, {0: (0.0, 0.01), 1: (0.0, 0.17)},
+     "torchtitan"),
+    ("per-op SAC, tp2 + SP", "tp=2,pp=1,dp=1,mbs=1,recompute=selective", 2, {0: (0.0, 0.10)}, "torchtitan"),
 ]
 
 
-@pytest.mark.parametrize("title,layout,nproc,bands", SAVED, ids=[t for t, *_ in SAVED])
-def test_saved_activations_match_the_stage_model(title, layout, nproc, bands):
+@pytest.mark.parametrize("title,layout,nproc,bands,framework", SAVED, ids=[t for t, *_ in SAVED])
+def test_saved_activations_match_the_stage_model(title, layout, nproc, bands, framework):
     # memory rows do not depend on the cluster's speeds: a preset stands in for a calibration of this machine
     proc = _cli("bench", "-c", "dgx-a100-80gb", "-m", "llama2-7b", "--layout", layout, "--micro-batches", "4",
                 "--layers-per-stage", "2", "--hidden-size", "256", "--vocab-size", "512", "--seq-len", "128",
-                "--nproc", str(nproc), "--steps", "1", "--json")
+                "--nproc", str(nproc), "--steps", "1", "--framework", framework, "--json")
     assert proc.returncode == 0, proc.stderr
-    rows = {r["quantity"]: r for r in json.loads(proc.stdout)["comparison"]["rows"]}
+    doc = json.loads(proc.stdout)
+    assert doc["framework"] == framework
+    assert doc["selective"] == ("per_op" if framework == "torchtitan" else "core_attention")
+    rows = {r["quantity"]: r for r in doc["comparison"]["rows"]}
     for stage, (lo, hi) in bands.items():
         row = rows[f"stage {stage}: saved activations (peak) (MiB)"]
         excess = row["measured"] / row["predicted"] - 1  # what torch saved beyond the model's count

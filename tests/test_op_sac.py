@@ -108,9 +108,10 @@ def test_the_block_matmuls_in_their_issue_order_by_hand():
         ("wo", 12288, 12288, True), ("w1", 12288, 49152, False), ("w2", 49152, 12288, True)]
     assert [x.name for x in op_sac.recomputed_matmuls(gpt)] == ["wk", "wo", "w2"]
     assert op_sac.recomputed_gemm_flops(m, tokens=3) == 3 * op_sac.recomputed_gemm_flops(m, tokens=1)
-    # tp 2 without SP: the block input is whole (h), the rest as under SP; the default is no SP
+    # tp 2 without SP: the block input is whole (+4096/2 elements) and the row-parallel outputs are all-reduced,
+    # not reduce-scattered, so the two reduce-scatter outputs (2 x 4096/2) are not kept; the default is no SP
     with_sp = op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1, tp=2, sequence_parallel=True)
-    assert op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1, tp=2) == with_sp + 2 * 4096 / 2
+    assert op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1, tp=2) == with_sp + 2 * (2048 - 4096)
     # MoE without MLA (Qwen3-30B-A3B) and MLA with MoE (DeepSeek-V3) both keep the core-attention policy
     assert not op_sac.applies(load_model("qwen3-30b-a3b").to_cost_model(seq_length=4096))
     assert op_sac.applies(m)

@@ -118,16 +118,15 @@ def test_fused_rmsnorm_matches_torch():
 
 @pytest.mark.parametrize("case", ["llama-flash", "gpt-flash"])
 def test_per_op_sac_saved_bytes_match_torch(case):
-    """torchtitan's per-op SAC (frameworks.md §1.5) run through torch's own selective checkpointing: a policy that
-    must-saves mm and SDPA outputs except every 2nd mm of the block (the CPU flash SDPA op stands for the CUDA one
-    torchtitan's list names). What torch keeps (the region input through autograd's saved-tensor hooks, the
-    must-save outputs in SAC's cache) equals cost_models/op_sac.py's save set."""
-    from collections import defaultdict
-
-    import torch.utils._pytree as pytree
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+    """torchtitan's per-op SAC (frameworks.md §1.5) run through torch's own selective checkpointing with the policy
+    `planner bench` runs (planner.bench.recompute.op_sac_policy: mm and SDPA outputs must-saved except every 2nd
+    mm of the block; the CPU flash SDPA op stands for the CUDA one torchtitan's list names). What torch keeps (the
+    region input through autograd's saved-tensor hooks, the must-save outputs in SAC's cache) equals
+    cost_models/op_sac.py's save set."""
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     from cost_models import op_sac
+    from planner.bench.recompute import cached_tensors, op_sac_policy
 
     shape = llama_shape() if case == "llama-flash" else gpt_shape(
         hidden_size=256, num_attention_heads=4, num_kv_heads=4, ffn_hidden_size=1024, flash_attention=True,
@@ -135,26 +134,16 @@ def test_per_op_sac_saved_bytes_match_torch(case):
     s, b = 128, 2
     block = build_model(shape, seq_length=s, num_layers=1, device="cpu", dtype=torch.bfloat16).layers[0]
     x = torch.randn(b, s, shape.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-    mm, sdpa = torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    caches = []
+    modes = []
 
     def context_fn():
-        counts: dict[bool, int] = defaultdict(int)
-
-        def policy(ctx, func, *args, **kwargs):
-            if func is mm:
-                counts[ctx.is_recompute] += 1
-                return CheckpointPolicy.MUST_SAVE if counts[ctx.is_recompute] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
-            return CheckpointPolicy.MUST_SAVE if func is sdpa else CheckpointPolicy.PREFER_RECOMPUTE
-
-        contexts = create_selective_checkpoint_contexts(policy)
-        caches.append(contexts[0].storage)
+        contexts = create_selective_checkpoint_contexts(op_sac_policy())
+        modes.append(contexts[1])
         return contexts
 
     hooked, out = saved_activation_bytes(lambda t: checkpoint(block, t, use_reentrant=False, context_fn=context_fn),
                                          x, exclude=tuple(block.parameters()) + tuple(block.buffers()))
-    cached = sum(getattr(leaf, "val", leaf).untyped_storage().nbytes() for entries in caches[0].values()
-                 for leaf in pytree.tree_leaves(entries) if isinstance(getattr(leaf, "val", leaf), torch.Tensor))
+    cached = sum(t.untyped_storage().nbytes() for t in cached_tensors(modes[0]))
     assert hooked == 2 * s * b * shape.hidden_size  # the region's input
     assert hooked + cached == op_sac.saved_bytes_per_layer(shape, seq_length=s, micro_batch_size=b)
     out.sum().backward()  # the policy recomputes what it did not save

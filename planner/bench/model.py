@@ -83,6 +83,7 @@ class Attention(nn.Module):
         self.n_heads = shape.num_attention_heads
         self.flash = shape.flash_attention
         self.dropout_p = dropout_p
+        self.recompute_core = False  # set by planner.bench.recompute (Megatron's selective)
         self.wq = nn.Linear(h, shape.num_attention_heads * d, bias=shape.bias)
         self.wk = nn.Linear(h, shape.num_kv_heads * d, bias=shape.bias)
         self.wv = nn.Linear(h, shape.num_kv_heads * d, bias=shape.bias)
@@ -98,21 +99,30 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, d).transpose(1, 2)
         k = self.wk(x).view(b, s, -1, d).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, d).transpose(1, 2)
-        if self.flash:
-            gqa = q.shape[1] != k.shape[1]
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if self.recompute_core:  # Megatron's selective recompute: the core runs again in backward
+            from torch.utils.checkpoint import checkpoint
+
+            o = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
-            if q.shape[1] != k.shape[1]:
-                rep = q.shape[1] // k.shape[1]
-                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
-            probs = torch.softmax(scores + self.causal_bias[:s, :s].to(scores.dtype), dim=-1)
-            if self.training and self.dropout_p > 0:
-                probs = torch.native_dropout(probs, self.dropout_p, True)[0]
-            o = probs @ v
+            o = self.core(q, k, v)
         o = o.transpose(1, 2).reshape(b, s, -1)
         return self.wo(o)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core, (b, heads, s, d) in and out: Q K^T, causal softmax, dropout, P V (or fused SDPA)."""
+        s, d = q.shape[2], self.head_dim
+        if self.flash:
+            gqa = q.shape[1] != k.shape[1]
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if q.shape[1] != k.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+        probs = torch.softmax(scores + self.causal_bias[:s, :s].to(scores.dtype), dim=-1)
+        if self.training and self.dropout_p > 0:
+            probs = torch.native_dropout(probs, self.dropout_p, True)[0]
+        return probs @ v
 
 
 class MLP(nn.Module):

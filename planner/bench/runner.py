@@ -11,7 +11,8 @@ the layout with PyTorch's own APIs, in torchtitan's order (TP -> activation chec
 - ZeRO-0 as a gradient all-reduce over the DP group; ZeRO-1 as sharded optimizer state (each DP rank steps the
   parameters it owns and broadcasts them, ZeroRedundancyOptimizer's algorithm, which also works on TP's DTensor
   parameters); ZeRO-2/3 as FSDP2 fully_shard with resharding after forward off/on (also at world size 1);
-- recomputation with torch.utils.checkpoint: full (each layer) or selective (the attention block);
+- recomputation with torch.utils.checkpoint: full (each layer) or selective as the plan's framework means it
+  (Megatron's attention core, or torchtitan's per-op SAC; planner.bench.recompute);
 - the training recipe: AdamW on fp32 master weights with fp32 moments (planner.bench.optim), compute in the
   benchmark's dtype; under FSDP2 fp32 shards gathered in that dtype with gradients reduced in fp32
   (MixedPrecisionPolicy); tied embeddings as one parameter, or across pipeline stages as two copies whose
@@ -42,6 +43,7 @@ from torch.distributed.tensor import DTensor
 from cost_models.inputs import Transformer
 from planner.bench.model import Block, _norm
 from planner.bench.optim import local_grad, make_optimizer, optimizer_state_bytes
+from planner.bench.recompute import CORE_ATTENTION, apply_recompute, cached_tensors, metering
 from planner.bench.timing import timed
 
 if TYPE_CHECKING:
@@ -58,6 +60,7 @@ class BenchConfig:
     lr: float | None = None  # default: 1e-4 for AdamW, 0.05 for SGD
     seed: int = 1234
     dtype: str = "float32"
+    selective: str = CORE_ATTENTION  # what recompute 'selective' runs as (planner.bench.recompute.SELECTIVE_KINDS)
     optimizer: str = "adamw"  # adamw: fp32 master weights + fp32 moments (the real recipe); sgd: numerics tests
     adam_eps: float = 1e-8
     timeout_seconds: float = 120.0
@@ -207,28 +210,6 @@ def apply_tp(module: StageModule, tp_mesh, *, sequence_parallel: bool) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
-class _Checkpointed(nn.Module):
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args):
-        from torch.utils.checkpoint import checkpoint
-
-        return checkpoint(self.inner, *args, use_reentrant=False)
-
-
-def apply_recompute(module: StageModule, policy: str) -> None:
-    """full: checkpoint every layer (keep its input only); selective: checkpoint the attention block."""
-    for key in list(module.layers.keys()):
-        block = module.layers[key]
-        if policy == "full":
-            module.layers[key] = _Checkpointed(block)
-        elif policy == "selective":
-            layer = cast(Block, block)
-            layer.attn = _Checkpointed(layer.attn)
-
-
 def apply_fsdp(module: StageModule, dp_mesh, *, reshard: bool, compute_dtype) -> None:
     """FSDP2 as torchtitan applies it: each layer a unit, then the root; fp32 sharded parameters (the master copy),
     gathered in the compute dtype, gradients reduced in fp32 (MixedPrecisionPolicy)."""
@@ -292,7 +273,8 @@ def storage_key(t) -> tuple[int, int] | None:
 
 
 class SavedActivationMeter:
-    """Peak bytes of tensors autograd keeps alive for backward (de-duplicated by storage), on CPU.
+    """Peak bytes of tensors kept alive for backward (de-duplicated by storage), on CPU: autograd's saved tensors
+    and what per-op SAC regions hold in their caches (`track_cache`; planner.bench.recompute).
 
     A weight (or its transposed view) that a linear saves is parameter memory, not an activation: parameters
     are told by their storage (`exclude` holds the parameters' `storage_key` ids) and, for the unsharded
@@ -301,22 +283,40 @@ class SavedActivationMeter:
     def __init__(self, exclude: set[int]):
         self.exclude = exclude
         self.live: dict[int, tuple[int, weakref.ref]] = {}
+        self.caches: list[weakref.ref] = []  # the SAC regions' replay modes (their caches) of the measured step
         self.peak = 0
 
-    def pack(self, t):
+    def _counted(self, t) -> tuple[int, int] | None:
         found = storage_key(t)
         if found is None or isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
-            return t
-        key, nbytes = found
-        if key not in self.exclude and key not in self.live:
+            return None
+        return None if found[0] in self.exclude else found
+
+    def pack(self, t):
+        found = self._counted(t)
+        if found is not None and found[0] not in self.live:
             try:
                 ref = weakref.ref(t)
             except TypeError:
                 return t
-            self.live[key] = (nbytes, ref)
-            self.live = {k: v for k, v in self.live.items() if v[1]() is not None}
-            self.peak = max(self.peak, sum(v[0] for v in self.live.values()))
+            self.live[found[0]] = (found[1], ref)
+            self.observe()
         return t
+
+    def track_cache(self, mode) -> None:
+        self.caches.append(weakref.ref(mode))
+
+    def observe(self) -> None:
+        """Update the peak with what is alive now: saved tensors still referenced, and the SAC caches' contents."""
+        self.live = {k: v for k, v in self.live.items() if v[1]() is not None}
+        cached = {}
+        for ref in self.caches:
+            mode = ref()
+            for t in cached_tensors(mode) if mode is not None else ():
+                found = self._counted(t)
+                if found is not None and found[0] not in self.live:
+                    cached[found[0]] = found[1]
+        self.peak = max(self.peak, sum(v[0] for v in self.live.values()) + sum(cached.values()))
 
     @staticmethod
     def unpack(t):
@@ -388,7 +388,7 @@ def build_modules(cfg: BenchConfig, plan: _Plan, mesh, device) -> list[StageModu
         if lay["tp"] > 1:
             apply_tp(m, mesh["tp"], sequence_parallel=bool(lay.get("sequence_parallel")))
         if lay.get("recompute", "none") != "none":
-            apply_recompute(m, lay["recompute"])
+            apply_recompute(m, lay["recompute"], cfg.selective)
         if fsdp:
             apply_fsdp(m, mesh["dp"], reshard=lay["zero_stage"] == 3, compute_dtype=dtype)
         modules.append(m)
@@ -515,7 +515,7 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
             os._exit(3)  # tests: a rank that dies
         x, y = training_batch(cfg, step, dp_rank, device)
         ctx = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack) if measure else _null()
-        with ctx:
+        with ctx, metering(meter if measure else None):
             if sched is not None:
                 run_schedule(sched, plan, x, y)
             else:

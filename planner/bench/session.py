@@ -85,13 +85,13 @@ def bench_problem(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster
 
 def make_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, *, steps: int, warmup: int, dtype: str,
                 timeout_seconds: float, collect_params: bool = False, fail_rank: int | None = None,
-                optimizer: str = "adamw") -> BenchConfig:
+                optimizer: str = "adamw", selective: str = "core_attention") -> BenchConfig:
     from dataclasses import asdict
 
     shape = asdict(model.to_cost_model(seq_length=seq_length))
     return BenchConfig(shape=shape, seq_length=seq_length, layout=layout.model_dump(mode="json"), steps=steps,
                        warmup=warmup, dtype=dtype, timeout_seconds=timeout_seconds, collect_params=collect_params,
-                       fail_rank=fail_rank, optimizer=optimizer)
+                       fail_rank=fail_rank, optimizer=optimizer, selective=selective)
 
 
 def run(cfg: BenchConfig, *, nproc: int | None) -> list[dict]:
@@ -190,10 +190,23 @@ def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
             "predicted_step_seconds": est.step_seconds, "measured_step_seconds": measured_step}
 
 
-def report_document(problem: Problem, layout: LayoutSpec, cfg: BenchConfig, reports: list[dict]) -> BenchReport:
+def report_document(problem: Problem, layout: LayoutSpec, cfg: BenchConfig, reports: list[dict], *,
+                    framework: str = "generic") -> BenchReport:
     per_rank = [{k: v for k, v in r.items() if k != "params"} for r in reports]
-    return BenchReport.from_run(problem=problem, layout=layout, cfg=cfg, comparison=compare(problem, layout, reports),
-                                ranks=per_rank)
+    comparison = compare(problem, layout, reports)
+    if layout.recompute == "selective":
+        comparison["notes"].append(_SELECTIVE_NOTES[cfg.selective].format(framework=framework))
+    return BenchReport.from_run(problem=problem, layout=layout, cfg=cfg, comparison=comparison, ranks=per_rank,
+                                framework=framework)
+
+
+_SELECTIVE_NOTES = {
+    "core_attention": "recompute 'selective' ran as {framework} means it: Megatron's, the attention core recomputed "
+                      "(Q K^T, softmax, dropout, P V or the fused kernel), every linear's input kept",
+    "per_op": "recompute 'selective' ran as {framework} means it: per-op selective activation checkpointing (torch's "
+              "create_selective_checkpoint_contexts), each block keeping its input, every 2nd matmul's output and "
+              "the attention output, and recomputing the rest",
+}
 
 
 @dataclass(frozen=True)
@@ -211,6 +224,7 @@ class BenchOptions:
     dtype: str = "float32"
     optimizer: str = "adamw"
     timeout_seconds: float = 120.0
+    framework: str | None = None  # whose 'selective' recompute to run; None: the plan's framework, else generic
 
 
 def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
@@ -258,21 +272,25 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
     import os
 
     from cost_models.inputs import Knobs
+    from planner.bench.recompute import selective_kind
+    from planner.frameworks.profiles import profile_for
     from planner.rules import validate_layout
 
     md = scale_model(model, layout, layers_per_stage=opts.layers_per_stage, hidden_size=opts.hidden_size,
                      vocab_size=opts.vocab_size)
     lay = bench_layout(layout, md)
-    # the benchmark runs torch's DTensor sequence parallelism, which saves the gathered QKV/FC1 inputs
-    knobs = Knobs(**{**knobs_kw, "sp_saves_gathered_inputs": True})
+    # the benchmark runs torch's DTensor sequence parallelism, which saves the gathered QKV/FC1 inputs; its
+    # 'selective' is the framework's (Megatron's attention core, or torchtitan's per-op SAC), predicted as such
+    op_sac = profile_for(opts.framework).selective_op_sac is not None
+    knobs = Knobs(**{**knobs_kw, "sp_saves_gathered_inputs": True, "selective_op_sac": op_sac})
     problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer)
     validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
     cfg = make_config(md, lay, seq_length, steps=opts.steps, warmup=opts.warmup, dtype=opts.dtype,
-                      timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer)
+                      timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer, selective=selective_kind(op_sac))
     reports = run(cfg, nproc=opts.nproc)
     if int(os.environ.get("RANK", "0")) != 0:
         return None
-    return report_document(problem, lay, cfg, reports).model_dump(mode="json")
+    return report_document(problem, lay, cfg, reports, framework=opts.framework or "generic").model_dump(mode="json")
 
 
 def bench_target(*, plan_file: Path | None, cluster: str | None, model: str | None, layout: str | None,
@@ -326,14 +344,22 @@ def bench_document(opts: BenchOptions, *, plan_file: Path | None, cluster: str |
                    save_calibration: Path | None = None, calibration: Path | None = None) -> dict | None:
     """`planner bench`: check the options, then run the layout (or the plan's short list with top > 1) and compare
     with the prediction. None on ranks other than 0 of a torchrun job."""
+    from dataclasses import replace
+
     from planner.bench import need_torch
     from planner.calibration import calibrated
+    from planner.frameworks.profiles import profile_for
 
     check_bench_options(opts, top, plan_file)
+    if opts.framework is not None:
+        profile_for(opts.framework)  # refuses a name that is no framework (field, value, allowed)
     need_torch()
     plan_doc, md, cl, lay, seq = bench_target(plan_file=plan_file, cluster=cluster, model=model, layout=layout,
                                               nodes=nodes, seq_len=seq_len, dp=opts.dp,
                                               micro_batches=opts.micro_batches)
+    framework = opts.framework or (plan_doc or {}).get("framework") or "generic"
+    profile_for(framework)  # a plan file's framework is checked as a --framework would be
+    opts = replace(opts, framework=framework)
     cl, knobs_kw = calibrated(cl, calibration)
     if top > 1 and plan_doc is not None:
         from planner.bench.shortlist import run_shortlist

@@ -46,6 +46,10 @@ def bench(
         "--save-calibration", help="With --top: write the measured figures as a calibration file for "
                                    "`plan --calibration`.")] = None,
     timeout: Annotated[float, typer.Option(help="Process-group timeout in seconds: a stuck rank fails the run.")] = 120.0,
+    framework: Annotated[str | None, typer.Option(
+        "--framework", help="Whose 'selective' recompute to run and predict: torchtitan's per-op SAC, or Megatron's "
+                            "attention core (every other framework); default: the plan's framework, else generic."
+    )] = None,
     calibration: CalibrationOpt = None, output: OutputOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Run the layout with torch.distributed (NCCL on GPUs, gloo on CPU) and compare with the prediction."""
@@ -53,7 +57,7 @@ def bench(
 
     opts = BenchOptions(nproc=nproc, dp=dp, micro_batches=micro_batches, layers_per_stage=layers_per_stage,
                         hidden_size=hidden_size, vocab_size=vocab_size, steps=steps, warmup=warmup, dtype=dtype,
-                        optimizer=optimizer, timeout_seconds=timeout)
+                        optimizer=optimizer, timeout_seconds=timeout, framework=framework)
     doc = bench_document(opts, plan_file=plan_file, cluster=cluster, model=model, layout=layout, nodes=nodes,
                          seq_len=seq_len, top=top, save_calibration=save_calibration, calibration=calibration)
     if doc is None:  # not rank 0 of a torchrun job
