@@ -227,6 +227,11 @@ class Knobs:
     # the pipeline engine keeps each in-flight micro-batch's stage output until its backward (DeepSpeed's pipe engine;
     # Megatron frees it after the send, deallocate_output_tensor): one more layer input per micro-batch in flight
     keeps_stage_output: bool = False
+    # torch.distributed.pipelining (PipelineStage) allocates, at the first step, one activation receive buffer per
+    # micro-batch on every stage but the first and one gradient receive buffer per micro-batch on every stage but the
+    # last, and keeps them (stage.py _setup_forward_recv_info / _setup_backward_recv_info, torch 2.13); Megatron and
+    # DeepSpeed allocate a receive tensor per transfer and free it with the micro-batch
+    pp_receive_buffers: bool = False
     # gradients are per-parameter tensors autograd allocates every step and the optimizer frees (DeepSpeed ZeRO-1/2),
     # not one persistent buffer (Megatron's grad buffer, FSDP's sharded grads): the allocator's reserve applies to them
     dynamic_grads: bool = False

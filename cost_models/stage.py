@@ -500,6 +500,24 @@ class StageModel(NamedTuple):
         out[last] += lc.output_act_bytes
         return out
 
+    def receive_buffer_bytes(self, stages: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
+        """torch.distributed.pipelining's persistent receive buffers per stage (knobs.pp_receive_buffers), a layer
+        input's shape each: (activation buffers beyond the in-flight micro-batches' own, which their first layer
+        already keeps; gradient buffers). Every virtual stage but the global first holds m activation buffers, every
+        one but the global last m gradient buffers. `stages`: those stages only (all by default)."""
+        lay = self.layout
+        p, v, m = lay.pp, self.virtual_stages, lay.num_micro_batches
+        stages = range(p) if stages is None else stages
+        if not self.knobs.pp_receive_buffers or p <= 1:
+            return [0.0] * len(stages), [0.0] * len(stages)
+        one, last = self.lc.act_full_bytes, p * v - 1
+        acts, grads = [], []
+        for i, flight in zip(stages, self.in_flights(stages), strict=True):
+            chunks = [i + k * p for k in range(v)]
+            acts.append(one * sum(g > 0 for g in chunks) * max(0.0, m - flight))
+            grads.append(one * sum(g < last for g in chunks) * m)
+        return acts, grads
+
     def transient_bytes(self, params: Sequence[float]) -> list[float]:
         """Buffers alive only for part of the step, per stage (`params`: params(i) of every stage): gradient
         buckets, the layer being recomputed, ZeRO-3's gathered unit, the offload bucket."""
@@ -538,15 +556,17 @@ class StageModel(NamedTuple):
         stash = self.schedule == _PIPEDREAM_ASYNC
         dynamic_grads = knobs.dynamic_grads  # per-parameter grads allocated every step carry the reserve too
         stages, best, peak = [], 0.0, 0
+        recv_acts, recv_grads = self.receive_buffer_bytes()
         rows = zip(self.split, params, self.in_flights(), self.activations_per_micro_batch(),
-                   self.transient_bytes(params), strict=True)
-        for i, (n, P, flight, per_mb, transient) in enumerate(rows):
+                   self.transient_bytes(params), recv_acts, recv_grads, strict=True)
+        for i, (n, P, flight, per_mb, transient, recv_act, recv_grad) in enumerate(rows):
             weights = P * w + n * fp8_w / fp8_shards
             # routed experts' optimizer state shards over EDP instead of DP x CP
             opt = P * o if o_expert is None else P * o + n * expert_p * (o_expert - o)
             if stash:
                 weights += max(0.0, flight - 1) * P * param_bytes  # stashed weight versions
-            acts, grads = per_mb * flight, P * g
+            acts, grads = per_mb * flight + recv_act, P * g
+            transient += recv_grad
             spare = reserve * (acts + transient + (grads if dynamic_grads else 0.0))
             stages.append(_new_tuple(StageMemory, (i, n, P, weights, grads, opt, acts, transient, overhead, flight,
                                                    spare)))
@@ -576,6 +596,8 @@ class StageModel(NamedTuple):
         # transients as memory() counts them: buckets, CP/EP buffers, one recomputed layer (a safe bound)
         fixed = self.knobs.per_process_overhead_bytes + (self.knobs.bucket_bytes + lc.extras.transient_bytes
                                                          + lc.act_none_bytes) * grow
+        (recv_act,), (recv_grad,) = self.receive_buffer_bytes(stages=(i,))
+        fixed += (recv_act + recv_grad) * grow
         if i == 0:
             fixed += lc.embedding_params * per_state + lc.embedding_act_bytes * flight * grow
         if i == self.pp - 1:

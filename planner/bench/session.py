@@ -282,7 +282,9 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
     # the benchmark runs torch's DTensor sequence parallelism, which saves the gathered QKV/FC1 inputs; its
     # 'selective' is the framework's (Megatron's attention core, or torchtitan's per-op SAC), predicted as such
     op_sac = profile_for(opts.framework).selective_op_sac is not None
-    knobs = Knobs(**{**knobs_kw, "sp_saves_gathered_inputs": True, "selective_op_sac": op_sac})
+    # and its pipeline is torch.distributed.pipelining's, with a receive buffer per micro-batch
+    knobs = Knobs(**{**knobs_kw, "sp_saves_gathered_inputs": True, "selective_op_sac": op_sac,
+                     "pp_receive_buffers": True})
     problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer)
     validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
     cfg = make_config(md, lay, seq_length, steps=opts.steps, warmup=opts.warmup, dtype=opts.dtype,

@@ -106,6 +106,8 @@ class Profile:
     # where 'selective' is torchtitan's per-op SAC (cost_models/op_sac.py), not Megatron's core-attention recompute
     selective_op_sac: str | None = None
     loss_bytes_per_logit: Sourced | None = None  # the loss's peak bytes per logit (Knobs); None: Megatron's 4
+    # where the pipeline keeps a receive buffer per micro-batch for the whole step (Knobs.pp_receive_buffers)
+    pp_receive_buffers: str | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -146,6 +148,7 @@ class Profile:
             attention_kernel_efficiency=self.attention_kernel_efficiency(gpu_generation),
             selective_op_sac=self.selective_op_sac is not None,
             loss_bytes_per_logit=self.loss_bytes_per_logit.value if self.loss_bytes_per_logit else base.loss_bytes_per_logit,
+            pp_receive_buffers=self.pp_receive_buffers is not None,
         )
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -170,7 +173,10 @@ class Profile:
              "autograd's 8)", self.fused_swiglu)] if self.fused_swiglu else []) + ([
             ("selective_op_sac", "recompute selective = per-op SAC: a dense block keeps its input, every 2nd matmul's "
              "output and the attention output; it recomputes the other matmuls and every elementwise op",
-             self.selective_op_sac)] if self.selective_op_sac else []) + [
+             self.selective_op_sac)] if self.selective_op_sac else []) + ([
+            ("pp_receive_buffers", "pipeline stages keep one activation receive buffer per micro-batch (every stage "
+             "but the first) and one gradient receive buffer per micro-batch (every stage but the last) all step",
+             self.pp_receive_buffers)] if self.pp_receive_buffers else []) + [
             ("attention_kernel_efficiency", f"fused causal attention on {gen}: {v.value:.0%} of peak over forward and "
              "backward, on the causal half of the scores", v.source) for gen, v in self.attention_kernel.items()] + [
             (f"kernel_efficiency[{gen}]", f"{self.title} on {gen}: {v.value:.1%} of the end-to-end efficiency the "
@@ -265,6 +271,10 @@ _DTENSOR_SP = ("torchtitan's TP plan (parallelize_llama: SequenceParallel norms,
                "Replicate, ColwiseParallel wq/wk/wv and w1/w3) all-gathers in forward, and autograd saves the "
                "gathered input for the weight gradient; counted on the CPU benchmark, which runs the same DTensor "
                "plan (tests/test_bench.py)")
+PIPELINING_RECEIVE_BUFFERS = (
+    "torch.distributed.pipelining's PipelineStage allocates a receive buffer per micro-batch at the first step and "
+    "keeps it (stage.py _setup_forward_recv_info, _setup_backward_recv_info, torch 2.13; torchtitan builds its "
+    "stages as PipelineStage); counted on the CPU benchmark, which runs the same stages (tests/test_bench.py)")
 _NO_EXPANDABLE = ("reserved/allocated without expandable segments: single-GPU H200 runs of real recipes (issue 10: "
                   "reserved 3-12% above the planner's peak, allocated 15-20% below) and torchtune #1185 (reserved "
                   "16.39 GiB vs 10.83 GiB with expandable segments) [U: no Megatron measurement]")
@@ -339,7 +349,7 @@ PROFILES: dict[Framework, Profile] = {
         Allocator(Sourced(0.04, _EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "max_reserved GiB (DeviceMemoryMonitor, frameworks.md §1.6)",
         {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)},
-        sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC,
+        sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
         loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS)),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
