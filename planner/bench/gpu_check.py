@@ -8,8 +8,8 @@ out of memory cannot take the others down). In under 5 minutes on one H200:
    pinned host-to-device link);
 2. single-GPU cases on that calibration, bf16, AdamW with fp32 master weights and moments: Llama-3 8B at full size
    under each recompute policy (none and selective are predicted not to fit one GPU with Adam: running them checks
-   that), a 16-layer 8B under none and selective, 70B and 175B layer proxies, and the ZeRO-0 and FSDP2 (ZeRO-3)
-   recipes at world size 1 on an 8-layer 8B;
+   that), a 16-layer 8B under none, selective and torchtitan's selective (per-op SAC), 70B and 175B layer proxies,
+   and the ZeRO-0 and FSDP2 (ZeRO-3) recipes at world size 1 on an 8-layer 8B;
 3. a predicted-vs-measured markdown table (step time; CUDA peak allocated and reserved against the prediction),
    written to --doc, and every report in DIR/gpu-check.json.
 
@@ -30,13 +30,15 @@ from pathlib import Path
 
 ALLOC_CONF = "expandable_segments:True"  # as torchtitan's launch script sets it
 
-# (name, model, layout, seq, layers per stage or None for full size, note)
+# (name, model, layout, seq, layers per stage or None for full size[, framework whose 'selective' runs])
 CASES = [
     ("8B full, recompute none", "llama3-8b", "dp=1,mbs=1,recompute=none", 4096, None),
     ("8B full, recompute selective", "llama3-8b", "dp=1,mbs=1,recompute=selective", 4096, None),
     ("8B full, recompute full", "llama3-8b", "dp=1,mbs=1,recompute=full", 4096, None),
     ("8B 16 layers, recompute none", "llama3-8b", "dp=1,mbs=1,recompute=none", 4096, 16),
     ("8B 16 layers, recompute selective", "llama3-8b", "dp=1,mbs=1,recompute=selective", 4096, 16),
+    ("8B 16 layers, selective as torchtitan (per-op SAC)", "llama3-8b", "dp=1,mbs=1,recompute=selective", 4096, 16,
+     "torchtitan"),
     ("70B proxy (2 layers), selective", "llama3-70b", "dp=1,mbs=1,recompute=selective", 4096, 2),
     ("175B proxy (1 layer), selective", "gpt3-175b", "dp=1,mbs=1,recompute=selective", 2048, 1),
     ("8B 8 layers, ZeRO-0 (AdamW, fp32 masters)", "llama3-8b", "dp=1,mbs=1,zero=0", 4096, 8),
@@ -78,9 +80,9 @@ def calibrate(out: Path, smoke: bool, env: dict) -> tuple[Path, dict]:
 
 
 def run_case(case: tuple, cal: Path, smoke: bool, env: dict, timeout: float) -> dict:
-    name, model, layout, seq, lps = case
+    name, model, layout, seq, lps, *framework = case
     args = ["bench", "-c", str(cal), "-m", model, "--layout", layout, "--nproc", "1", "--dtype", _dtype(smoke),
-            "--json"]
+            "--json"] + (["--framework", framework[0]] if framework else [])
     if smoke:
         args += [*SMOKE_SCALE, "--seq-len", "32", "--layers-per-stage", "2", "--steps", "1", "--warmup", "1"]
     else:
@@ -101,13 +103,12 @@ def run_case(case: tuple, cal: Path, smoke: bool, env: dict, timeout: float) -> 
 
 def predict_only(case: tuple, cal: Path, smoke: bool) -> dict | None:
     """What the planner predicted for a case that did not run to the end (e.g. OOM): step time, peak, fits."""
-    _, model, layout, seq, lps = case
+    _, model, layout, seq, lps, *framework = case
     if smoke:
         seq, lps = 32, 2
     try:
         from cluster_specs import load_cluster
-        from cost_models.inputs import Knobs
-        from planner.bench.session import bench_layout, bench_problem, scale_model
+        from planner.bench.session import bench_knobs, bench_layout, bench_problem, scale_model
         from planner.calibration import calibration_knobs
         from planner.estimate import complete_layout
         from planner.inputs.layout_string import parse_layout_string
@@ -122,7 +123,8 @@ def predict_only(case: tuple, cal: Path, smoke: bool) -> dict | None:
         md = scale_model(md, lay, layers_per_stage=lps, hidden_size=64 if smoke else None,
                          vocab_size=128 if smoke else None)
         lay = bench_layout(lay, md)
-        est = bench_problem(md, lay, seq, cl, _dtype(smoke), Knobs(**calibration_knobs(cl))).estimate(lay)
+        knobs = bench_knobs(calibration_knobs(cl), framework[0] if framework else None)
+        est = bench_problem(md, lay, seq, cl, _dtype(smoke), knobs).estimate(lay)
         st = est.stages[0]
         return {"step_seconds": est.step_seconds, "allocated_bytes": st.allocated_bytes,
                 "fits": est.fits, "gpu_memory_bytes": est.gpu_memory_bytes}

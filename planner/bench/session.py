@@ -266,29 +266,35 @@ def fit_shortlist(entries: list[dict], opts: BenchOptions) -> tuple[list[dict], 
     return kept, layouts, skipped
 
 
+def bench_knobs(knobs_kw: dict, framework: str | None = None):
+    """The knobs the benchmark is predicted with: a calibration's (`knobs_kw`) and what the benchmark runs. It runs
+    torch's DTensor sequence parallelism, which saves the gathered QKV/FC1 inputs; torch.distributed.pipelining,
+    which keeps a receive buffer per micro-batch; and 'selective' as `framework` means it (Megatron's attention
+    core, or torchtitan's per-op SAC)."""
+    from cost_models.inputs import Knobs
+    from planner.frameworks.profiles import profile_for
+
+    return Knobs(**{**knobs_kw, "sp_saves_gathered_inputs": True, "pp_receive_buffers": True,
+                    "selective_op_sac": profile_for(framework).selective_op_sac is not None})
+
+
 def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, knobs_kw: dict,
               opts: BenchOptions) -> dict | None:
     """Scale, predict, run and compare one layout; the report document (None on ranks other than 0 of torchrun)."""
     import os
 
-    from cost_models.inputs import Knobs
     from planner.bench.recompute import selective_kind
-    from planner.frameworks.profiles import profile_for
     from planner.rules import validate_layout
 
     md = scale_model(model, layout, layers_per_stage=opts.layers_per_stage, hidden_size=opts.hidden_size,
                      vocab_size=opts.vocab_size)
     lay = bench_layout(layout, md)
-    # the benchmark runs torch's DTensor sequence parallelism, which saves the gathered QKV/FC1 inputs; its
-    # 'selective' is the framework's (Megatron's attention core, or torchtitan's per-op SAC), predicted as such
-    op_sac = profile_for(opts.framework).selective_op_sac is not None
-    # and its pipeline is torch.distributed.pipelining's, with a receive buffer per micro-batch
-    knobs = Knobs(**{**knobs_kw, "sp_saves_gathered_inputs": True, "selective_op_sac": op_sac,
-                     "pp_receive_buffers": True})
+    knobs = bench_knobs(knobs_kw, opts.framework)
     problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer)
     validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
     cfg = make_config(md, lay, seq_length, steps=opts.steps, warmup=opts.warmup, dtype=opts.dtype,
-                      timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer, selective=selective_kind(op_sac))
+                      timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer,
+                      selective=selective_kind(knobs.selective_op_sac))
     reports = run(cfg, nproc=opts.nproc)
     if int(os.environ.get("RANK", "0")) != 0:
         return None
