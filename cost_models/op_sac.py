@@ -7,8 +7,9 @@ else (norms, RoPE, activation functions, residual adds, the SP all-gathers) is r
 block issues its matmuls as wq, wk, wv, wo, w1, w3, w2: it saves wq, wv, w1 and w2 and recomputes wk, wo and w3.
 This is not Megatron's 'selective', which recomputes only the attention core and keeps every linear's input.
 
-Modelled for dense blocks with flash/SDPA attention; MoE and MLA blocks keep the core-attention policy
-(`applies`): their op order (router, grouped expert GEMMs, latent projections) is not written out here.
+Modelled for dense blocks with flash/SDPA attention (torchtitan's only kind); MoE and MLA blocks, and unfused
+attention, keep the core-attention policy (`applies`): their op order (router, grouped expert GEMMs, latent
+projections, batched score matmuls) is not written out here.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def block_matmuls(model: Transformer) -> list[Matmul]:
 
 
 def applies(model: Transformer) -> bool:
-    """Per-op SAC is modelled for dense, non-MLA blocks (module doc)."""
-    return model.moe is None and model.mla is None
+    """Per-op SAC is modelled for dense, non-MLA blocks with SDPA (flash) attention (module doc): torchtitan's
+    policy saves the SDPA output; an unfused attention's matmuls are batched (bmm), which its list does not name."""
+    return model.moe is None and model.mla is None and model.flash_attention
 
 
 def in_effect(model: Transformer, selective_op_sac: bool) -> bool:

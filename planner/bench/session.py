@@ -195,14 +195,18 @@ def report_document(problem: Problem, layout: LayoutSpec, cfg: BenchConfig, repo
     per_rank = [{k: v for k, v in r.items() if k != "params"} for r in reports]
     comparison = compare(problem, layout, reports)
     if layout.recompute == "selective":
-        comparison["notes"].append(_SELECTIVE_NOTES[cfg.selective].format(framework=framework))
+        from planner.frameworks.profiles import profile_for
+
+        why = (f"what {framework} means by it" if profile_for(framework).selective_op_sac is None else
+               f"{framework}'s per-op SAC is modelled for dense blocks with SDPA attention only")
+        comparison["notes"].append(_SELECTIVE_NOTES[cfg.selective].format(framework=framework, why=why))
     return BenchReport.from_run(problem=problem, layout=layout, cfg=cfg, comparison=comparison, ranks=per_rank,
                                 framework=framework)
 
 
 _SELECTIVE_NOTES = {
-    "core_attention": "recompute 'selective' ran as {framework} means it: Megatron's, the attention core recomputed "
-                      "(Q K^T, softmax, dropout, P V or the fused kernel), every linear's input kept",
+    "core_attention": "recompute 'selective' ran as Megatron's selective recompute: the attention core recomputed "
+                      "(Q K^T, softmax, dropout, P V or the fused kernel), every linear's input kept ({why})",
     "per_op": "recompute 'selective' ran as {framework} means it: per-op selective activation checkpointing (torch's "
               "create_selective_checkpoint_contexts), each block keeping its input, every 2nd matmul's output and "
               "the attention output, and recomputing the rest",
@@ -283,6 +287,7 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
     """Scale, predict, run and compare one layout; the report document (None on ranks other than 0 of torchrun)."""
     import os
 
+    from cost_models import op_sac
     from planner.bench.recompute import selective_kind
     from planner.rules import validate_layout
 
@@ -294,7 +299,7 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
     validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
     cfg = make_config(md, lay, seq_length, steps=opts.steps, warmup=opts.warmup, dtype=opts.dtype,
                       timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer,
-                      selective=selective_kind(knobs.selective_op_sac))
+                      selective=selective_kind(op_sac.in_effect(problem.cm_model, knobs.selective_op_sac)))
     reports = run(cfg, nproc=opts.nproc)
     if int(os.environ.get("RANK", "0")) != 0:
         return None
