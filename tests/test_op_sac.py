@@ -112,6 +112,9 @@ def test_the_block_matmuls_in_their_issue_order_by_hand():
     # not reduce-scattered, so the two reduce-scatter outputs (2 x 4096/2) are not kept; the default is no SP
     with_sp = op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1, tp=2, sequence_parallel=True)
     assert op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1, tp=2) == with_sp + 2 * (2048 - 4096)
+    # SP over one rank is no SP: nothing is reduce-scattered
+    one = op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1)
+    assert op_sac.saved_bytes_per_layer(m, seq_length=1, micro_batch_size=1, sequence_parallel=True) == one
     # MoE without MLA (Qwen3-30B-A3B) and MLA with MoE (DeepSeek-V3) both keep the core-attention policy
     assert not op_sac.applies(load_model("qwen3-30b-a3b").to_cost_model(seq_length=4096))
     assert op_sac.applies(m)

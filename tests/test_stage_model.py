@@ -121,28 +121,32 @@ def test_deepspeed_pipe_engine_memory_terms():
         assert b.reserve_bytes - a.reserve_bytes == pytest.approx(r * (kept + b.gradients_bytes), rel=1e-12)
 
 
-@pytest.mark.parametrize("schedule, v, acts, grads", [
+@pytest.mark.parametrize("schedule, v, p, m, acts, grads", [
     # 1F1B, p 4, m 8: stage i holds min(m, p - i) = 4, 3, 2, 1 micro-batches; stages 1-3 keep 8 activation buffers,
     # 8 - in flight of them beyond the in-flight inputs; stages 0-2 keep 8 gradient buffers
-    ("1f1b", 1, [0, 5, 6, 7], [8, 8, 8, 0]),
+    ("1f1b", 1, 4, 8, [0, 5, 6, 7], [8, 8, 8, 0]),
+    # p 2, m 4: stage 1 holds 1 in flight and 3 more buffers; stage 0 holds 4 gradient buffers
+    ("1f1b", 1, 2, 4, [0, 3], [4, 0]),
+    # p 4, m 2: stages 1 and 2 have every micro-batch in flight (min(2, 3) = min(2, 2) = 2): no buffer beyond them
+    ("1f1b", 1, 4, 2, [0, 0, 0, 1], [2, 2, 2, 0]),
     # interleaved, p 4, v 2, m 8: rank i runs global stages i and i + 4; only global stage 0 has no activation
     # buffers and only global stage 7 no gradient buffers. In flight (Megatron's warm-up count / v): rank 0
     # min(3*2 + 5, 16) / 2 = 5.5, rank 1 4.5, rank 2 3.5, rank 3 2.5 -> activation buffers beyond them
     # 1 x (8 - 5.5), 2 x (8 - 4.5), 2 x (8 - 3.5), 2 x (8 - 2.5)
-    ("interleaved_1f1b", 2, [2.5, 7, 9, 11], [16, 16, 16, 8]),
+    ("interleaved_1f1b", 2, 4, 8, [2.5, 7, 9, 11], [16, 16, 16, 8]),
 ])
-def test_torch_pipelining_receive_buffers_by_hand(schedule, v, acts, grads):
+def test_torch_pipelining_receive_buffers_by_hand(schedule, v, p, m, acts, grads):
     """torch.distributed.pipelining keeps a receive buffer per micro-batch (stage.py _setup_forward_recv_info and
     _setup_backward_recv_info, torch 2.13): counted in layer inputs (2 s b h / t bytes with SP), the activation ones
     in the stage's activations, the gradient ones as buffers; none without the knob."""
     model = gpt_shape(num_layers=48, hidden_size=4096, num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=16384)
-    layout = Layout(dp=2, tp=4, pp=4, zero_stage=1, micro_batch_size=2, num_micro_batches=8, recompute="full",
+    layout = Layout(dp=2, tp=4, pp=p, zero_stage=1, micro_batch_size=2, num_micro_batches=m, recompute="full",
                     sequence_parallel=True, schedule=schedule, virtual_stages=v)
     plain, torch_pp = (stage_model(model, BF16, _hw(), layout, k) for k in (Knobs(), TORCH_PIPELINING))
     layer_input = 2 * 2048 * 2 * 4096 / 4
     assert torch_pp.receive_buffer_bytes() == ([a * layer_input for a in acts], [g * layer_input for g in grads])
-    assert plain.receive_buffer_bytes() == ([0.0] * 4, [0.0] * 4)
-    for i in range(4):
+    assert plain.receive_buffer_bytes() == ([0.0] * p, [0.0] * p)
+    for i in range(p):
         a, b = plain.memory(i), torch_pp.memory(i)
         assert b.activations_bytes - a.activations_bytes == pytest.approx(acts[i] * layer_input, rel=1e-12)
         assert b.transient_bytes - a.transient_bytes == pytest.approx(grads[i] * layer_input, rel=1e-12)
