@@ -182,16 +182,24 @@ def _cluster_json(base: str) -> dict:
     return json.loads(_cluster_json_cached(base))
 
 
+FAMILY_NAMES = (
+    ("mcore", ("megatron-core", "megatron core", "mcore", "nemo", "megatron-bridge", "megatron bridge")),
+    ("fsdp", ("torchtitan", "llm-foundry", "composer", "fsdp", "maxtext", "jax", "paxml", "levanter")),
+    ("megatron-deepspeed", ("megatron-deepspeed", "megatron deepspeed", "gpt-neox")),
+    ("deepspeed", ("deepspeed",)),
+)
+"""How a row's `framework` text names its family, first match wins (case-insensitive); none: megatron-classic.
+The spellings besides the ones ../shared/validation uses are stated choices for rows from other sources: Megatron
+Core and Megatron-Bridge run Megatron-Core; GPT-NeoX is Megatron-LM on DeepSpeed; JAX trainers (MaxText, Pax,
+Levanter) shard FSDP-style with XLA overlapping the gathers, nearer torchtitan's FSDP2 than Megatron-LM of 2021
+[U: no JAX row is in the published set]."""
+
+
 def _framework_family(row) -> str:
     fw = (row.get("framework") or "").lower()
-    if "megatron-core" in fw or "nemo" in fw:
-        return "mcore"
-    if "torchtitan" in fw or "llm-foundry" in fw or "fsdp" in fw:
-        return "fsdp"
-    if "megatron-deepspeed" in fw:
-        return "megatron-deepspeed"
-    if "deepspeed" in fw:
-        return "deepspeed"
+    for family, names in FAMILY_NAMES:
+        if any(name in fw for name in names):
+            return family
     return "megatron-classic"
 
 

@@ -113,3 +113,16 @@ def test_plan_json_records_the_framework_and_estimate_refuses_what_it_cannot_run
     assert proc.returncode == 3
     assert "megatron: schedule zero_bubble -> not available" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text, family", [
+    ("NeMo/Megatron-Core (recipe)", "mcore"), ("Megatron Core 0.9", "mcore"), ("Megatron-Bridge (NeMo 2)", "mcore"),
+    ("GPT-NeoX", "megatron-deepspeed"), ("Megatron-DeepSpeed (ZeRO-1)", "megatron-deepspeed"),
+    ("HF Trainer + DeepSpeed ZeRO-3", "deepspeed"), ("MaxText (JAX, FSDP)", "fsdp"), ("PyTorch FSDP", "fsdp"),
+    ("torchtitan (FSDP2 + TP)", "fsdp"), ("Megatron-LM (2020)", "megatron-classic"), (None, "megatron-classic"),
+])
+def test_a_rows_framework_text_names_its_family(text, family):
+    """validation.FAMILY_NAMES: the published set's spellings and the stated ones for rows from elsewhere."""
+    from planner.validation import _framework_family
+
+    assert _framework_family({"framework": text}) == family
