@@ -133,7 +133,13 @@ def _gpu_and_cluster(row) -> tuple[str, dict] | str:
         return "no total_gpus"
     if "tpu" in low:
         return "TPU run, not GPU data"
-    if "h100" in low:
+    if "gh200" in low or "gb200" in low:  # before h200 / b200, which these names contain
+        return f"GPU {gpu!r}: a Grace superchip (NVLink-C2C host link, NVL domains beyond a node) is not in the catalog"
+    if "h200" in low and "nvl" not in low:  # H200 NVL is a PCIe card with NVLink bridges, not the SXM part
+        base, over = "dgx-h200", {}
+    elif "b200" in low:
+        base, over = "dgx-b200", {}
+    elif "h100" in low:
         base = "dgx-h100"
         over = {"memory_gib": 95e9 / GIB} if "95gb" in low else {}
     elif "a100" in low:

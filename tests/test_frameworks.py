@@ -126,3 +126,20 @@ def test_a_rows_framework_text_names_its_family(text, family):
     from planner.validation import _framework_family
 
     assert _framework_family({"framework": text}) == family
+
+
+@pytest.mark.parametrize("gpu, base", [
+    ("H100 80GB", "dgx-h100"), ("H200 141GB SXM", "dgx-h200"), ("B200 (DGX B200)", "dgx-b200"),
+    ("A100 40GB", "dgx-a100-40gb"), ("GB200 NVL72", None), ("GH200 96GB", None), ("H200 NVL", None),
+    ("MI300X", None),
+])
+def test_a_rows_gpu_text_names_its_cluster(gpu, base):
+    """validation._gpu_and_cluster: H200 and B200 rows run on the DGX presets; Grace superchips, H200 NVL and GPUs
+    outside the catalog are skipped with the reason."""
+    from planner.validation import _gpu_and_cluster
+
+    got = _gpu_and_cluster({"gpu_type": gpu, "total_gpus": 16, "gpus_per_node": 8})
+    if base is None:
+        assert isinstance(got, str) and gpu in got
+    else:
+        assert got[0] == base and got[1]["num_nodes"] == 2
