@@ -123,32 +123,37 @@ def _num(x):
     return x if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
-def _gpu_and_cluster(row) -> tuple[str, dict] | str:
-    gpu = (row.get("gpu_type") or "")
+def _catalog_base(gpu: str) -> tuple[str, dict] | str:
+    """The cluster preset a row's GPU text runs on and the GPU fields it overrides, or why it cannot run."""
     low = gpu.lower()
-    inter = (row.get("interconnect") or "").lower()
-    gpn = row.get("gpus_per_node") or 8
-    n = row.get("total_gpus")
-    if not n:
-        return "no total_gpus"
     if "tpu" in low:
         return "TPU run, not GPU data"
     if "gh200" in low or "gb200" in low:  # before h200 / b200, which these names contain
         return f"GPU {gpu!r}: a Grace superchip (NVLink-C2C host link, NVL domains beyond a node) is not in the catalog"
     if "h200" in low and "nvl" not in low:  # H200 NVL is a PCIe card with NVLink bridges, not the SXM part
-        base, over = "dgx-h200", {}
-    elif "b200" in low:
-        base, over = "dgx-b200", {}
-    elif "h100" in low:
-        base = "dgx-h100"
-        over = {"memory_gib": 95e9 / GIB} if "95gb" in low else {}
-    elif "a100" in low:
-        base = "dgx-a100-40gb" if "40gb" in low else "dgx-a100-80gb"
-        over = {}
-    elif "v100" in low:
-        base, over = "dgx2", {}
-    else:
-        return f"GPU {gpu!r} not in the catalog"
+        return "dgx-h200", {}
+    if "b200" in low:
+        return "dgx-b200", {}
+    if "h100" in low:
+        return "dgx-h100", ({"memory_gib": 95e9 / GIB} if "95gb" in low else {})
+    if "a100" in low:
+        return ("dgx-a100-40gb" if "40gb" in low else "dgx-a100-80gb"), {}
+    if "v100" in low:
+        return "dgx2", {}
+    return f"GPU {gpu!r} not in the catalog"
+
+
+def _gpu_and_cluster(row) -> tuple[str, dict] | str:
+    gpu = (row.get("gpu_type") or "")
+    inter = (row.get("interconnect") or "").lower()
+    gpn = row.get("gpus_per_node") or 8
+    n = row.get("total_gpus")
+    if not n:
+        return "no total_gpus"
+    base_over = _catalog_base(gpu)
+    if isinstance(base_over, str):
+        return base_over
+    base, over = base_over
     spec: dict[str, Any]
     if base == "dgx2":
         spec = {
