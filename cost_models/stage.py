@@ -488,17 +488,29 @@ class StageModel(NamedTuple):
                                    virtual_stages=self.virtual_stages, stages=stages)
 
     def activations_per_micro_batch(self) -> list[float]:
-        """Activation bytes of one micro-batch, per stage: its layers under their policy, the embedding's on the
-        first stage and the output layer's on the last; where the pipeline engine keeps it (knobs.keeps_stage_output:
-        DeepSpeed's pipe engine), every other stage's output, a layer input's shape, until its backward."""
+        """Activation bytes of one micro-batch, per stage, that its in-flight count multiplies: its layers under their
+        policy, the embedding's on the first stage; where the pipeline engine keeps it (knobs.keeps_stage_output:
+        DeepSpeed's pipe engine), every other stage's output, a layer input's shape, until its backward. The output
+        layer's are apart (output_activation_bytes): they live in the global last stage only."""
         lc, last = self.lc, self.layout.pp - 1
         ap, af = lc.act_policy_bytes, lc.act_full_bytes
         out = [(n - r) * ap + r * af for n, r in zip(self.split, self.full_layers, strict=True)]
         out[0] += lc.embedding_act_bytes
         if self.knobs.keeps_stage_output:
             out[:last] = [x + af for x in out[:last]]
-        out[last] += lc.output_act_bytes
         return out
+
+    def output_in_flight(self) -> float:
+        """Micro-batches whose output-layer activations (final norm, logits, loss) the last stage holds at its peak:
+        those of the global last stage, which runs each micro-batch's backward right after its forward under
+        1F1B, interleaved 1F1B and the zero-bubble schedules (one), and holds all m under GPipe and without
+        micro-batching. Not the whole last stage's count, which under interleaving averages over its v chunks
+        (((v - 1) p + 1) / v on the last rank), of which only the last holds the output layer."""
+        lay = self.layout
+        if self.schedule == _NAIVE:
+            return float(lay.num_micro_batches)
+        return in_flight_per_stage(schedule=self.schedule, pp=lay.pp, num_micro_batches=lay.num_micro_batches,
+                                   stages=(lay.pp - 1,))[0]
 
     def receive_buffer_bytes(self, stages: Sequence[int] | None = None) -> tuple[list[float], list[float]]:
         """torch.distributed.pipelining's persistent receive buffers per stage (knobs.pp_receive_buffers), a layer
@@ -557,6 +569,7 @@ class StageModel(NamedTuple):
         dynamic_grads = knobs.dynamic_grads  # per-parameter grads allocated every step carry the reserve too
         stages, best, peak = [], 0.0, 0
         recv_acts, recv_grads = self.receive_buffer_bytes()
+        last, output_acts = self.layout.pp - 1, self.lc.output_act_bytes * self.output_in_flight()
         rows = zip(self.split, params, self.in_flights(), self.activations_per_micro_batch(),
                    self.transient_bytes(params), recv_acts, recv_grads, strict=True)
         for i, (n, P, flight, per_mb, transient, recv_act, recv_grad) in enumerate(rows):
@@ -565,7 +578,7 @@ class StageModel(NamedTuple):
             opt = P * o if o_expert is None else P * o + n * expert_p * (o_expert - o)
             if stash:
                 weights += max(0.0, flight - 1) * P * param_bytes  # stashed weight versions
-            acts, grads = per_mb * flight + recv_act, P * g
+            acts, grads = per_mb * flight + recv_act + (output_acts if i == last else 0.0), P * g
             transient += recv_grad
             spare = reserve * (acts + transient + (grads if dynamic_grads else 0.0))
             stages.append(_new_tuple(StageMemory, (i, n, P, weights, grads, opt, acts, transient, overhead, flight,
@@ -601,7 +614,8 @@ class StageModel(NamedTuple):
         if i == 0:
             fixed += lc.embedding_params * per_state + lc.embedding_act_bytes * flight * grow
         if i == self.pp - 1:
-            fixed += (lc.output_params + lc.final_norm_params) * per_state + lc.output_act_bytes * flight * grow
+            fixed += ((lc.output_params + lc.final_norm_params) * per_state
+                      + lc.output_act_bytes * self.output_in_flight() * grow)
         elif self.knobs.keeps_stage_output:
             fixed += lc.act_full_bytes * flight * grow
         return StageLinear(

@@ -152,6 +152,24 @@ def test_torch_pipelining_receive_buffers_by_hand(schedule, v, p, m, acts, grads
         assert b.transient_bytes - a.transient_bytes == pytest.approx(grads[i] * layer_input, rel=1e-12)
 
 
+@pytest.mark.parametrize("schedule, v, held", [("1f1b", 1, 1), ("interleaved_1f1b", 2, 1), ("zero_bubble", 1, 1),
+                                               ("gpipe", 1, 8)])
+def test_the_output_layer_holds_the_global_last_stages_micro_batches(schedule, v, held):
+    """The final norm, logits and loss live in the global last stage, which runs each micro-batch's backward right
+    after its forward under the 1F1B family (one held) and holds all m under GPipe; under interleaving the last
+    rank's whole-stage count ((v - 1) p + 1) / v = 2.5 here, which multiplied them before, is its chunks' average."""
+    model = gpt_shape(num_layers=48, hidden_size=4096, num_attention_heads=32, num_kv_heads=32, ffn_hidden_size=16384)
+    layout = Layout(dp=2, tp=4, pp=4, zero_stage=1, micro_batch_size=2, num_micro_batches=8, recompute="full",
+                    sequence_parallel=True, schedule=schedule, virtual_stages=v)
+    sm = stage_model(model, BF16, _hw(), layout, Knobs())
+    assert sm.output_in_flight() == held
+    last = sm.memory(3)
+    layers = sm.activations_per_micro_batch()[3] * last.in_flight_micro_batches
+    assert last.activations_bytes == pytest.approx(layers + held * sm.lc.output_act_bytes, rel=1e-12)
+    if schedule == "interleaved_1f1b":
+        assert last.in_flight_micro_batches == 2.5
+
+
 def test_estimate_reports_the_stage_model():
     model = gpt_shape(num_layers=10, hidden_size=2048, num_attention_heads=16, num_kv_heads=16, ffn_hidden_size=8192)
     layout = Layout(dp=32, tp=1, pp=4, zero_stage=1, num_micro_batches=16)
