@@ -297,12 +297,18 @@ def refine_split(problem: Problem, cand: Candidate) -> Candidate | None:
     return None
 
 
+def ilp_refinable(layout: LayoutSpec) -> bool:
+    """Whether the ILP can refine a layout: a pipeline whose stages it can split and recompute per stage (not
+    interleaved: a virtual stage's layers are not the ILP's variables), with recomputation to trade."""
+    return layout.pp >= 2 and layout.schedule != "interleaved_1f1b" and layout.recompute != "none"
+
+
 def refine_ilp(problem: Problem, cand: Candidate, opts: PlanOptions, stats: SearchStats) -> Candidate | None:
     """Joint per-stage layer counts and full-recompute counts (see planner/refine/ilp.py)."""
     from planner.refine.ilp import solve_stage_recompute
 
     layout = cand.layout
-    if layout.pp < 2 or layout.schedule == "interleaved_1f1b" or layout.recompute == "none":
+    if not ilp_refinable(layout):
         return None
     base_policy = Recompute.SELECTIVE if layout.recompute == Recompute.FULL else Recompute.NONE
     coeffs = _stage_coefficients(problem, layout, base_policy)
@@ -433,7 +439,7 @@ def plan(problem: Problem, opts: PlanOptions | None = None) -> PlanResult:
         seen = set()
         for cand in fitting:
             k = (cand.layout.tp, cand.layout.pp, cand.layout.dp, cand.layout.zero_stage, cand.layout.micro_batch_size)
-            if cand.layout.recompute == "none" or cand.layout.pp < 2 or k in seen:
+            if not ilp_refinable(cand.layout) or k in seen:  # a layout it cannot refine takes no ILP slot
                 continue
             seen.add(k)
             better = refine_ilp(problem, cand, opts, stats)

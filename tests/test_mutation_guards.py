@@ -1602,7 +1602,10 @@ def test_naive_schedule_holds_every_micro_batch_on_every_stage():
     s = stage_model(p.cm_model, p.cm_training, p.hardware,
                     Layout(dp=4, tp=1, pp=2, num_micro_batches=4, schedule="naive"), Knobs())
     assert s.in_flights() == [4.0, 4.0] and s.in_flight(1) == 4.0
-    assert [m.activations_bytes for m in s.memories()] == [a * 4.0 for a in s.activations_per_micro_batch()]
+    # the output layer on the last stage holds every micro-batch too (StageModel.output_in_flight)
+    assert s.output_in_flight() == 4.0
+    assert [m.activations_bytes for m in s.memories()] == [
+        a * 4.0 + (4.0 * s.lc.output_act_bytes if i == 1 else 0.0) for i, a in enumerate(s.activations_per_micro_batch())]
     assert [m.in_flight_micro_batches for m in s.memories()] == [4.0, 4.0]
 
 
