@@ -145,15 +145,32 @@ FP32_LOGITS_BYTES_PER_LOGIT = 4.0
 / t); the Knobs default of loss_bytes_per_logit."""
 
 
+def loss_saved_bytes_per_logit(loss_bytes_per_logit: float) -> float:
+    """Of the loss's peak bytes per logit, those kept from its forward to its backward: 4, Megatron's fp32 logits
+    and torch's fp32 log-softmax output alike (at most the peak); the rest lives only during the loss's own
+    backward (torch's fp32 incoming and input gradients, 8), once per stage, not per micro-batch in flight."""
+    return min(loss_bytes_per_logit, FP32_LOGITS_BYTES_PER_LOGIT)
+
+
 def output_activation_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, vocab_size: int, tp: int,
                             sequence_parallel: bool, activation_bytes: int = 2,
                             loss_bytes_per_logit: float = FP32_LOGITS_BYTES_PER_LOGIT) -> float:
     """Last stage, per micro-batch: final-norm input and output-projection input (2 s b h each, the first
-    sharded by SP) and what the loss holds per logit, `loss_bytes_per_logit` s b V / t: 4, the fp32 logits
-    Megatron's cross-entropy keeps (Korthikanti §4.3); TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT for torch's."""
+    sharded by SP) and what the loss keeps per logit until its backward (loss_saved_bytes_per_logit) s b V / t:
+    4, the fp32 logits Megatron's cross-entropy keeps (Korthikanti §4.3), or torch's fp32 log-softmax output."""
     s, b, h = seq_length, micro_batch_size, hidden_size
     norm_in = activation_bytes * s * b * h / (tp if sequence_parallel else 1)
-    return norm_in + activation_bytes * s * b * h + loss_bytes_per_logit * s * b * vocab_size / tp
+    kept = loss_saved_bytes_per_logit(loss_bytes_per_logit)
+    return norm_in + activation_bytes * s * b * h + kept * s * b * vocab_size / tp
+
+
+def loss_backward_transient_bytes(*, seq_length: int, micro_batch_size: int, vocab_size: int, tp: int,
+                                  loss_bytes_per_logit: float = FP32_LOGITS_BYTES_PER_LOGIT) -> float:
+    """Last stage: what the loss holds beyond its saved bytes while its backward runs, one micro-batch's
+    (loss_bytes_per_logit - loss_saved_bytes_per_logit) s b V / t: 0 for Megatron's, 8 B per logit for torch's
+    cross-entropy on fp32-cast logits (TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT)."""
+    extra = loss_bytes_per_logit - loss_saved_bytes_per_logit(loss_bytes_per_logit)
+    return extra * seq_length * micro_batch_size * vocab_size / tp
 
 
 FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT = 4.0

@@ -46,6 +46,7 @@ from cost_models.memory import (
     attention_score_traffic_bytes,
     embedding_activation_bytes,
     in_flight_per_stage,
+    loss_backward_transient_bytes,
     output_activation_bytes,
     sp_gathered_input_bytes,
     vocab_padded,
@@ -200,6 +201,7 @@ class LayerCosts(NamedTuple):
     act_none_bytes: float  # the same without recompute (a recomputed layer, materialised in backward)
     embedding_act_bytes: float
     output_act_bytes: float
+    loss_transient_bytes: float  # the loss's backward beyond its saved bytes, once (memory.loss_backward_transient_bytes)
     layer_params: float  # parameters of one layer on one GPU (TP-sharded; norms replicated)
     embedding_params: float
     output_params: float
@@ -307,6 +309,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         output_act_bytes=output_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
                                                  sequence_parallel=sp, activation_bytes=act_b,
                                                  loss_bytes_per_logit=knobs.loss_bytes_per_logit),
+        loss_transient_bytes=loss_backward_transient_bytes(seq_length=s_l, micro_batch_size=b, vocab_size=V, tp=t,
+                                                           loss_bytes_per_logit=knobs.loss_bytes_per_logit),
         layer_params=ext.layer_params,
         embedding_params=V * h / t + pc.position_embedding,
         output_params=V * h / t if (not model.tied_embeddings or layout.pp > 1) else 0.0,
@@ -532,11 +536,12 @@ class StageModel(NamedTuple):
 
     def transient_bytes(self, params: Sequence[float]) -> list[float]:
         """Buffers alive only for part of the step, per stage (`params`: params(i) of every stage): gradient
-        buckets, the layer being recomputed, ZeRO-3's gathered unit, the offload bucket."""
+        buckets, the layer being recomputed, ZeRO-3's gathered unit, the offload bucket, the loss's backward."""
         lay, tr, lc = self.layout, self.training, self.lc
         base = self.knobs.bucket_bytes + lc.extras.transient_bytes
         recomputing = base + lc.act_none_bytes  # the layer being recomputed is materialised whole during backward
         out = [recomputing if r > 0 else base for r in self.full_layers]
+        out[-1] += lc.loss_transient_bytes  # the loss's backward, on the last stage
         if lay.zero_stage >= 3 or lay.offload == _OFFLOAD_PARAMS:
             # the gathered unit (and the prefetched next one) plus its unsharded gradient before reduce-scatter
             module = self.knobs.zero3_gather == _GATHER_MODULE
@@ -615,7 +620,7 @@ class StageModel(NamedTuple):
             fixed += lc.embedding_params * per_state + lc.embedding_act_bytes * flight * grow
         if i == self.pp - 1:
             fixed += ((lc.output_params + lc.final_norm_params) * per_state
-                      + lc.output_act_bytes * self.output_in_flight() * grow)
+                      + (lc.output_act_bytes * self.output_in_flight() + lc.loss_transient_bytes) * grow)
         elif self.knobs.keeps_stage_output:
             fixed += lc.act_full_bytes * flight * grow
         return StageLinear(

@@ -78,7 +78,7 @@ DEEPSPEED_PIPE = Knobs(keeps_stage_output=True, dynamic_grads=True, bucket_bytes
 TORCH_PIPELINING = Knobs(pp_receive_buffers=True)
 
 
-@pytest.mark.parametrize("knobs", [Knobs(), DEEPSPEED_PIPE, TORCH_PIPELINING])
+@pytest.mark.parametrize("knobs", [Knobs(), DEEPSPEED_PIPE, TORCH_PIPELINING, Knobs(loss_bytes_per_logit=12.0)])
 @pytest.mark.parametrize("zero, recompute, full", [(0, "none", None), (1, "selective", (0, 3, 12, 1)),
                                                    (1, "full", None), (0, "selective", (2, 2, 2, 2))])
 def test_evaluated_stages_equal_the_linear_form_the_ilp_uses(zero, recompute, full, knobs):
@@ -168,6 +168,28 @@ def test_the_output_layer_holds_the_global_last_stages_micro_batches(schedule, v
     assert last.activations_bytes == pytest.approx(layers + held * sm.lc.output_act_bytes, rel=1e-12)
     if schedule == "interleaved_1f1b":
         assert last.in_flight_micro_batches == 2.5
+
+
+@pytest.mark.parametrize("schedule, held", [("1f1b", 1), ("gpipe", 8)])
+def test_torch_cross_entropy_keeps_4_bytes_per_logit_and_holds_8_more_at_its_backward(schedule, held):
+    """torch's F.cross_entropy on fp32-cast logits (TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, 12): its fp32
+    log-softmax output (4 B per logit) is kept for every micro-batch the output layer holds; the fp32 incoming and
+    input gradients (8) live only during one loss backward, a buffer of the last stage. Megatron's 4 are all kept."""
+    from cost_models.memory import TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT
+
+    model = gpt_shape(num_layers=8, hidden_size=1024, num_attention_heads=8, num_kv_heads=8, ffn_hidden_size=4096,
+                      vocab_size=32000)
+    layout = Layout(dp=1, tp=2, pp=2, micro_batch_size=2, num_micro_batches=8, recompute="full",
+                    sequence_parallel=True, schedule=schedule)
+    megatron, torch_ce = (stage_model(model, BF16, _hw(), layout, Knobs(loss_bytes_per_logit=b))
+                          for b in (4.0, TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT))
+    logits = 2048 * 2 * 32000 / 2  # s b V / t on one GPU
+    a, b = megatron.memory(1), torch_ce.memory(1)
+    assert megatron.lc.loss_transient_bytes == 0.0
+    assert b.activations_bytes == pytest.approx(a.activations_bytes, rel=1e-12)  # 4 B kept per held micro-batch
+    assert b.transient_bytes - a.transient_bytes == pytest.approx(8 * logits, rel=1e-12)  # once, not x held
+    assert megatron.output_in_flight() == held
+    assert torch_ce.memory(0) == megatron.memory(0)  # the first stage has no loss
 
 
 def test_estimate_reports_the_stage_model():
