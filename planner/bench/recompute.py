@@ -4,7 +4,8 @@
 - selective, Megatron's meaning (megatron, nemo, deepspeed, megatron-deepspeed, generic): the attention core
   (Q K^T, softmax, dropout, P V, or the fused SDPA kernel) is recomputed; every linear keeps its input
   (Korthikanti et al. 2022 §4; cost_models/memory.py).
-- selective, torchtitan's meaning (its profile states `selective_op_sac`): per-op selective activation
+- selective, torchtitan's meaning (where cost_models.op_sac.in_effect: its profile states `selective_op_sac` and
+  the block is a dense one with SDPA attention, the blocks op_sac models): per-op selective activation
   checkpointing (frameworks.md §1.5), through torch's own create_selective_checkpoint_contexts. Each block is one
   region; the policy must-saves the outputs of SDPA and of reduce-scatters, and of every other matmul of the
   block's forward (the 1st, 3rd, 5th ...; a per-region counter), and recomputes the rest: the save set
@@ -41,9 +42,9 @@ REDUCE_SCATTER_OPS = frozenset({torch.ops._c10d_functional.reduce_scatter_tensor
 _meter: Any = None  # the SavedActivationMeter of the step being measured (metering)
 
 
-def selective_kind(selective_op_sac: bool) -> str:
-    """What 'selective' runs as: per-op SAC where the framework's profile states it, else Megatron's core."""
-    return PER_OP if selective_op_sac else CORE_ATTENTION
+def selective_kind(per_op_sac: bool) -> str:
+    """What 'selective' runs as: per-op SAC where it is in effect (`op_sac.in_effect`), else Megatron's core."""
+    return PER_OP if per_op_sac else CORE_ATTENTION
 
 
 @contextlib.contextmanager
