@@ -511,8 +511,6 @@ class StageModel(NamedTuple):
         micro-batching. Not the whole last stage's count, which under interleaving averages over its v chunks
         (((v - 1) p + 1) / v on the last rank), of which only the last holds the output layer."""
         lay = self.layout
-        if self.schedule == _NAIVE:
-            return float(lay.num_micro_batches)
         return in_flight_per_stage(schedule=self.schedule, pp=lay.pp, num_micro_batches=lay.num_micro_batches,
                                    stages=(lay.pp - 1,))[0]
 

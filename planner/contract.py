@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster_specs.schema import ClusterSpec
+from planner.bench import CORE_ATTENTION
 from planner.frameworks import Framework
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 
@@ -572,7 +573,7 @@ class BenchReport(_Strict):
                                                      "null on CPU).")
     framework: str = Field("generic", description="Whose recompute semantics the run and its prediction follow "
                                                   "(--framework, else the plan's framework, else generic).")
-    selective: str = Field("core_attention", description="What recompute 'selective' runs as: core_attention "
+    selective: str = Field(CORE_ATTENTION, description="What recompute 'selective' runs as: core_attention "
                                                          "(Megatron's attention-core recompute) or per_op "
                                                          "(torchtitan's per-op selective activation checkpointing).")
     comparison: BenchComparison

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from planner import errors  # noqa: E402
+from planner.bench import CORE_ATTENTION, PER_OP  # noqa: E402
 from planner.bench.runner import BenchConfig, launch_local, max_param_error, reference_params  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.torch]
@@ -58,6 +59,8 @@ LAYOUTS = [
     ("dp2 x tp2, tied embeddings, FSDP2", TIED, dict(tp=2, pp=1, dp=2, zero_stage=3, micro_batch_size=1,
                                                     num_micro_batches=2)),
 ]
+SELECTIVE = {"dp2 x tp2 + SP, per-op SAC": PER_OP}  # the layouts whose 'selective' is torchtitan's (others: Megatron's)
+assert set(SELECTIVE) <= {t for t, _, _ in LAYOUTS}  # a renamed layout must not fall back to Megatron's silently
 ADAMW = [
     ("AdamW dp2 x tp2 + SP, ZeRO-1", LLAMA, dict(tp=2, pp=1, dp=2, zero_stage=1, micro_batch_size=1,
                                                  num_micro_batches=2, sequence_parallel=True)),
@@ -71,7 +74,7 @@ ADAMW = [
 def test_layout_matches_single_process(title, shape, layout):
     cfg = BenchConfig(shape=shape, seq_length=16, layout=layout, steps=2, warmup=1, collect_params=True,
                       timeout_seconds=60, measure_collectives=True, optimizer="sgd",
-                      selective="per_op" if "per-op SAC" in title else "core_attention")
+                      selective=SELECTIVE.get(title, CORE_ATTENTION))
     reports = launch_local(cfg, 4)
     params = {}
     for r in reports:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial
+from torch.utils.checkpoint import checkpoint
 
 from cost_models.inputs import Transformer
 
@@ -100,8 +101,6 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, d).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, d).transpose(1, 2)
         if self.recompute_core:  # Megatron's selective recompute: the core runs again in backward
-            from torch.utils.checkpoint import checkpoint
-
             o = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
             o = self.core(q, k, v)

@@ -28,9 +28,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-CORE_ATTENTION = "core_attention"
-PER_OP = "per_op"
-SELECTIVE_KINDS = (CORE_ATTENTION, PER_OP)
+from planner.bench import CORE_ATTENTION, PER_OP, SELECTIVE_KINDS
 
 _aten = torch.ops.aten
 MATMUL_OPS = frozenset({_aten.mm.default, _aten.addmm.default})

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cost_models.communication import all_reduce_seconds, group_link, p2p_seconds, pp_neighbour_link
+from planner.bench import CORE_ATTENTION, PER_OP
 from planner.bench.runner import BenchConfig, launch_local, worker
 from planner.contract import BenchReport
 from planner.estimate import Problem
@@ -85,7 +86,7 @@ def bench_problem(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster
 
 def make_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, *, steps: int, warmup: int, dtype: str,
                 timeout_seconds: float, collect_params: bool = False, fail_rank: int | None = None,
-                optimizer: str = "adamw", selective: str = "core_attention") -> BenchConfig:
+                optimizer: str = "adamw", selective: str = CORE_ATTENTION) -> BenchConfig:
     from dataclasses import asdict
 
     shape = asdict(model.to_cost_model(seq_length=seq_length))
@@ -195,19 +196,17 @@ def report_document(problem: Problem, layout: LayoutSpec, cfg: BenchConfig, repo
     per_rank = [{k: v for k, v in r.items() if k != "params"} for r in reports]
     comparison = compare(problem, layout, reports)
     if layout.recompute == "selective":
-        from planner.frameworks.profiles import profile_for
-
-        why = (f"what {framework} means by it" if profile_for(framework).selective_op_sac is None else
-               f"{framework}'s per-op SAC is modelled for dense blocks with SDPA attention only")
+        why = (f"{framework}'s per-op SAC is modelled for dense blocks with SDPA attention only"
+               if problem.knobs.selective_op_sac else f"what {framework} means by it")
         comparison["notes"].append(_SELECTIVE_NOTES[cfg.selective].format(framework=framework, why=why))
     return BenchReport.from_run(problem=problem, layout=layout, cfg=cfg, comparison=comparison, ranks=per_rank,
                                 framework=framework)
 
 
 _SELECTIVE_NOTES = {
-    "core_attention": "recompute 'selective' ran as Megatron's selective recompute: the attention core recomputed "
+    CORE_ATTENTION: "recompute 'selective' ran as Megatron's selective recompute: the attention core recomputed "
                       "(Q K^T, softmax, dropout, P V or the fused kernel), every linear's input kept ({why})",
-    "per_op": "recompute 'selective' ran as {framework} means it: per-op selective activation checkpointing (torch's "
+    PER_OP: "recompute 'selective' ran as {framework} means it: per-op selective activation checkpointing (torch's "
               "create_selective_checkpoint_contexts), each block keeping its input, every 2nd matmul's output and "
               "the attention output, and recomputing the rest",
 }
@@ -367,14 +366,12 @@ def bench_document(opts: BenchOptions, *, plan_file: Path | None, cluster: str |
     from planner.frameworks.profiles import profile_for
 
     check_bench_options(opts, top, plan_file)
-    if opts.framework is not None:
-        profile_for(opts.framework)  # refuses a name that is no framework (field, value, allowed)
     need_torch()
     plan_doc, md, cl, lay, seq = bench_target(plan_file=plan_file, cluster=cluster, model=model, layout=layout,
                                               nodes=nodes, seq_len=seq_len, dp=opts.dp,
                                               micro_batches=opts.micro_batches)
     framework = opts.framework or (plan_doc or {}).get("framework") or "generic"
-    profile_for(framework)  # a plan file's framework is checked as a --framework would be
+    profile_for(framework)  # refuses a name that is no framework, given or in the plan (field, value, allowed)
     opts = replace(opts, framework=framework)
     cl, knobs_kw = calibrated(cl, calibration)
     if top > 1 and plan_doc is not None:
