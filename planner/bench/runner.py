@@ -4,7 +4,9 @@ Each rank builds its share of a GPT/Llama model (planner.bench.model) with deter
 the layout with PyTorch's own APIs, in torchtitan's order (TP -> activation checkpointing -> FSDP):
 
 - a DeviceMesh (pp, dp, tp), TP innermost, as Megatron-LM and torchtitan order ranks;
-- tensor and sequence parallelism with parallelize_module (column/row/sequence styles);
+- tensor and sequence parallelism with parallelize_module (column/row/sequence styles); the embedding and the
+  loss vocabulary-parallel, as Megatron and torchtitan run them: each rank looks up and scores its rows of the
+  vocabulary (vocab_parallel_embedding; torch's loss_parallel on the sharded logits);
 - pipeline stages built by hand as PipelineStage, run by the plan's schedule (GPipe, 1F1B, interleaved 1F1B,
   zero-bubble as ZBV); `scale_grads=False`, so every layout optimises the same objective: the sum over
   micro-batches of the mean token cross-entropy, averaged over data-parallel ranks;
@@ -39,6 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from cost_models.inputs import Transformer
 from planner.bench.model import Block, _norm
@@ -105,6 +108,7 @@ class StageModule(nn.Module):
         self.first, self.last = first, last
         self.tied = shape.tied_embeddings
         self.sp_mesh = None  # set by apply_tp when learned positions must be added before sequence sharding
+        self.embed_placement: Any = None  # set by apply_tp: the vocabulary-parallel embedding's output layout
         self.tie()
 
     def tie(self) -> None:
@@ -115,7 +119,10 @@ class StageModule(nn.Module):
     def forward(self, x):
         if self.first:
             tokens = x
-            x = self.embed(tokens)
+            if self.embed_placement is None:
+                x = self.embed(tokens)
+            else:
+                x = vocab_parallel_embedding(tokens, self.embed.weight, self.embed_placement)
             if hasattr(self, "pos"):
                 x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
                 if self.sp_mesh is not None:  # Megatron's scatter to the sequence-parallel region, after the positions
@@ -164,8 +171,38 @@ def num_global_stages(schedule: str, pp: int, v: int) -> int:
 # ---- parallelism ---------------------------------------------------------------------------------------------
 
 
+def vocab_parallel_embedding(tokens: torch.Tensor, weight: DTensor, placement) -> torch.Tensor:
+    """Megatron's VocabParallelEmbedding on a weight sharded by rows (Shard(0)) over the TP mesh: each rank looks up
+    the ids that fall in its rows (the others read zeros) and the partial sums are reduced to `placement`
+    (Replicate: an all-reduce; Shard(1): a reduce-scatter into sequence shards), so the weight's gradient stays this
+    rank's rows. torch's RowwiseParallel on an nn.Embedding returns that gradient replicated, the whole vocabulary on
+    every rank (torch 2.13), which no TP framework keeps: the bench measured TP gradients 1 - 1/t of the embedding
+    above the model."""
+    from torch.distributed.tensor import Partial
+
+    mesh, local = weight.device_mesh, weight.to_local()  # the gradient comes back with the weight's placements
+    rows_per_rank = -(-weight.shape[0] // mesh.size())  # Shard(0) splits as torch.chunk does
+    ids = tokens - mesh.get_local_rank() * rows_per_rank
+    outside = (ids < 0) | (ids >= local.shape[0])
+    out = F.embedding(ids.masked_fill(outside, 0), local).masked_fill(outside.unsqueeze(-1), 0.0)
+    return DTensor.from_local(out, mesh, [Partial()], run_check=False).redistribute(mesh, [placement]).to_local()
+
+
+def vocab_parallel_loss(tp_mesh, vocab_size: int):
+    """The token cross-entropy on this rank's vocabulary shard of the logits (b, s, V / t), as torchtitan runs it
+    (loss_parallel): log-softmax and the target's logit reduced over the TP ranks, 4 B per local logit saved (the
+    model's count, s b V / t). Its forward and backward must run inside `loss_parallel()` (worker's train step)."""
+    from torch.distributed.tensor import Shard
+
+    def loss_fn(logits, target):
+        whole = DTensor.from_local(logits, tp_mesh, [Shard(-1)], run_check=False)
+        return F.cross_entropy(whole.reshape(-1, vocab_size).float(), target.reshape(-1))
+
+    return loss_fn
+
+
 def apply_tp(module: StageModule, tp_mesh, *, sequence_parallel: bool) -> None:
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -179,18 +216,19 @@ def apply_tp(module: StageModule, tp_mesh, *, sequence_parallel: bool) -> None:
     if module.first:
         # with learned positions the embedding's output stays whole until the positions are added (forward)
         positions = hasattr(module, "pos")
-        top["embed"] = RowwiseParallel(input_layouts=Replicate(),
-                                       output_layouts=Shard(1) if sequence_parallel and not positions else Replicate())
+        module.embed.weight = nn.Parameter(distribute_tensor(module.embed.weight.data, tp_mesh, [Shard(0)]))
+        module.embed_placement = Shard(1) if sequence_parallel and not positions else Replicate()
         if sequence_parallel and positions:
             module.sp_mesh = tp_mesh
     if module.last:
         if sequence_parallel:
             top["norm"] = SequenceParallel()
+        # logits stay sharded by vocabulary for the loss (vocab_parallel_loss)
         top["output"] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
-                                        output_layouts=Replicate())
+                                        output_layouts=Shard(-1))
     if top:
         parallelize_module(module, tp_mesh, top)
-        module.tie()
+    module.tie()
     for layer in module.layers.values():
         block = cast(Block, layer)  # TP comes before recomputation wraps a layer (torchtitan's order)
         plan = {
@@ -274,7 +312,8 @@ def storage_key(t) -> tuple[int, int] | None:
 
 class SavedActivationMeter:
     """Peak bytes of tensors kept alive for backward (de-duplicated by storage), on CPU: autograd's saved tensors
-    and what per-op SAC regions hold in their caches (`track_cache`; planner.bench.recompute).
+    and what per-op SAC regions hold in their caches (`track_cache`; planner.bench.recompute). A saved tensor counts
+    while its storage lives, which may outlast the tensor autograd saved (a view of a pipeline receive buffer).
 
     A weight (or its transposed view) that a linear saves is parameter memory, not an activation: parameters
     are told by their storage (`exclude` holds the parameters' `storage_key` ids) and, for the unsharded
@@ -282,7 +321,7 @@ class SavedActivationMeter:
 
     def __init__(self, exclude: set[int]):
         self.exclude = exclude
-        self.live: dict[int, tuple[int, weakref.ref]] = {}
+        self.live: dict[int, tuple[int, StorageWeakRef]] = {}
         self.caches: list[weakref.ref] = []  # the SAC regions' replay modes (their caches) of the measured step
         self.peak = 0
 
@@ -294,12 +333,10 @@ class SavedActivationMeter:
 
     def pack(self, t):
         found = self._counted(t)
-        if found is not None and found[0] not in self.live:
-            try:
-                ref = weakref.ref(t)
-            except TypeError:
-                return t
-            self.live[found[0]] = (found[1], ref)
+        if found is not None and (found[0] not in self.live or self.live[found[0]][1].expired()):
+            # alive while its storage is, not the tensor object autograd saved: a layer under SP saves a view of
+            # its input, which dies with the backward, while the storage (a pipeline receive buffer) stays
+            self.live[found[0]] = (found[1], StorageWeakRef(_local(t).untyped_storage()))
             self.observe()
         return t
 
@@ -308,7 +345,7 @@ class SavedActivationMeter:
 
     def observe(self) -> None:
         """Update the peak with what is alive now: saved tensors still referenced, and the SAC caches' contents."""
-        self.live = {k: v for k, v in self.live.items() if v[1]() is not None}
+        self.live = {k: v for k, v in self.live.items() if not v[1].expired()}
         cached = {}
         for ref in self.caches:
             mode = ref()
@@ -506,6 +543,11 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
     def loss_fn(logits, target):
         return F.cross_entropy(logits.reshape(-1, V).float(), target.reshape(-1))
 
+    loss_ctx: Any = _null
+    if lay["tp"] > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        loss_fn, loss_ctx = vocab_parallel_loss(mesh["tp"], V), loss_parallel
     sched = make_schedule(cfg, plan, modules, mesh, device, loss_fn)
     meter = SavedActivationMeter({k[0] for p in params if (k := storage_key(p)) is not None})
     measured: dict = {}
@@ -515,7 +557,7 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
             os._exit(3)  # tests: a rank that dies
         x, y = training_batch(cfg, step, dp_rank, device)
         ctx = torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack) if measure else _null()
-        with ctx, metering(meter if measure else None):
+        with ctx, metering(meter if measure else None), loss_ctx():
             if sched is not None:
                 run_schedule(sched, plan, x, y)
             else:
