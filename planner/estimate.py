@@ -155,5 +155,19 @@ def assumptions_json(problem: Problem, layout: LayoutSpec, est: StepEstimate) ->
 
     found = ranked_assumptions(step_with, problem.knobs, problem.knobs.profile, est.step_seconds,
                                gpu_generation=cluster_generation(problem.cluster))
-    return [{"statement": a.statement, "source": a.source, "step_time_seconds_if_not": a.step_seconds_if_wrong}
-            for a in found]
+    out = [{"statement": a.statement, "source": a.source, "step_time_seconds_if_not": a.step_seconds_if_wrong}
+           for a in found]
+    return out + _schedule_assumption(problem, layout)
+
+
+def _schedule_assumption(problem: Problem, layout: LayoutSpec) -> list[dict]:
+    """A schedule the framework runs differently from the one predicted (Capabilities.unpredicted_schedules), as an
+    assumption whose alternative is the same layout under 1F1B."""
+    from planner.frameworks.capabilities import capabilities
+
+    why = capabilities(problem.knobs.profile).unpredicted_schedules.get(layout.schedule) if layout.pp > 1 else None
+    if why is None:
+        return []
+    plain = layout.model_copy(update={"schedule": "1f1b", "virtual_stages": 1})
+    return [{"statement": why, "source": "frameworks.md §1.4; docs/benchmark.md (zero bubble)",
+             "step_time_seconds_if_not": problem.estimate(plain).step_seconds}]

@@ -49,6 +49,34 @@ def test_upstream_megatron_and_deepspeed_never_get_zero_bubble():
         assert all(c.layout.schedule != "zero_bubble" for c in result.ranked)
 
 
+def test_torchtitan_gets_zero_bubble_only_when_asked():
+    # torchtitan runs zero bubble with two stages per rank (ZBV / InterleavedZeroBubble), which the model does not
+    # predict (it predicts ZB-H1, capabilities.TORCHTITAN_ZERO_BUBBLE): before, `plan --framework torchtitan`
+    # picked zero_bubble for this 405B (tp 8, pp 16) and exported ZBVZeroBubble
+    from planner.estimate import assumptions_json, build_problem
+
+    caps = capabilities("torchtitan")
+    assert "zero_bubble" in caps.schedules and "zero_bubble" in caps.unpredicted_schedules
+    problem, result = _plan("torchtitan", cluster="dgx-h100", nodes=64, model="llama3-405b", batch=512, seq=8192)
+    assert all(c.layout.schedule != "zero_bubble" for c in [result.pick, *result.ranked])
+    _, asked = _plan("torchtitan", cluster="dgx-h100", nodes=64, model="llama3-405b", batch=512, seq=8192,
+                     schedules="1f1b,zero_bubble")
+    zb = [c for c in [asked.pick, *asked.ranked] if c.layout.schedule == "zero_bubble"]
+    assert zb  # asked for, it is searched
+    # and its prediction under the torchtitan profile says what it assumes, with the 1F1B step time as the
+    # alternative; the generic profile (no framework) predicts ZB-H1 as what runs
+    titan = build_problem("dgx-h100", 64, "llama3-405b", 512, 8192, framework="torchtitan")
+    lay = zb[0].layout
+    found = [a for a in assumptions_json(titan, lay, titan.estimate(lay))
+             if a["statement"] == caps.unpredicted_schedules["zero_bubble"]]
+    plain = lay.model_copy(update={"schedule": "1f1b", "virtual_stages": 1})
+    assert found and found[0]["step_time_seconds_if_not"] == pytest.approx(titan.estimate(plain).step_seconds)
+    assert not [a for a in assumptions_json(problem, lay, problem.estimate(lay))
+                if a["statement"] == caps.unpredicted_schedules["zero_bubble"]]
+    # Megatron-DeepSpeed's --enable-zbh1-pipeline is ZB-H1: searched, and no such assumption
+    assert "zero_bubble" not in capabilities("megatron-deepspeed").unpredicted_schedules
+
+
 def test_deepspeed_autotp_has_no_sequence_parallelism_and_no_tp_with_pipelining():
     _, result = _plan("deepspeed", cluster="dgx-h100", nodes=16, model="llama3-70b", batch=256, seq=8192)
     for c in result.ranked:

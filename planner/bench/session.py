@@ -25,8 +25,7 @@ def scale_model(model: ModelSpec, layout: LayoutSpec, *, layers_per_stage: int |
                 vocab_size: int | None) -> ModelSpec:
     """The model the benchmark trains: the plan's, optionally scaled down (layers, width, vocabulary)."""
     upd: dict = {}
-    chunks = layout.pp * (layout.virtual_stages if layout.schedule == "interleaved_1f1b" else
-                          2 if layout.schedule == "zero_bubble" and layout.pp > 1 else 1)
+    chunks = layout.pp * (layout.virtual_stages if layout.schedule == "interleaved_1f1b" else 1)
     if layers_per_stage:
         upd["num_layers"] = layers_per_stage * chunks
     if hidden_size:
@@ -48,7 +47,7 @@ def scale_model(model: ModelSpec, layout: LayoutSpec, *, layers_per_stage: int |
 def bench_layout(layout: LayoutSpec, model: ModelSpec) -> LayoutSpec:
     """The layout with its stage split written out: the split the estimate uses (cost_models.stage.stage_split), so
     the benchmark builds the very stages whose memory it compares."""
-    if layout.pp > 1 and layout.layers_per_stage is None and layout.schedule not in ("interleaved_1f1b", "zero_bubble"):
+    if layout.pp > 1 and layout.layers_per_stage is None and layout.schedule != "interleaved_1f1b":
         from cost_models.stage import stage_split
 
         return layout.model_copy(update={"layers_per_stage": list(stage_split(model.num_layers, layout.pp))})
@@ -178,8 +177,10 @@ def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
         notes.append("pipedream_async: torch.distributed.pipelining has no asynchronous PipeDream schedule; the "
                      "benchmark runs synchronous 1F1B (same memory per micro-batch, a flush every step)")
     if layout.schedule == "zero_bubble" and layout.pp > 1:
-        notes.append("zero_bubble runs as torch's ZBVZeroBubble (two stages per rank in a V), the predicted time is "
-                     "ZB-H1's")
+        notes.append("zero_bubble runs as ZB-H1, the schedule predicted: torch's InterleavedZeroBubble (ZB1P) with "
+                     "one stage per rank; torch keeps every micro-batch's loss until the step ends, which with the "
+                     "backward split into input and weight passes keeps the last stage's graph alive, so the last "
+                     "stage measures more than ZB-H1's memory (Megatron-DeepSpeed's ZB-H1 frees it)")
     if reports[0]["device"] == "cpu":
         notes.append("on CPU, step times include Python, DTensor and gloo overheads that a GPU run hides: predict on a "
                      "calibration of the same ranks (`planner calibrate --nproc N`), whose layer probes carry them")

@@ -41,6 +41,9 @@ class Capabilities:
     # FP8 scaling recipes it runs (cost_models/fp8.py names) and the one it uses when none is asked for
     fp8_recipes: tuple[str, ...] = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")
     default_fp8_recipe: str = "tensorwise"
+    # schedules it runs that the cost model predicts as another one (why): `plan` does not search them unless asked
+    # (--schedules / --fix schedule=), and estimate, check and a plan's pick state the difference as an assumption
+    unpredicted_schedules: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
     def refusal(self, f: dict) -> str | None:
@@ -162,6 +165,15 @@ NEMO = Capabilities(
              "fp8": "frameworks.md §4.6: Bridge mixed_precision recipes fp8 delayed / current (tensorwise) / "
                     "subchannel (blockwise) / mxfp8; MixedPrecisionConfig.fp8_recipe defaults to tensorwise"})
 
+TORCHTITAN_ZERO_BUBBLE = (
+    "zero_bubble is predicted as ZB-H1 (one stage per rank, 1F1B's memory); torchtitan has no ZB-H1: its zero-bubble "
+    "schedules hold two or more stages per rank (ZBVZeroBubble, InterleavedZeroBubble; frameworks.md §1.4), and "
+    "torch 2.13's schedules keep every micro-batch's loss until the step ends, which with the backward split into "
+    "input and weight passes keeps the last stage's graph alive (the CPU bench: the last stage holds about two "
+    "thirds of each micro-batch's activations after its weight pass), so its memory per rank is above the "
+    "prediction")
+"""Why `plan --framework torchtitan` does not search zero_bubble unless asked (Capabilities.unpredicted_schedules)."""
+
 TORCHTITAN = Capabilities(
     Framework.TORCHTITAN, schedules=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), zero_stages=(0, 2, 3),
     zero_stages_with_pp=(0, 1), offload=("none", "optimizer+params"), recompute=("none", "selective", "full"),
@@ -169,6 +181,7 @@ TORCHTITAN = Capabilities(
     vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
                "embedding and output",
     precisions=("bf16", "fp32", "fp8"), fp8_recipes=("rowwise", "tensorwise"), default_fp8_recipe="rowwise",
+    unpredicted_schedules={"zero_bubble": TORCHTITAN_ZERO_BUBBLE},
     sources={
         "schedules": "frameworks.md §1.4: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
                      "ZBVZeroBubble (zero_bubble exports as ZBVZeroBubble: two stages per rank in a V)",

@@ -31,8 +31,12 @@ class Restriction:
         for key, value in self.fixed.items():
             if key in g and g[key] != value:
                 return None
-        if self.schedules is not None and g.get("pp", 1) > 1 and g.get("schedule", "1f1b") not in self.schedules:
+        schedule = g.get("schedule", "1f1b")
+        if self.schedules is not None and g.get("pp", 1) > 1 and schedule not in self.schedules:
             return None
+        asked = (self.schedules is not None and schedule in self.schedules) or self.fixed.get("schedule") == schedule
+        if g.get("pp", 1) > 1 and schedule in self.caps.unpredicted_schedules and not asked:
+            return None  # the framework runs it, the model predicts another schedule: searched only when asked
         if self.caps.refusal(g) or self.caps.vocab_problem(self.vocab_size, g.get("tp", 1)):
             return None
         return g
