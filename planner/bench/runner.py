@@ -186,6 +186,20 @@ def vocab_parallel_embedding(tokens: torch.Tensor, weight: DTensor, placement) -
     return DTensor.from_local(out, mesh, [Partial()], run_check=False).redistribute(mesh, [placement]).to_local()
 
 
+def make_loss(tp: int, mesh, vocab_size: int) -> tuple[Any, Any]:
+    """(the token cross-entropy on fp32-cast logits, the context every step's forward and backward run in): torch's
+    F.cross_entropy, vocabulary-parallel under loss_parallel with TP."""
+    if tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return vocab_parallel_loss(mesh["tp"], vocab_size), loss_parallel
+
+    def loss_fn(logits, target):
+        return F.cross_entropy(logits.reshape(-1, vocab_size).float(), target.reshape(-1))
+
+    return loss_fn, _null
+
+
 def vocab_parallel_loss(tp_mesh, vocab_size: int):
     """The token cross-entropy on this rank's vocabulary shard of the logits (b, s, V / t), as torchtitan runs it
     (loss_parallel): log-softmax and the target's logit reduced over the TP ranks, 4 B per local logit saved (the
@@ -540,14 +554,7 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
     opt = build_optimizer(cfg, params, dp_group)
     mbs, m_count, V = lay["micro_batch_size"], lay["num_micro_batches"], cfg.transformer().vocab_size
 
-    def loss_fn(logits, target):
-        return F.cross_entropy(logits.reshape(-1, V).float(), target.reshape(-1))
-
-    loss_ctx: Any = _null
-    if lay["tp"] > 1:
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        loss_fn, loss_ctx = vocab_parallel_loss(mesh["tp"], V), loss_parallel
+    loss_fn, loss_ctx = make_loss(lay["tp"], mesh, V)
     sched = make_schedule(cfg, plan, modules, mesh, device, loss_fn)
     meter = SavedActivationMeter({k[0] for p in params if (k := storage_key(p)) is not None})
     measured: dict = {}
