@@ -51,8 +51,8 @@ class Band:
 
 def gpu_generation(gpu_name: str) -> str:
     low = gpu_name.lower()
-    for key, gen in (("v100", "volta"), ("a100", "ampere"), ("a10", "ampere"), ("rtx", "ada"), ("l40", "ada"),
-                     ("h100", "hopper"), ("h200", "hopper"), ("b200", "blackwell")):
+    for key, gen in (("v100", "volta"), ("a100", "ampere"), ("a800", "ampere"), ("a10", "ampere"), ("rtx", "ada"),
+                     ("l40", "ada"), ("h100", "hopper"), ("h200", "hopper"), ("h800", "hopper"), ("b200", "blackwell")):
         if key in low:
             return gen
     return "other"

@@ -123,23 +123,47 @@ def _num(x):
     return x if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
+PCIE_SERVERS = {
+    "H100-PCIe": {"kind": "pcie", "gb_per_s": 50.0, "efficiency": 0.8, "latency_us": 10.0},  # Gen5 x16 ~63/dir [S]
+    "A100-PCIe-80GB": {"kind": "pcie", "gb_per_s": 25.0, "efficiency": 0.8, "latency_us": 10.0},  # Gen4 x16 [S]
+}
+"""A PCIe card's server: the GPUs talk over PCIe through the host (NVLink bridges join pairs only), the efficiency
+as the L40S preset's [U]; the network between nodes stays the DGX preset's unless the row names another."""
+
+
+_A800_LINK = {"kind": "nvlink", "gb_per_s": 200.0, "efficiency": 0.767, "latency_us": 5.0}  # DGX A100's busbw share
+GPU_TEXT_RULES: tuple[tuple[tuple[str, ...], tuple[str, dict] | str], ...] = (
+    (("tpu",), "TPU run, not GPU data"),
+    # Grace superchips before h200 / b200, which their names contain
+    (("gh200",), "GPU {gpu!r}: a Grace superchip (NVLink-C2C host link, NVL domains beyond a node) is not in the catalog"),
+    (("gb200",), "GPU {gpu!r}: a Grace superchip (NVLink-C2C host link, NVL domains beyond a node) is not in the catalog"),
+    (("h200", "nvl"), "GPU {gpu!r}: H200 NVL (a PCIe card on NVLink bridges) is not in the catalog"),
+    (("h200",), ("dgx-h200", {})),
+    (("b200",), ("dgx-b200", {})),
+    (("h800",), ("hgx-h800", {})),  # the export part: H100 silicon, NVLink cut to 400 GB/s
+    (("a800",), ("dgx-a100-80gb", {"gpu": "A800-SXM4-80GB", "intra_node": _A800_LINK})),
+    (("h100", "nvl"), "GPU {gpu!r}: H100 NVL (a PCIe pair on NVLink bridges) is not in the catalog"),
+    (("h100", "pcie"), ("dgx-h100", {"gpu": "H100-PCIe", "intra_node": PCIE_SERVERS["H100-PCIe"]})),
+    (("h100", "95gb"), ("dgx-h100", {"gpu": {"memory_gib": 95e9 / GIB}})),
+    (("h100",), ("dgx-h100", {})),
+    (("a100", "pcie", "40gb"), "GPU {gpu!r}: the 40 GB A100 PCIe card is not in the catalog"),
+    (("a100", "pcie"), ("dgx-a100-80gb", {"gpu": "A100-PCIe-80GB", "intra_node": PCIE_SERVERS["A100-PCIe-80GB"]})),
+    (("a100", "40gb"), ("dgx-a100-40gb", {})),
+    (("a100",), ("dgx-a100-80gb", {})),
+    (("v100",), ("dgx2", {})),
+)
+"""A row's GPU text (lower-cased) -> (the cluster preset, the spec fields it overrides: `gpu`, a catalog name or
+fields merged into the preset's GPU; `intra_node`), or why it cannot run. The first rule whose words all occur
+wins."""
+
+
 def _catalog_base(gpu: str) -> tuple[str, dict] | str:
-    """The cluster preset a row's GPU text runs on and the GPU fields it overrides, or why it cannot run."""
+    """The cluster preset a row's GPU text runs on and the spec fields it overrides, or why it cannot run
+    (GPU_TEXT_RULES)."""
     low = gpu.lower()
-    if "tpu" in low:
-        return "TPU run, not GPU data"
-    if "gh200" in low or "gb200" in low:  # before h200 / b200, which these names contain
-        return f"GPU {gpu!r}: a Grace superchip (NVLink-C2C host link, NVL domains beyond a node) is not in the catalog"
-    if "h200" in low and "nvl" not in low:  # H200 NVL is a PCIe card with NVLink bridges, not the SXM part
-        return "dgx-h200", {}
-    if "b200" in low:
-        return "dgx-b200", {}
-    if "h100" in low:
-        return "dgx-h100", ({"memory_gib": 95e9 / GIB} if "95gb" in low else {})
-    if "a100" in low:
-        return ("dgx-a100-40gb" if "40gb" in low else "dgx-a100-80gb"), {}
-    if "v100" in low:
-        return "dgx2", {}
+    for words, result in GPU_TEXT_RULES:
+        if all(w in low for w in words):
+            return result.format(gpu=gpu) if isinstance(result, str) else result
     return f"GPU {gpu!r} not in the catalog"
 
 
@@ -171,10 +195,14 @@ def _gpu_and_cluster(row) -> tuple[str, dict] | str:
         elif "1600 gbps" in inter:
             spec["inter_node"] = {"kind": "roce", "nics_per_node": 8, "nic_gbit_per_s": 200.0, "efficiency": 0.9,
                                   "latency_us": 10.0}
-    if over:
+    if isinstance(over.get("gpu"), dict):  # fields of the preset's GPU (a memory size)
         from cluster_specs import load_gpu
 
-        spec["gpu"] = {**load_gpu(spec["gpu"]).model_dump(mode="json"), **over}
+        spec["gpu"] = {**load_gpu(spec["gpu"]).model_dump(mode="json"), **over["gpu"]}
+    elif "gpu" in over:
+        spec["gpu"] = over["gpu"]
+    if "intra_node" in over:
+        spec["intra_node"] = dict(over["intra_node"])
     spec["gpus_per_node"] = min(gpn, n) if n < gpn else gpn
     spec["num_nodes"] = max(1, n // spec["gpus_per_node"])
     if spec["num_nodes"] * spec["gpus_per_node"] != n:

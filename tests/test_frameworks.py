@@ -159,15 +159,26 @@ def test_a_rows_framework_text_names_its_family(text, family):
 @pytest.mark.parametrize("gpu, base", [
     ("H100 80GB", "dgx-h100"), ("H200 141GB SXM", "dgx-h200"), ("B200 (DGX B200)", "dgx-b200"),
     ("A100 40GB", "dgx-a100-40gb"), ("GB200 NVL72", None), ("GH200 96GB", None), ("H200 NVL", None),
-    ("MI300X", None),
+    ("MI300X", None), ("H800 SXM", "hgx-h800"), ("A800 80GB", "dgx-a100-80gb"), ("H100 PCIe", "dgx-h100"),
+    ("A100 80GB PCIe", "dgx-a100-80gb"), ("H100 NVL", None), ("A100 40GB PCIe", None),
 ])
 def test_a_rows_gpu_text_names_its_cluster(gpu, base):
-    """validation._gpu_and_cluster: H200 and B200 rows run on the DGX presets; Grace superchips, H200 NVL and GPUs
-    outside the catalog are skipped with the reason."""
+    """validation._gpu_and_cluster: H200, B200 and H800 rows run on their presets, A800 and the PCIe cards on a DGX
+    preset with their own GPU and link (before, 'H100 PCIe' ran as the SXM part on NVSwitch and H800/A800 rows were
+    skipped); Grace superchips, the NVL cards and GPUs outside the catalog are skipped with the reason."""
     from planner.validation import _gpu_and_cluster
 
     got = _gpu_and_cluster({"gpu_type": gpu, "total_gpus": 16, "gpus_per_node": 8})
     if base is None:
         assert isinstance(got, str) and gpu in got
-    else:
-        assert got[0] == base and got[1]["num_nodes"] == 2
+        return
+    assert got[0] == base and got[1]["num_nodes"] == 2
+    # the export parts keep their silicon and lose NVLink bandwidth; a PCIe card talks over PCIe, at its own peak
+    from cluster_specs import ClusterSpec
+
+    cluster = ClusterSpec.model_validate(got[1])
+    gpu_spec, intra = cluster.gpu_spec(), cluster.intra_node
+    expected = {"H800 SXM": ("H800", "nvlink", 200.0), "A800 80GB": ("A800-SXM4-80GB", "nvlink", 200.0),
+                "H100 PCIe": ("H100-PCIe", "pcie", 50.0), "A100 80GB PCIe": ("A100-PCIe-80GB", "pcie", 25.0)}
+    if gpu in expected:
+        assert (gpu_spec.name, intra.kind, intra.gb_per_s) == expected[gpu]
