@@ -12,6 +12,7 @@ and its FLOP convention allows (`recompute_choices`), and the report says so.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from dataclasses import dataclass, field, replace
@@ -443,10 +444,48 @@ def _whole_batch_per_replica(row: dict, fields: dict) -> int | None:
     return per_dp if per_dp and not rest else None
 
 
+ROW_COUNTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+              "seq_length", "global_batch_size", "total_gpus", "gpus_per_node", "tp", "pp", "dp", "vpp", "cp", "ep",
+              "micro_batch_size")
+ROW_MEASURES = ("tokens_per_sec_per_gpu", "tokens_per_sec_total", "tflops_per_gpu", "iteration_time_s",
+                "peak_memory_gb_per_gpu")
+ROW_TEXTS = ("id", "source", "record_type", "gpu_type", "interconnect", "framework", "precision", "model_name",
+             "model_family", "activation_recomputation", "tflops_definition")
+"""The fields of a published row the harness reads, by kind: whole counts >= 1, measurements > 0 (finite), text;
+each may be null (absent)."""
+
+
+def malformed_field(row: object) -> str | None:
+    """The first field of a row whose value is of the wrong kind, as 'field: value -> allowed' (None: well formed).
+    A runs file from elsewhere skips such a row with that reason instead of stopping the harness."""
+    if not isinstance(row, dict):
+        return f"row: {str(row)[:40]!r} -> a JSON object"
+    for key in ROW_COUNTS:
+        v = row.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+                              or v < 1 or v != int(v)):
+            return f"{key}: {v!r} -> a whole number >= 1, or null"
+    for key in ROW_MEASURES:
+        v = row.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0):
+            return f"{key}: {v!r} -> a number > 0, or null"
+    z = row.get("zero_stage")
+    if z is not None and (isinstance(z, bool) or z not in (0, 1, 2, 3)):
+        return f"zero_stage: {z!r} -> 0, 1, 2 or 3, or null"
+    for key in ROW_TEXTS:
+        v = row.get(key)
+        if v is not None and not isinstance(v, str):
+            return f"{key}: {v!r} -> text, or null"
+    sp = row.get("sequence_parallel")
+    if sp is not None and not isinstance(sp, bool):
+        return f"sequence_parallel: {sp!r} -> true, false or null"
+    return None
+
+
 def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     """A case, or the reason the row cannot be represented. memory_only: a row that printed its memory but no
     throughput becomes a case for the memory table (its step time is NaN and it joins no time statistic)."""
-    reason = _unrepresentable(row)
+    reason = malformed_field(row) or _unrepresentable(row)
     if reason is not None:
         return reason
     cl = _gpu_and_cluster(row)
@@ -673,8 +712,8 @@ def build_cases(rows: list[dict]) -> tuple[list[Case], list[tuple[str, str]]]:
     for row in rows:
         case = build_case(row)
         if isinstance(case, str):
-            if row.get("record_type") == "throughput_run":
-                skipped.append((row.get("id", "?"), case))
+            if not isinstance(row, dict) or row.get("record_type") == "throughput_run":
+                skipped.append((str(row.get("id", "?")) if isinstance(row, dict) else "?", case))
             continue
         cases.append(case)
     return cases, skipped
