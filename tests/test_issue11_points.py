@@ -67,6 +67,12 @@ def test_torchtitan_multi_stage_schedules_keep_their_virtual_stages(tmp_path, na
     assert out.layout.schedule == schedule and out.layout.pp == 4
     if schedule == "interleaved_1f1b":
         assert out.layout.virtual_stages == 2
+    if schedule == "zero_bubble":  # predicted as ZB-H1, which torchtitan cannot run: the check says so
+        from planner.estimate import assumptions_json
+        from planner.frameworks.capabilities import TORCHTITAN_ZERO_BUBBLE
+
+        assert out.problem.knobs.profile == "torchtitan"
+        assert any(a["statement"] == TORCHTITAN_ZERO_BUBBLE for a in assumptions_json(out.problem, out.layout, out.estimate))
 
 
 # ---- Megatron-LM / Megatron-DeepSpeed arguments (frameworks.md §2.3-2.7, §3.4) --------------------------------------
