@@ -142,9 +142,10 @@ with the number and the fix; one the framework itself refuses fails with the fra
 # issue #11's points -> the tests that prove them (tests/test_launch_doc.py checks that each named test exists)
 POINTS = [
     ("`--framework` restricts the pick (schedules, ZeRO/FSDP, SP, splits, recompute); `--fix`, `--schedules`; the plan "
-     "JSON records the framework; no zero-bubble for upstream Megatron-LM/DeepSpeed",
+     "JSON records the framework; no zero-bubble for upstream Megatron-LM/DeepSpeed, and for torchtitan (two stages "
+     "per rank, not the ZB-H1 predicted) only when asked, with the assumption stated",
      ["test_search_picks_only_what_the_framework_runs", "test_fix_pins_degrees_and_schedules_restrict",
-      "test_upstream_megatron_and_deepspeed_never_get_zero_bubble",
+      "test_upstream_megatron_and_deepspeed_never_get_zero_bubble", "test_torchtitan_gets_zero_bubble_only_when_asked",
       "test_plan_json_records_the_framework_and_estimate_refuses_what_it_cannot_run"]),
     ("vocabulary padding per framework (Megatron/NeMo/Megatron-DeepSpeed pad; torchtitan/DeepSpeed keep tp a divisor of the vocabulary)",
      ["test_vocab_rule_per_framework"]),
