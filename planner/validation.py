@@ -451,8 +451,8 @@ ROW_MEASURES = ("tokens_per_sec_per_gpu", "tokens_per_sec_total", "tflops_per_gp
                 "peak_memory_gb_per_gpu")
 ROW_TEXTS = ("id", "source", "record_type", "gpu_type", "interconnect", "framework", "precision", "model_name",
              "model_family", "activation_recomputation", "tflops_definition")
-"""The fields of a published row the harness reads, by kind: whole counts >= 1, measurements > 0 (finite), text;
-each may be null (absent)."""
+"""The fields of a published row the harness reads, by kind: whole counts, finite measurements, text; each may be
+null. A 0 reads as absent, as it always has (`row.get("vpp") or 1`; tables write 0 for a parallelism not used)."""
 
 
 def malformed_field(row: object) -> str | None:
@@ -463,12 +463,12 @@ def malformed_field(row: object) -> str | None:
     for key in ROW_COUNTS:
         v = row.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-                              or v < 1 or v != int(v)):
-            return f"{key}: {v!r} -> a whole number >= 1, or null"
+                              or v < 0 or v != int(v)):
+            return f"{key}: {v!r} -> a whole number >= 1 (0 or null: not given)"
     for key in ROW_MEASURES:
         v = row.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0):
-            return f"{key}: {v!r} -> a number > 0, or null"
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0):
+            return f"{key}: {v!r} -> a number > 0 (0 or null: not given)"
     z = row.get("zero_stage")
     if z is not None and (isinstance(z, bool) or z not in (0, 1, 2, 3)):
         return f"zero_stage: {z!r} -> 0, 1, 2 or 3, or null"

@@ -163,10 +163,12 @@ def test_skips_have_reasons():
 
 
 @pytest.mark.parametrize("field, value, reason", [
-    ("tp", "8", "tp: '8' -> a whole number >= 1, or null"), ("tp", 0, "tp: 0 -> a whole number >= 1, or null"),
-    ("pp", 1.5, "pp: 1.5 -> a whole number >= 1, or null"), ("ep", True, "ep: True -> a whole number >= 1, or null"),
-    ("seq_length", float("nan"), "seq_length: nan -> a whole number >= 1, or null"),
-    ("tflops_per_gpu", -3, "tflops_per_gpu: -3 -> a number > 0, or null"),
+    ("tp", "8", "tp: '8' -> a whole number >= 1 (0 or null: not given)"),
+    ("tp", -2, "tp: -2 -> a whole number >= 1 (0 or null: not given)"),
+    ("pp", 1.5, "pp: 1.5 -> a whole number >= 1 (0 or null: not given)"),
+    ("ep", True, "ep: True -> a whole number >= 1 (0 or null: not given)"),
+    ("seq_length", float("nan"), "seq_length: nan -> a whole number >= 1 (0 or null: not given)"),
+    ("tflops_per_gpu", -3, "tflops_per_gpu: -3 -> a number > 0 (0 or null: not given)"),
     ("zero_stage", 4, "zero_stage: 4 -> 0, 1, 2 or 3, or null"), ("gpu_type", 100, "gpu_type: 100 -> text, or null"),
     ("sequence_parallel", "yes", "sequence_parallel: 'yes' -> true, false or null"),
 ])
@@ -180,6 +182,9 @@ def test_a_malformed_row_is_skipped_with_its_field(field, value, reason):
     cases, skipped = build_cases([good, bad, "not a row"])
     assert [c.row_id for c in cases] == [good["id"]]
     assert skipped == [("bad", reason), ("?", "row: 'not a row' -> a JSON object")]
+    # a 0 for a parallelism not used reads as not given, as before the check (`row.get("vpp") or 1`)
+    zeros = dict(good, id="zeros", vpp=0, cp=0, ep=0)
+    assert [c.row_id for c in build_cases([zeros])[0]] == ["zeros"]
 
 
 def test_vtrain_second_set(report):
