@@ -71,7 +71,7 @@ launch-doc: $(VALSTAMP)
 	PYTHONPATH=. $(BIN)/python tests/launch_tables.py > docs/launch.md
 
 validate: $(STAMP)
-	$(BIN)/planner validate --runs ../shared/validation/published_runs.json -o docs/validation.md
+	$(BIN)/planner validate --runs ../shared/validation/published_runs.json -o docs/validation.md --write-tables
 
 bench: $(STAMP)
 	$(BIN)/python -m planner.speed_bench

@@ -169,26 +169,29 @@ def calibration_file(output: Path, *, nproc: int, **measure: Any) -> Any:
     return spec
 
 
-def validation_summary(runs: Path, *, with_planner: bool = True, write_tables: bool = False
+def validation_summary(runs: Path, *, with_planner: bool = True, report: bool = False, write_tables: bool = False
                        ) -> tuple[dict[str, Any], str, str]:
     """`planner validate`: the published runs held out by source, and vTrain's runs. Returns the summary document,
-    the markdown report and a one-line summary. With write_tables, the tables the planner reads are rewritten from
-    this run: the error bands (planner/data/error_bands.json) and the ranking band (ranking_band.json)."""
+    the markdown report (with `report`; else "") and a one-line summary. With write_tables (only when asked: a runs
+    file of one's own must not change what every later estimate's band reads), the tables the planner reads are
+    rewritten from this run: the error bands (planner/data/error_bands.json) and the ranking band
+    (ranking_band.json)."""
     from planner.decisions.ranking import table_from_results, write_table
     from planner.validation import load_rows, render_markdown, run_validation, summary, write_band_table
     from planner.validation_vtrain import run_vtrain
 
-    report = run_validation(load_rows(runs))
-    vt = run_vtrain(report.knobs)
+    result = run_validation(load_rows(runs))
+    vt = run_vtrain(result.knobs)
     markdown = ""
-    if write_tables:
+    if report:
         from planner.search import published_layout_ranks
 
-        section = published_layout_ranks(report) if with_planner else ""
-        markdown = render_markdown(report, runs_path=str(runs), planner_section=section, vtrain=vt)
-        write_band_table(report)
+        section = published_layout_ranks(result) if with_planner else ""
+        markdown = render_markdown(result, runs_path=str(runs), planner_section=section, vtrain=vt)
+    if write_tables:
+        write_band_table(result)
         write_table(table_from_results(vt.results))
-    s = summary(report)
+    s = summary(result)
     s["vtrain"] = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias,
                    "regret": vt.regret, "false_out_of_memory": vt.false_oom,
                    "pairs_ordered_as_measured": vt.pair_accuracy}

@@ -2934,7 +2934,7 @@ def test_ranking_error_groups_and_tables(monkeypatch, tmp_path):
     table = ranking.table_from_results(res)
     assert table == {**ranking.band_figures([[0.1, -0.1, 0.0], [0.2, 0.2]]), "coverage": 0.8,
                      "source": f"{vt.VTRAIN_SOURCE}, out of sample",
-                     "generated_by": "planner validate -o (make validate), or python -m planner.decisions.ranking"}
+                     "generated_by": "planner validate --write-tables (make validate), or python -m planner.decisions.ranking"}
     seen = []
     monkeypatch.setattr(bands, "load_table", lambda: {"fitted_knobs": "K"})
     monkeypatch.setattr(vt, "run_vtrain", lambda knobs: seen.append(knobs) or type("R", (), {"results": res})())

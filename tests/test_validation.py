@@ -187,6 +187,30 @@ def test_a_malformed_row_is_skipped_with_its_field(field, value, reason):
     assert [c.row_id for c in build_cases([zeros])[0]] == ["zeros"]
 
 
+def test_validating_ones_own_runs_leaves_the_shipped_bands_alone(tmp_path):
+    """`planner validate --runs THEIRS -o report.md` writes the report only: the error bands and the ranking band
+    every later estimate reads are rewritten only with --write-tables (make validate, on the published set). Before,
+    -o alone rewrote them, so validating a file of one's own (a held-out set, 300 mutated rows) silently replaced
+    the shipped bands with that file's."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    rows = [r for r in load_rows(VALIDATION) if not isinstance(build_case(r), str)][:3]
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps(rows + [dict(rows[0], id="bad", tp="8")]))
+    tables = [ROOT / "planner" / "data" / name for name in ("error_bands.json", "ranking_band.json")]
+    before = [t.read_bytes() for t in tables]
+    out = tmp_path / "report.md"
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "validate", "--runs", str(runs), "-o", str(out),
+                           "--no-with-planner"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert [t.read_bytes() for t in tables] == before
+    text = out.read_text()
+    assert "| bad | tp: '8' -> a whole number >= 1" in text  # the malformed row listed among the skips
+
+
 def test_vtrain_second_set(report):
     from planner.validation_vtrain import run_vtrain, vtrain_cases
 

@@ -100,11 +100,15 @@ def validate(
     runs: Annotated[Path, typer.Option("--runs", help="published_runs.json")] = Path("../shared/validation/published_runs.json"),
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the markdown report here.")] = None,
     with_planner: Annotated[bool, typer.Option(help="Also rank each published layout among the planner's.")] = True,
+    write_tables: Annotated[bool, typer.Option(
+        "--write-tables", help="Also rewrite the tables the planner ships from this run (planner/data/error_bands.json, "
+                               "ranking_band.json): `make validate` does, on the published set.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict every published run the models can represent and compare with what was measured."""
     from planner.requests import validation_summary
 
-    summary, markdown, line = validation_summary(runs, with_planner=with_planner, write_tables=output is not None)
+    summary, markdown, line = validation_summary(runs, with_planner=with_planner, report=output is not None,
+                                                 write_tables=write_tables)
     write_file(output, markdown)
     emit_json(summary) if as_json else stderr().print(line, highlight=False, markup=False)

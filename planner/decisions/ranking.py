@@ -22,7 +22,7 @@ knob that scales every prediction alike cancels in the ratio anyway.
   P(r > d) = P(|r| > d) / 2): nearly a coin flip. Only then is a simpler layout recommended over the pick;
   beyond it the pick stays the recommendation, so a simpler layout is never recommended at a real cost.
 
-`planner validate -o` (`make validate`) and `python -m planner.decisions.ranking` write planner/data/ranking_band.json from the data;
+`planner validate --write-tables` (`make validate`) and `python -m planner.decisions.ranking` write planner/data/ranking_band.json from the data;
 tests/test_decisions.py recomputes it and checks the shipped file is current.
 """
 
@@ -98,7 +98,7 @@ def table_from_results(vtrain_results: Iterable[Any]) -> dict[str, Any]:
 
     table = band_figures(error_groups(vtrain_results))
     table.update(coverage=BAND_COVERAGE, source=f"{VTRAIN_SOURCE}, out of sample",
-                 generated_by="planner validate -o (make validate), or python -m planner.decisions.ranking")
+                 generated_by="planner validate --write-tables (make validate), or python -m planner.decisions.ranking")
     return table
 
 
