@@ -132,17 +132,17 @@ PCIE_SERVERS = {
 as the L40S preset's [U]; the network between nodes stays the DGX preset's unless the row names another."""
 
 
-_A800_LINK = {"kind": "nvlink", "gb_per_s": 200.0, "efficiency": 0.767, "latency_us": 5.0}  # DGX A100's busbw share
+_GRACE = "GPU {gpu!r}: a Grace superchip (NVLink-C2C host link, NVL domains beyond a node) is not in the catalog"
 GPU_TEXT_RULES: tuple[tuple[tuple[str, ...], tuple[str, dict] | str], ...] = (
     (("tpu",), "TPU run, not GPU data"),
     # Grace superchips before h200 / b200, which their names contain
-    (("gh200",), "GPU {gpu!r}: a Grace superchip (NVLink-C2C host link, NVL domains beyond a node) is not in the catalog"),
-    (("gb200",), "GPU {gpu!r}: a Grace superchip (NVLink-C2C host link, NVL domains beyond a node) is not in the catalog"),
+    (("gh200",), _GRACE),
+    (("gb200",), _GRACE),
     (("h200", "nvl"), "GPU {gpu!r}: H200 NVL (a PCIe card on NVLink bridges) is not in the catalog"),
     (("h200",), ("dgx-h200", {})),
     (("b200",), ("dgx-b200", {})),
     (("h800",), ("hgx-h800", {})),  # the export part: H100 silicon, NVLink cut to 400 GB/s
-    (("a800",), ("dgx-a100-80gb", {"gpu": "A800-SXM4-80GB", "intra_node": _A800_LINK})),
+    (("a800",), ("dgx-a100-80gb", {"gpu": "A800-SXM4-80GB", "intra_node": {"gb_per_s": 200.0}})),  # NVLink cut
     (("h100", "nvl"), "GPU {gpu!r}: H100 NVL (a PCIe pair on NVLink bridges) is not in the catalog"),
     (("h100", "pcie"), ("dgx-h100", {"gpu": "H100-PCIe", "intra_node": PCIE_SERVERS["H100-PCIe"]})),
     (("h100", "95gb"), ("dgx-h100", {"gpu": {"memory_gib": 95e9 / GIB}})),
@@ -154,8 +154,8 @@ GPU_TEXT_RULES: tuple[tuple[tuple[str, ...], tuple[str, dict] | str], ...] = (
     (("v100",), ("dgx2", {})),
 )
 """A row's GPU text (lower-cased) -> (the cluster preset, the spec fields it overrides: `gpu`, a catalog name or
-fields merged into the preset's GPU; `intra_node`), or why it cannot run. The first rule whose words all occur
-wins."""
+fields merged into the preset's GPU; `intra_node`, fields merged into the preset's link), or why it cannot run.
+The first rule whose words all occur wins."""
 
 
 def _catalog_base(gpu: str) -> tuple[str, dict] | str:
@@ -203,7 +203,7 @@ def _gpu_and_cluster(row) -> tuple[str, dict] | str:
     elif "gpu" in over:
         spec["gpu"] = over["gpu"]
     if "intra_node" in over:
-        spec["intra_node"] = dict(over["intra_node"])
+        spec["intra_node"] = {**spec["intra_node"], **over["intra_node"]}
     spec["gpus_per_node"] = min(gpn, n) if n < gpn else gpn
     spec["num_nodes"] = max(1, n // spec["gpus_per_node"])
     if spec["num_nodes"] * spec["gpus_per_node"] != n:
@@ -460,15 +460,12 @@ def malformed_field(row: object) -> str | None:
     A runs file from elsewhere skips such a row with that reason instead of stopping the harness."""
     if not isinstance(row, dict):
         return f"row: {str(row)[:40]!r} -> a JSON object"
-    for key in ROW_COUNTS:
-        v = row.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
-                              or v < 0 or v != int(v)):
-            return f"{key}: {v!r} -> a whole number >= 1 (0 or null: not given)"
-    for key in ROW_MEASURES:
-        v = row.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0):
-            return f"{key}: {v!r} -> a number > 0 (0 or null: not given)"
+    for keys, whole, allowed in ((ROW_COUNTS, True, "a whole number >= 1"), (ROW_MEASURES, False, "a number > 0")):
+        for key in keys:
+            v = row.get(key)
+            x = _num(v)
+            if v is not None and (x is None or not math.isfinite(x) or x < 0 or (whole and x != int(x))):
+                return f"{key}: {v!r} -> {allowed} (0 or null: not given)"
     z = row.get("zero_stage")
     if z is not None and (isinstance(z, bool) or z not in (0, 1, 2, 3)):
         return f"zero_stage: {z!r} -> 0, 1, 2 or 3, or null"

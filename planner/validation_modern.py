@@ -136,7 +136,7 @@ MOE_RUNS = "moe_runs.json"
 
 def load_moe_runs(path=None) -> dict:
     """The MoE set (not in the shared validation set; the per-expert kernel cost is fitted on it): sources,
-    inline clusters and rows (planner/data/moe_runs.json by default)."""
+    and rows, each naming its cluster preset (planner/data/moe_runs.json by default)."""
     import json
     from importlib import resources
     from pathlib import Path
@@ -166,11 +166,11 @@ def _moe_layout_fields(row: dict, num_layers: int) -> dict:
 
 
 def moe_case(row: dict, runs: dict):
-    """A validation Case for one MoE row: the model preset (plus stated overrides), the cluster preset or
-    the file's inline cluster at the row's GPU count, Megatron-Core's profile knobs with the row's stated facts."""
+    """A validation Case for one MoE row: the model preset (plus stated overrides), the cluster preset at the row's
+    GPU count, Megatron-Core's profile knobs with the row's stated facts."""
     from dataclasses import replace
 
-    from cluster_specs import ClusterSpec, load_cluster
+    from cluster_specs import load_cluster
     from planner.bands import cluster_generation
     from planner.inputs.models import load_model
     from planner.inputs.specs import TrainingSpec
@@ -179,10 +179,7 @@ def moe_case(row: dict, runs: dict):
     model = load_model(row["model"])
     if row.get("model_overrides"):
         model = model.model_validate({**model.model_dump(), **row["model_overrides"]})
-    inline = runs.get("clusters", {}).get(row["cluster"])
-    nodes = max(1, row["gpus"] // 8)
-    cluster = (ClusterSpec.model_validate({**inline, "num_nodes": nodes}) if inline is not None
-               else load_cluster(row["cluster"], nodes=nodes))
+    cluster = load_cluster(row["cluster"], nodes=max(1, row["gpus"] // 8))
     training = TrainingSpec(global_batch_size=row["global_batch_size"], seq_length=row["seq_length"],
                             precision=row["precision"], fp8_recipe=row.get("fp8_recipe", "tensorwise"),
                             fp8_param_gather=row["precision"] == "fp8" and row["source"] == "mb-archive")

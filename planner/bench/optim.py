@@ -22,8 +22,8 @@ def _local(t):
 
 def local_grad(p):
     """This rank's gradient of p, laid out as p's own local shard. (Under TP a DTensor gradient can come back with
-    another placement than its parameter, as torch's RowwiseParallel embedding's came back Replicate: it is
-    redistributed, in place on p.grad, to the parameter's placement first.)"""
+    another placement than its parameter, e.g. a norm weight's as Partial over sequence shards (planner.bench.model
+    RMSNorm): it is redistributed, in place on p.grad, to the parameter's placement first.)"""
     g = p.grad
     if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
         g = g.redistribute(p.device_mesh, p.placements)

@@ -188,29 +188,20 @@ def vocab_parallel_embedding(tokens: torch.Tensor, weight: DTensor, placement) -
 
 def make_loss(tp: int, mesh, vocab_size: int) -> tuple[Any, Any]:
     """(the token cross-entropy on fp32-cast logits, the context every step's forward and backward run in): torch's
-    F.cross_entropy, vocabulary-parallel under loss_parallel with TP."""
-    if tp > 1:
-        from torch.distributed.tensor.parallel import loss_parallel
+    F.cross_entropy, as torchtitan takes it. With TP the logits are this rank's vocabulary shard (b, s, V / t) and
+    the loss runs under loss_parallel: log-softmax and the target's logit reduced over the TP ranks, 4 B per local
+    logit saved (the model's count, s b V / t)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import loss_parallel
 
-        return vocab_parallel_loss(mesh["tp"], vocab_size), loss_parallel
+    tp_mesh = mesh["tp"] if tp > 1 else None
 
     def loss_fn(logits, target):
+        if tp_mesh is not None:
+            logits = DTensor.from_local(logits, tp_mesh, [Shard(-1)], run_check=False)
         return F.cross_entropy(logits.reshape(-1, vocab_size).float(), target.reshape(-1))
 
-    return loss_fn, _null
-
-
-def vocab_parallel_loss(tp_mesh, vocab_size: int):
-    """The token cross-entropy on this rank's vocabulary shard of the logits (b, s, V / t), as torchtitan runs it
-    (loss_parallel): log-softmax and the target's logit reduced over the TP ranks, 4 B per local logit saved (the
-    model's count, s b V / t). Its forward and backward must run inside `loss_parallel()` (worker's train step)."""
-    from torch.distributed.tensor import Shard
-
-    def loss_fn(logits, target):
-        whole = DTensor.from_local(logits, tp_mesh, [Shard(-1)], run_check=False)
-        return F.cross_entropy(whole.reshape(-1, vocab_size).float(), target.reshape(-1))
-
-    return loss_fn
+    return loss_fn, (loss_parallel if tp_mesh is not None else _null)
 
 
 def apply_tp(module: StageModule, tp_mesh, *, sequence_parallel: bool) -> None:
@@ -235,7 +226,7 @@ def apply_tp(module: StageModule, tp_mesh, *, sequence_parallel: bool) -> None:
     if module.last:
         if sequence_parallel:
             top["norm"] = SequenceParallel()
-        # logits stay sharded by vocabulary for the loss (vocab_parallel_loss)
+        # logits stay sharded by vocabulary for the loss (make_loss)
         top["output"] = ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
                                         output_layouts=Shard(-1))
     if top:
@@ -822,6 +813,7 @@ def reference_params(cfg: BenchConfig) -> dict[str, list]:
     model = StageModule(shape, cfg.seq_length, list(range(shape.num_layers)), first=True, last=True, seed=cfg.seed).to(dtype)
     opt = make_optimizer(cfg.optimizer, list(model.parameters()), lr=cfg.learning_rate, eps=cfg.adam_eps)
     dp, m_count, mbs, V = lay["dp"], lay["num_micro_batches"], lay["micro_batch_size"], shape.vocab_size
+    loss_fn, _ = make_loss(1, None, V)
     for step in range(len(step_plan(cfg.warmup, cfg.steps))):
         g = torch.Generator().manual_seed(cfg.seed * 1000 + step)
         tokens = torch.randint(0, V, (dp * m_count * mbs, cfg.seq_length), generator=g)
@@ -830,7 +822,7 @@ def reference_params(cfg: BenchConfig) -> dict[str, list]:
             for i in range(m_count):
                 lo = (r * m_count + i) * mbs
                 logits = model(tokens[lo:lo + mbs])
-                loss = F.cross_entropy(logits.reshape(-1, V).float(), targets[lo:lo + mbs].reshape(-1)) / dp
+                loss = loss_fn(logits, targets[lo:lo + mbs]) / dp
                 loss.backward()
         opt.step()
         opt.zero_grad()
