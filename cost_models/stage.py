@@ -111,34 +111,72 @@ def gemm_share_of_peak(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> floa
     return hw.matmul_efficiency * x / (x + knobs.matmul_half_efficiency_gflop)
 
 
-def attention_core_gemm_equivalent_flops(model: Transformer, hw: Hardware, knobs: Knobs, *, core_flops: float,
-                                         seq_length: int, gemm_flops: float) -> float:
+def gemm_side_factor(dim: float, half_dim: float) -> float:
+    """d / (d + half_dim): the share of the size-saturated GEMM rate a GEMM whose smallest dimension is `dim`
+    reaches (1 with half_dim 0). Tensor-core GEMMs run in output tiles of up to 256 x 128 over a k loop: a small
+    dimension leaves tiles part-empty, few tiles per SM wave and a short k loop whose prologue and epilogue are not
+    amortised (NVIDIA, 'Matrix Multiplication Background User's Guide', 2023, §2.3 tile sizes, §3 tile and wave
+    quantization; Anthony et al. 2024, 'The Case for Co-Designing Model Architectures with Hardware',
+    arXiv:2401.14489: GEMM throughput keeps rising with the hidden size long after the FLOP count is large). The
+    form and its half_dim are a fit (planner/validation.py FITTED_GRID), not a measured cuBLAS curve."""
+    return dim / (dim + half_dim) if half_dim > 0 else 1.0
+
+
+def gemm_shape_factor(model: Transformer, *, tokens: float, tp: int, half_dim: float) -> float:
+    """gemm_side_factor over a layer's dense GEMMs, FLOP-weighted harmonically (so it scales their summed time):
+    QKV h x (q + 2 kv)/t, output projection q/t x h, FC1 h x f/t (2 f with SwiGLU), FC2 f/t x h, each at its
+    smallest dimension of tokens and its two weight sides on one of `tp` ranks (the backward's data- and
+    weight-gradient GEMMs have the same two weight sides and the tokens as their third). A MoE layer is scored on
+    its dense FFN width (the experts' grouped GEMMs carry their own slowdown, extensions.py)."""
+    if half_dim <= 0:
+        return 1.0
+    h, hd = model.hidden_size, model.head_dim
+    q, kv = model.num_attention_heads * hd, model.num_kv_heads * hd
+    f = model.ffn_hidden_size
+    sides = ((h, (q + 2 * kv) / tp), (q / tp, h), (h, f * (2 if model.swiglu else 1) / tp), (f / tp, h))
+    weights = [k * n for k, n in sides]
+    factors = [gemm_side_factor(min(tokens, k, n), half_dim) for k, n in sides]
+    return sum(weights) / sum(w / g for w, g in zip(weights, factors, strict=True))
+
+
+def attention_core_gemm_equivalent_flops(model: Transformer, knobs: Knobs, *, core_flops: float, seq_length: int,
+                                         gemm_share: float) -> float:
     """The attention core's forward FLOPs restated as the FLOPs the layer's GEMMs would run in the same time, so
-    `core / rate` is the core's time at the GEMM rate of a layer whose FC1 GEMM is `gemm_flops`.
+    `core / rate` is the core's time at the GEMM rate of a layer whose GEMMs reach `gemm_share` of peak before the
+    end-to-end factor (layer_gemm_share).
 
     The core is counted at the full s^2 score matrix (attention.core_attention_forward_flops). A fused causal kernel
     (flash attention) skips the masked blocks: it runs the causal share (s+1)/(2s) of those FLOPs
     (attention.window_context), at its own fraction of peak, `attention_kernel_efficiency`, where a framework
-    profile states it for the GPU (planner/frameworks/profiles.py), times the same end-to-end factor as the GEMMs.
-    Without a stated kernel (0), or with unfused attention (which computes the whole masked matrix), the core is
-    its full FLOPs at the GEMM rate: the convention of the fitted knobs, close to FlashAttention-2 on H100.
+    profile states it for the GPU (planner/frameworks/profiles.py), times the same end-to-end factor as the GEMMs
+    (and not the GEMMs' size or shape terms). Without a stated kernel (0), or with unfused attention (which computes
+    the whole masked matrix), the core is its full FLOPs at the GEMM rate: the convention of the fitted knobs, close
+    to FlashAttention-2 on H100.
     """
     kernel = knobs.attention_kernel_efficiency
     if kernel <= 0 or not model.flash_attention:
         return core_flops
     causal_share = window_context(seq_length, seq_length) / seq_length
-    return core_flops * causal_share * gemm_share_of_peak(hw, knobs, gemm_flops=gemm_flops) / kernel
+    return core_flops * causal_share * gemm_share / kernel
+
+
+def layer_gemm_share(model: Transformer, hw: Hardware, knobs: Knobs, *, tokens: int, tp: int) -> float:
+    """The share of peak a layer's GEMMs reach before the end-to-end factor: the MAMF fraction saturated on the FC1
+    GEMM per GPU (gemm_share_of_peak) x the layer's GEMM shapes (gemm_shape_factor)."""
+    size = gemm_share_of_peak(hw, knobs, gemm_flops=fc1_gemm_flops(model, tokens=tokens, tp=tp))
+    return size * gemm_shape_factor(model, tokens=tokens, tp=tp, half_dim=knobs.gemm_half_efficiency_dim)
 
 
 def _layer_time_flops(model: Transformer, hw: Hardware, knobs: Knobs, *, tokens: int, seq_length: int,
                       tp: int) -> tuple[float, float, float]:
-    """(GEMM FLOPs, the attention core as GEMM-rate FLOPs, the FC1 GEMM per GPU) of one layer's forward on
-    `tokens` tokens: what the layer's time is computed from (its FLOP counts stay compute.layer_forward_flops)."""
+    """(GEMM FLOPs, the attention core as GEMM-rate FLOPs, the GEMMs' share of peak before the end-to-end factor)
+    of one layer's forward on `tokens` tokens: what the layer's time is computed from (its FLOP counts stay
+    compute.layer_forward_flops)."""
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
-    fc1_gemm = fc1_gemm_flops(model, tokens=tokens, tp=tp)
-    core = attention_core_gemm_equivalent_flops(model, hw, knobs, core_flops=core, seq_length=seq_length,
-                                                gemm_flops=fc1_gemm)
-    return gemm, core, fc1_gemm
+    share = layer_gemm_share(model, hw, knobs, tokens=tokens, tp=tp)
+    core = attention_core_gemm_equivalent_flops(model, knobs, core_flops=core, seq_length=seq_length,
+                                                gemm_share=share)
+    return gemm, core, share
 
 
 def elementwise_forward_seconds(model: Transformer, hw: Hardware, knobs: Knobs, *, act_none_bytes: float,
@@ -272,8 +310,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     policy = _policy(layout.recompute)
     s_l = s // layout.cp  # tokens of each sequence on this rank (context parallelism)
     tokens, sp = b * s_l, layout.sequence_parallel
-    gemm, core, fc1_gemm = _layer_time_flops(model, hw, knobs, tokens=tokens, seq_length=s, tp=t)
-    eff = matmul_efficiency(hw, knobs, gemm_flops=fc1_gemm)
+    gemm, core, share = _layer_time_flops(model, hw, knobs, tokens=tokens, seq_length=s, tp=t)
+    eff = share * knobs.end_to_end_efficiency
     peak, rate = hw.peak_flops_per_second, hw.peak_flops_per_second * eff
     # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
     ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate,
@@ -298,7 +336,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         tp_expose=1 - knobs.tp_overlap_fraction,
         t_tp_backward_hidden=tp_backward_hidden_seconds(model, knobs, tokens=tokens, tp=t, all_reduce_seconds=t_ar,
                                                         rate_flops_per_second=rate),
-        t_logits_forward=logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm)),
+        t_logits_forward=logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm)
+                                        * gemm_side_factor(min(tokens, h, V / t), knobs.gemm_half_efficiency_dim)),
         gemm_flops_per_gpu=gemm / t,
         rate_flops_per_second=rate,
         act_policy_bytes=act_policy,

@@ -8,7 +8,7 @@ from cluster_specs import ClusterSpec, SpecError, load_cluster
 
 KNOB_NAMES = {"end_to_end_efficiency", "matmul_half_efficiency_gflop", "elementwise_traffic_factor",
               "per_process_overhead_bytes", "dp_overlap_fraction", "pp_overlap_fraction", "tp_overlap_fraction",
-              "tp_layer_overhead_seconds"}
+              "tp_layer_overhead_seconds", "gemm_half_efficiency_dim"}
 
 
 def calibration_knobs(cluster: ClusterSpec) -> dict:

@@ -363,7 +363,7 @@ def test_plan_sensitivity_cli():
     assert [o["perturbation"] for o in doc["sensitivity"]["scenarios"]][:3] == [
         "inter-node bandwidth x0.5", "inter-node bandwidth x2", "intra-node bandwidth x0.5"]
     sens = doc["sensitivity"]
-    assert sens["tie_tolerance"] == pytest.approx(0.198, abs=0.001)  # the shipped ranking band (vTrain pairs)
+    assert sens["tie_tolerance"] == pytest.approx(0.238, abs=0.001)  # the shipped ranking band (vTrain pairs)
     assert sens["short_list"] == [t["layout_text"] for t in sens["tied"][:5]]
     text = run(*args, "--no-schedule").stdout
     assert "Sensitivity" in text and "regret" in text
@@ -394,12 +394,12 @@ def test_shipped_ranking_band_is_vtrains_and_current():
     assert shipped.pairs == 1721
     assert shipped.tie_tolerance == pytest.approx(table["tie_tolerance"], rel=1e-9)
     assert shipped.recommend_within == pytest.approx(table["recommend_within"], rel=1e-9)
-    # the figures quoted in docs/decisions.md: 80% of pairs within 19.8%, 20% within 2.6% (20.3% / 2.6% at the
-    # shipped knobs before torchtitan's per-op SAC moved their fit, elementwise_traffic_factor 10 -> 8; 22.3% / 2.2%
+    # the figures quoted in docs/decisions.md: 80% of pairs within 23.8%, 20% within 2.2% (19.8% / 2.6% before the
+    # GEMM shape term, stage.py gemm_shape_factor: a widening; 20.3% / 2.6% at the shipped knobs before torchtitan's per-op SAC moved their fit, elementwise_traffic_factor 10 -> 8; 22.3% / 2.2%
     # before Megatron's async TP all-reduce was modelled, 21.9% / 2.1% before unfused attention's score tensors were
     # charged their own kernel traffic)
-    assert shipped.tie_tolerance == pytest.approx(0.198, abs=0.001)
-    assert shipped.recommend_within == pytest.approx(0.0257, abs=0.001)
+    assert shipped.tie_tolerance == pytest.approx(0.238, abs=0.001)
+    assert shipped.recommend_within == pytest.approx(0.0223, abs=0.001)
 
 
 def _ties(cluster, nodes, model, batch, seq):
@@ -428,8 +428,8 @@ def test_ampere_above_512_gpus_ties_on_the_ranking_band_not_the_wide_step_band()
 
 def test_1t_on_65536_h100_keeps_the_pick_when_simpler_layouts_cost_more_than_a_coin_flip():
     # issue 15: 1T over 65,536 H100 at batch 3,072. The simpler runners-up (ZeRO-0, or pp 128) are predicted
-    # 2.8-5.2% slower: beyond the 2.6% within which a slower-predicted layout was still faster in 40% of
-    # vTrain's pairs, so the pick stays the recommendation; they are still ties (within 19.8%), on the short list.
+    # 2.9-5.2% slower: beyond the 2.2% within which a slower-predicted layout was still faster in 40% of
+    # vTrain's pairs, so the pick stays the recommendation; they are still ties (within 23.8%), on the short list.
     result, tied, rec, band = _ties("dgx-h100", 8192, "megatron-1t", 3072, 2048)
     assert rec is result.pick
     slower = [c.step_seconds / result.pick.step_seconds - 1 for c in tied[1:5]]

@@ -2075,8 +2075,9 @@ def test_sensitivity_perturbations_change_exactly_their_input():
     assert s._matmul(p, 0.9).cluster.gpu_spec().matmul_efficiency == pytest.approx(0.803 * 0.9, rel=1e-12)
     assert s._matmul(p, 1.1).cluster.gpu_spec().matmul_efficiency == pytest.approx(0.803 * 1.1, rel=1e-12)
     assert s._matmul(p, 2.0).cluster.gpu_spec().matmul_efficiency == 1.0  # capped at 1
-    assert s._compute(p, 1.25).knobs.end_to_end_efficiency == pytest.approx(0.8 / 1.25, rel=1e-12)
-    assert s._compute(p, 0.5).knobs.end_to_end_efficiency == 1.0  # 1.6 capped at 1
+    e2e = p.knobs.end_to_end_efficiency
+    assert s._compute(p, 1.25).knobs.end_to_end_efficiency == pytest.approx(e2e / 1.25, rel=1e-12)
+    assert e2e / 0.5 > 1 and s._compute(p, 0.5).knobs.end_to_end_efficiency == 1.0  # capped at 1
     assert s._compute(p, 1.25).cluster is p.cluster
     assert s._one_node_fewer(p).cluster.num_nodes == 1 and s._one_node_fewer(_search_problem(nodes=1)) is None
     assert s._with(p).cluster is p.cluster and s._with(p).knobs is p.knobs
@@ -2090,7 +2091,7 @@ def test_sensitivity_perturbations_change_exactly_their_input():
     assert [m.cluster.inter_node.nic_gbit_per_s for m in made[:2]] == [200.0, 800.0]
     assert made[2].cluster.intra_node.gb_per_s == 225.0
     assert [m.cluster.gpu_spec().matmul_efficiency for m in made[3:5]] == pytest.approx([0.803 * 1.1, 0.803 * 0.9])
-    assert [m.knobs.end_to_end_efficiency for m in made[5:7]] == pytest.approx([0.8 / 1.3, 1.0])
+    assert [m.knobs.end_to_end_efficiency for m in made[5:7]] == pytest.approx([e2e / 1.3, 1.0])
     assert made[7].cluster.num_nodes == 1
 
 

@@ -1344,21 +1344,28 @@ def test_layer_costs_parameters_of_the_embedding_and_output_layers():
 
 def test_layer_costs_times_by_their_formulas():
     """b = 1, s = 1024, tp 2: GEMM FLOPs per GPU = the layer's / t; efficiency from the FC1 GEMM 2·T·h·f/t
-    (stage.py matmul_efficiency: 0.8 x x/(x + 2) x 0.8, x in GFLOP); logits 2·T·h·V/t at their own size's
-    efficiency; the TP dispatch overhead a third (the forward's share) in the forward; TP exposed 1 - overlap;
-    flash attention's recompute: full = the layer's forward again + the QK^T once more, selective = the core."""
-    knobs = Knobs(tp_overlap_fraction=0.25, tp_layer_overhead_seconds=3e-3)
+    (stage.py gemm_share_of_peak: 0.8 x x/(x + 2), x in GFLOP) x the shape term x the end-to-end 0.8; the shape
+    term by hand (gemm_shape_factor, half dimension 192): QKV 512 x 768, projection 256 x 512, FC1 512 x 1024,
+    FC2 1024 x 512 per rank, smallest sides 512, 256, 512, 512 against T = 1024, so factors 8/11, 4/7, 8/11, 8/11
+    and, weighted harmonically by k·n, 1,572,864 / 2,211,840 = 32/45; logits 2·T·h·V/t at their own size's
+    efficiency x 8/11 (smallest of T, h, V/t = 512); the TP dispatch overhead a third (the forward's share) in the
+    forward; TP exposed 1 - overlap; flash attention's recompute: full = the layer's forward again + the QK^T once
+    more, selective = the core."""
+    knobs = Knobs(tp_overlap_fraction=0.25, tp_layer_overhead_seconds=3e-3, end_to_end_efficiency=0.8,
+                  gemm_half_efficiency_dim=192.0)
     flash = replace(SMALL, flash_attention=True)
     got = _costs(flash, knobs=knobs)
     gemm, core = layer_forward_flops(flash, tokens=1024, seq_length=1024)
     x = 2 * 1024 * 512 * 2048 / 2 / 1e9
-    eff = 0.8 * x / (x + 2.0) * 0.8
+    eff = 0.8 * x / (x + 2.0) * 32 / 45 * 0.8
     rate = 1e15 * eff
     assert got.gemm_flops_per_gpu == gemm / 2 and got.matmul_efficiency == pytest.approx(eff, rel=1e-12)
     assert got.rate_flops_per_second == pytest.approx(rate, rel=1e-12) and got.tp_expose == 0.75
     logits = 2 * 1024 * 512 * 1024 / 2
-    assert got.t_logits_forward == pytest.approx(logits / (1e15 * 0.8 * (logits / 1e9) / (logits / 1e9 + 2) * 0.8),
-                                                 rel=1e-12)
+    assert got.t_logits_forward == pytest.approx(
+        logits / (1e15 * 0.8 * (logits / 1e9) / (logits / 1e9 + 2) * 0.8 * 8 / 11), rel=1e-12)
+    unshaped = _costs(flash, knobs=replace(knobs, gemm_half_efficiency_dim=0.0))
+    assert unshaped.matmul_efficiency == pytest.approx(0.8 * x / (x + 2.0) * 0.8, rel=1e-12)
     no_dispatch = _costs(flash, knobs=replace(knobs, tp_layer_overhead_seconds=0.0))
     assert got.t_layer_forward - no_dispatch.t_layer_forward == pytest.approx(1e-3, rel=1e-9)
     one = layer_costs(flash, BF16, HW, Layout(dp=2, tp=1, pp=1), knobs)

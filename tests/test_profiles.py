@@ -246,17 +246,51 @@ def test_megatron_deepspeed_on_a100_runs_at_its_fitted_factor_and_says_so():
 def test_the_layer_rate_saturates_on_its_fc1_gemm_per_gpu():
     """The layer's GEMM rate is the MAMF fraction x x/(x + 2 GFLOP) x the end-to-end factor, x its FC1 GEMM per
     GPU: 2 T h f / tp. Llama 3 8B, 8192 tokens, tp 2 on H100: x = 2 x 8192 x 4096 x 14336 / 2 / 1e9 = 481 GFLOP;
-    at 256 tokens x = 15.0 GFLOP, where the size term matters (0.88)."""
+    at 256 tokens x = 15.0 GFLOP, where the size term matters (0.88). The shape term is off here (half dimension
+    0); the next test has it on."""
     from cluster_specs import load_cluster
     from cost_models.stage import layer_costs
 
     hw = load_cluster("dgx-h100", nodes=1).to_cost_model("bf16")
     for s in (8192, 256):
-        training = Training(global_batch_size=8, seq_length=s, activation_bytes=2, param_bytes=2, grad_bytes=4,
-                            optimizer_bytes=12, grad_reduce_bytes=4)
-        layout = Layout(dp=4, tp=2, pp=1, zero_stage=1, micro_batch_size=1, num_micro_batches=2,
-                        sequence_parallel=True)
-        lc = layer_costs(LLAMA3_8B, training, hw, layout, Knobs(end_to_end_efficiency=0.8))
+        lc = layer_costs(LLAMA3_8B, _training(s), hw, _TP2,
+                         Knobs(end_to_end_efficiency=0.8, gemm_half_efficiency_dim=0.0))
         x = 2 * s * 4096 * 14336 / 2 / 1e9
         assert lc.matmul_efficiency == pytest.approx(hw.matmul_efficiency * x / (x + 2.0) * 0.8, rel=1e-12)
         assert lc.rate_flops_per_second == pytest.approx(hw.peak_flops_per_second * lc.matmul_efficiency, rel=1e-12)
+
+
+_TP2 = Layout(dp=4, tp=2, pp=1, zero_stage=1, micro_batch_size=1, num_micro_batches=2, sequence_parallel=True)
+
+
+def _training(s):
+    return Training(global_batch_size=8, seq_length=s, activation_bytes=2, param_bytes=2, grad_bytes=4,
+                    optimizer_bytes=12, grad_reduce_bytes=4)
+
+
+def test_the_layer_rate_scales_with_its_gemms_smallest_sides():
+    """The shape term (stage.py gemm_shape_factor, half dimension 192) by hand, Llama 3 8B at tp 2: per rank QKV is
+    4096 x (4096 + 2 x 1024) / 2 = 4096 x 3072, the projection 2048 x 4096, FC1 4096 x 2 x 14336 / 2 = 4096 x 14336
+    (SwiGLU), FC2 7168 x 4096. At 8192 tokens their smallest sides are 3072, 2048, 4096, 4096, each d / (d + 192),
+    combined harmonically weighted by k x n (the summed GEMM time); at 256 tokens every GEMM's smallest side is the
+    tokens, 256 / 448 = 4/7. The flash kernel's time does not take the shape term (it is not these GEMMs)."""
+    from cluster_specs import load_cluster
+    from cost_models.stage import gemm_shape_factor, layer_costs
+
+    sides = ((4096, 3072), (2048, 4096), (4096, 14336), (7168, 4096))
+    weights = [k * n for k, n in sides]
+    by_hand = sum(weights) / sum(w * (m + 192) / m for w, m in zip(weights, (3072, 2048, 4096, 4096), strict=True))
+    assert gemm_shape_factor(LLAMA3_8B, tokens=8192, tp=2, half_dim=192.0) == pytest.approx(by_hand, rel=1e-12)
+    assert gemm_shape_factor(LLAMA3_8B, tokens=256, tp=2, half_dim=192.0) == pytest.approx(4 / 7, rel=1e-12)
+    assert gemm_shape_factor(LLAMA3_8B, tokens=256, tp=2, half_dim=0.0) == 1.0
+    hw = load_cluster("dgx-h100", nodes=1).to_cost_model("bf16")
+    for s, factor in ((8192, by_hand), (256, 4 / 7)):
+        on = layer_costs(LLAMA3_8B, _training(s), hw, _TP2, Knobs(end_to_end_efficiency=0.8))
+        off = layer_costs(LLAMA3_8B, _training(s), hw, _TP2,
+                          Knobs(end_to_end_efficiency=0.8, gemm_half_efficiency_dim=0.0))
+        assert on.matmul_efficiency == pytest.approx(off.matmul_efficiency * factor, rel=1e-12)
+    # with a stated flash kernel its time is the same whatever the GEMMs' shapes: only the GEMM part moves
+    kernel = Knobs(end_to_end_efficiency=0.8, attention_kernel_efficiency=0.5)
+    on = layer_costs(LLAMA3_8B, _training(8192), hw, _TP2, kernel)
+    off = layer_costs(LLAMA3_8B, _training(8192), hw, _TP2, replace(kernel, gemm_half_efficiency_dim=0.0))
+    assert on.t_recompute_policy == pytest.approx(off.t_recompute_policy, rel=1e-12)

@@ -79,7 +79,8 @@ def test_pipeline_summary_at_scale_agrees_with_the_estimate(doc):
     render_plan(out, doc)
     text = buf.getvalue()
     lay, t = doc.layout, doc.time_breakdown
-    assert lay.pp > 4 and lay.num_micro_batches > 4 * lay.pp  # a summary, not every stage
+    # a summary, not every stage (schedule_view: past 8 stages or 4 micro-batches a stage)
+    assert lay.pp > 4 and (lay.pp > 8 or lay.num_micro_batches > 4 * lay.pp)
     assert "(summary)" in text and f"stage {lay.pp - 1}" in text and f"stage {lay.pp // 2} " not in text
     share = t.pipeline_bubble_seconds / doc.predicted.step_time_seconds
     assert f"bubble {share:.1%} of the step" in text  # the estimate's share, the same as in the reason

@@ -188,7 +188,7 @@ class Profile:
 # per kernel, in GFLOP at the layer's GEMM rate, fitted on the MoE set (planner/data/moe_runs.json) over all
 # its rows; docs/validation-modern.md reports the rows leave-one-model-out (each model's rows with the value fitted on
 # the other models' rows). torchtitan runs all local experts in one torch._grouped_mm and keeps 0.
-MEGATRON_EXPERT_KERNEL_GFLOP = 52.0
+MEGATRON_EXPERT_KERNEL_GFLOP = 44.0
 _GROUPED_LINEAR = Sourced(MEGATRON_EXPERT_KERNEL_GFLOP, "per-expert GEMM/cast kernels of TE GroupedLinear (Megatron "
                           "MoE README, --moe-grouped-gemm) [fit: the MoE set, docs/validation-modern.md]")
 
@@ -246,7 +246,7 @@ _DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
     "(bf16_optimizer.py L141-210, frameworks.md §3.5)", 1e9, keeps_stage_output=True, dynamic_grads=True,
     zero0=(2, 4, 12))
 
-FSDP_HOPPER_KERNEL_EFFICIENCY = 0.775
+FSDP_HOPPER_KERNEL_EFFICIENCY = 0.925
 _FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
                 "README and torchtitan's performance page print lower MFU on H100 for the same models); the factor is "
                 "fitted leave-one-source-out with the global efficiency (docs/validation.md)")
