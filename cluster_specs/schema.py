@@ -88,6 +88,32 @@ class HostLink(_Frozen):
     latency_us: float = Field(default=10.0, ge=0)
 
 
+# The cost-model knobs a calibration file may set (planner/calibration.py applies these and no others), each with the
+# closed range its meaning allows (cost_models/inputs.py Knobs): a share of a rate or of traffic hidden is at most 1
+# and an efficiency above 0; sizes, byte counts, seconds and traffic factors are never negative.
+CALIBRATION_KNOB_RANGES: dict[str, tuple[float, float, str]] = {
+    "end_to_end_efficiency": (0.0, 1.0, "a number > 0 and <= 1"),
+    "matmul_half_efficiency_gflop": (0.0, float("inf"), "a number >= 0"),
+    "gemm_half_efficiency_dim": (0.0, float("inf"), "a number >= 0"),
+    "elementwise_traffic_factor": (0.0, float("inf"), "a number >= 0"),
+    "per_process_overhead_bytes": (0.0, float("inf"), "a number >= 0"),
+    "dp_overlap_fraction": (0.0, 1.0, "a number from 0 to 1"),
+    "pp_overlap_fraction": (0.0, 1.0, "a number from 0 to 1"),
+    "tp_overlap_fraction": (0.0, 1.0, "a number from 0 to 1"),
+    "tp_layer_overhead_seconds": (0.0, float("inf"), "a number >= 0"),
+}
+
+
+def calibration_knob_problem(name: str, value: float) -> str | None:
+    """What is wrong with one calibration knob's value (None: nothing, or a knob this table does not hold, which
+    planner/calibration.py ignores)."""
+    if name not in CALIBRATION_KNOB_RANGES:
+        return None
+    low, high, allowed = CALIBRATION_KNOB_RANGES[name]
+    above_low = value > low if name == "end_to_end_efficiency" else value >= low
+    return None if above_low and value <= high else f"knobs.{name}: {value} -> {allowed}"
+
+
 class Measured(_Frozen):
     """What `planner calibrate` measured on a machine: the knobs it fitted and the raw figures, for the record."""
 
@@ -100,6 +126,13 @@ class Measured(_Frozen):
     noise: dict = Field(default_factory=dict, description="spread of the repeats (max/min - 1) and the machine's "
                         "load average while measuring")
     notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _knobs_in_range(self):
+        bad = [p for k, v in self.knobs.items() if (p := calibration_knob_problem(k, v))]
+        if bad:
+            raise ValueError("; ".join(bad))
+        return self
 
 
 class ClusterSpec(_Frozen):

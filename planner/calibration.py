@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster_specs import ClusterSpec, SpecError, load_cluster
+from cluster_specs.schema import CALIBRATION_KNOB_RANGES
 
-KNOB_NAMES = {"end_to_end_efficiency", "matmul_half_efficiency_gflop", "elementwise_traffic_factor",
-              "per_process_overhead_bytes", "dp_overlap_fraction", "pp_overlap_fraction", "tp_overlap_fraction",
-              "tp_layer_overhead_seconds", "gemm_half_efficiency_dim"}
+KNOB_NAMES = frozenset(CALIBRATION_KNOB_RANGES)  # the knobs a calibration file sets (their ranges: checked on load)
 
 
 def calibration_knobs(cluster: ClusterSpec) -> dict:

@@ -163,3 +163,38 @@ def test_cluster_loader_never_crashes(tmp_path, data, raw):
             load_cluster(str(p))
         except SpecError as exc:
             assert exc.problems
+
+
+@pytest.mark.parametrize("name, value, allowed", [
+    ("end_to_end_efficiency", 0.0, "a number > 0 and <= 1"), ("end_to_end_efficiency", 1.5, "a number > 0 and <= 1"),
+    ("matmul_half_efficiency_gflop", -2.0, "a number >= 0"), ("gemm_half_efficiency_dim", -5.0, "a number >= 0"),
+    ("dp_overlap_fraction", 3.0, "a number from 0 to 1"), ("tp_layer_overhead_seconds", -1e-3, "a number >= 0"),
+])
+def test_a_calibration_file_knob_outside_its_meaning_is_refused(tmp_path, name, value, allowed):
+    """A calibration file's knobs (`measured.knobs`, written by `planner calibrate` or edited by hand) are checked
+    on load against the range their meaning allows (cluster_specs/schema.py CALIBRATION_KNOB_RANGES), naming the
+    knob, the value and what is allowed. Before, end_to_end_efficiency 0 stopped `estimate` with an internal
+    ZeroDivisionError, and a negative GEMM half-size or an overlap share of 3 were applied silently."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from planner import errors
+    from planner.calibration import KNOB_NAMES
+    from tests.conftest import ROOT
+
+    spec = load_cluster("dgx-a100-80gb", nodes=1).model_dump(mode="json")
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump({**spec, "measured": {"knobs": {name: value}}}))
+    with pytest.raises(SpecError, match=f"knobs.{name}: {value} -> {allowed}"):
+        load_cluster(str(path))
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", "-c", str(path), "-m", "gpt3-1.3b",
+                           "-b", "64", "-s", "2048", "-l", "tp=1,pp=1,dp=8,zero=1,mbs=1"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == errors.EXIT_INPUT and f"knobs.{name}" in proc.stderr and "Traceback" not in proc.stderr
+    # the edges their meaning allows load, and so does a knob the table does not hold (ignored, as before)
+    low = 1.0 if name == "end_to_end_efficiency" else 0.0
+    path.write_text(yaml.safe_dump({**spec, "measured": {"knobs": {name: low, "some_future_knob": -1.0}}}))
+    assert load_cluster(str(path)).measured.knobs[name] == low
+    assert name in KNOB_NAMES
