@@ -95,13 +95,14 @@ def stage_split(num_layers: int, pp: int) -> tuple[int, ...]:
 _stage_split = functools.cache(stage_split)  # pure in two ints; a search asks for the same few (layers, pp) pairs
 
 
-def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float:
-    """Achieved fraction of peak: MAMF fraction x size saturation x end-to-end factor.
+def matmul_efficiency(hw: Hardware, knobs: Knobs, *, gemm_flops: float, shape: float = 1.0) -> float:
+    """Achieved fraction of peak: MAMF fraction x size saturation x shape factor x end-to-end factor.
 
     Size saturation x / (x + x_half), x the per-GPU GEMM size in GFLOP (small GEMMs run far from peak;
-    Calculon uses steps 0.95 / 0.9 / 0.6 at 128 / 16 / 1 GFLOP, cost-models.md §6.3).
+    Calculon uses steps 0.95 / 0.9 / 0.6 at 128 / 16 / 1 GFLOP, cost-models.md §6.3); `shape` the GEMMs' smallest
+    dimensions (gemm_side_factor for one GEMM, gemm_shape_factor for a layer's).
     """
-    return gemm_share_of_peak(hw, knobs, gemm_flops=gemm_flops) * knobs.end_to_end_efficiency
+    return gemm_share_of_peak(hw, knobs, gemm_flops=gemm_flops) * shape * knobs.end_to_end_efficiency
 
 
 def gemm_share_of_peak(hw: Hardware, knobs: Knobs, *, gemm_flops: float) -> float:
@@ -140,10 +141,10 @@ def gemm_shape_factor(model: Transformer, *, tokens: float, tp: int, half_dim: f
 
 
 def attention_core_gemm_equivalent_flops(model: Transformer, knobs: Knobs, *, core_flops: float, seq_length: int,
-                                         gemm_share: float) -> float:
+                                         gemm_efficiency: float) -> float:
     """The attention core's forward FLOPs restated as the FLOPs the layer's GEMMs would run in the same time, so
-    `core / rate` is the core's time at the GEMM rate of a layer whose GEMMs reach `gemm_share` of peak before the
-    end-to-end factor (layer_gemm_share).
+    `core / rate` is the core's time at the GEMM rate of a layer whose GEMMs reach `gemm_efficiency` of peak
+    (matmul_efficiency).
 
     The core is counted at the full s^2 score matrix (attention.core_attention_forward_flops). A fused causal kernel
     (flash attention) skips the masked blocks: it runs the causal share (s+1)/(2s) of those FLOPs
@@ -157,26 +158,20 @@ def attention_core_gemm_equivalent_flops(model: Transformer, knobs: Knobs, *, co
     if kernel <= 0 or not model.flash_attention:
         return core_flops
     causal_share = window_context(seq_length, seq_length) / seq_length
-    return core_flops * causal_share * gemm_share / kernel
-
-
-def layer_gemm_share(model: Transformer, hw: Hardware, knobs: Knobs, *, tokens: int, tp: int) -> float:
-    """The share of peak a layer's GEMMs reach before the end-to-end factor: the MAMF fraction saturated on the FC1
-    GEMM per GPU (gemm_share_of_peak) x the layer's GEMM shapes (gemm_shape_factor)."""
-    size = gemm_share_of_peak(hw, knobs, gemm_flops=fc1_gemm_flops(model, tokens=tokens, tp=tp))
-    return size * gemm_shape_factor(model, tokens=tokens, tp=tp, half_dim=knobs.gemm_half_efficiency_dim)
+    return core_flops * causal_share * gemm_efficiency / (kernel * knobs.end_to_end_efficiency)
 
 
 def _layer_time_flops(model: Transformer, hw: Hardware, knobs: Knobs, *, tokens: int, seq_length: int,
                       tp: int) -> tuple[float, float, float]:
-    """(GEMM FLOPs, the attention core as GEMM-rate FLOPs, the GEMMs' share of peak before the end-to-end factor)
-    of one layer's forward on `tokens` tokens: what the layer's time is computed from (its FLOP counts stay
-    compute.layer_forward_flops)."""
+    """(GEMM FLOPs, the attention core as GEMM-rate FLOPs, the GEMMs' achieved fraction of peak) of one layer's
+    forward on `tokens` tokens: what the layer's time is computed from (its FLOP counts stay
+    compute.layer_forward_flops). The rate saturates on the FC1 GEMM per GPU and scales with all its GEMMs' shapes."""
     gemm, core = layer_forward_flops(model, tokens=tokens, seq_length=seq_length)
-    share = layer_gemm_share(model, hw, knobs, tokens=tokens, tp=tp)
+    eff = matmul_efficiency(hw, knobs, gemm_flops=fc1_gemm_flops(model, tokens=tokens, tp=tp),
+                            shape=gemm_shape_factor(model, tokens=tokens, tp=tp, half_dim=knobs.gemm_half_efficiency_dim))
     core = attention_core_gemm_equivalent_flops(model, knobs, core_flops=core, seq_length=seq_length,
-                                                gemm_share=share)
-    return gemm, core, share
+                                                gemm_efficiency=eff)
+    return gemm, core, eff
 
 
 def elementwise_forward_seconds(model: Transformer, hw: Hardware, knobs: Knobs, *, act_none_bytes: float,
@@ -310,8 +305,7 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     policy = _policy(layout.recompute)
     s_l = s // layout.cp  # tokens of each sequence on this rank (context parallelism)
     tokens, sp = b * s_l, layout.sequence_parallel
-    gemm, core, share = _layer_time_flops(model, hw, knobs, tokens=tokens, seq_length=s, tp=t)
-    eff = share * knobs.end_to_end_efficiency
+    gemm, core, eff = _layer_time_flops(model, hw, knobs, tokens=tokens, seq_length=s, tp=t)
     peak, rate = hw.peak_flops_per_second, hw.peak_flops_per_second * eff
     # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
     ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate,
@@ -336,8 +330,9 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         tp_expose=1 - knobs.tp_overlap_fraction,
         t_tp_backward_hidden=tp_backward_hidden_seconds(model, knobs, tokens=tokens, tp=t, all_reduce_seconds=t_ar,
                                                         rate_flops_per_second=rate),
-        t_logits_forward=logits_gemm / (peak * matmul_efficiency(hw, knobs, gemm_flops=logits_gemm)
-                                        * gemm_side_factor(min(tokens, h, V / t), knobs.gemm_half_efficiency_dim)),
+        t_logits_forward=logits_gemm / (peak * matmul_efficiency(
+            hw, knobs, gemm_flops=logits_gemm,
+            shape=gemm_side_factor(min(tokens, h, V / t), knobs.gemm_half_efficiency_dim))),
         gemm_flops_per_gpu=gemm / t,
         rate_flops_per_second=rate,
         act_policy_bytes=act_policy,
