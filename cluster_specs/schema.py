@@ -89,18 +89,19 @@ class HostLink(_Frozen):
 
 
 # The cost-model knobs a calibration file may set (planner/calibration.py applies these and no others), each with the
-# closed range its meaning allows (cost_models/inputs.py Knobs): a share of a rate or of traffic hidden is at most 1
-# and an efficiency above 0; sizes, byte counts, seconds and traffic factors are never negative.
-CALIBRATION_KNOB_RANGES: dict[str, tuple[float, float, str]] = {
-    "end_to_end_efficiency": (0.0, 1.0, "a number > 0 and <= 1"),
-    "matmul_half_efficiency_gflop": (0.0, float("inf"), "a number >= 0"),
-    "gemm_half_efficiency_dim": (0.0, float("inf"), "a number >= 0"),
-    "elementwise_traffic_factor": (0.0, float("inf"), "a number >= 0"),
-    "per_process_overhead_bytes": (0.0, float("inf"), "a number >= 0"),
-    "dp_overlap_fraction": (0.0, 1.0, "a number from 0 to 1"),
-    "pp_overlap_fraction": (0.0, 1.0, "a number from 0 to 1"),
-    "tp_overlap_fraction": (0.0, 1.0, "a number from 0 to 1"),
-    "tp_layer_overhead_seconds": (0.0, float("inf"), "a number >= 0"),
+# range its meaning allows (cost_models/inputs.py Knobs): (low, whether low itself is allowed, high, the words). A
+# share of a rate or of traffic hidden is at most 1 and an efficiency above 0; sizes, byte counts, seconds and
+# traffic factors are never negative.
+CALIBRATION_KNOB_RANGES: dict[str, tuple[float, bool, float, str]] = {
+    "end_to_end_efficiency": (0.0, False, 1.0, "a number > 0 and <= 1"),
+    "matmul_half_efficiency_gflop": (0.0, True, float("inf"), "a number >= 0"),
+    "gemm_half_efficiency_dim": (0.0, True, float("inf"), "a number >= 0"),
+    "elementwise_traffic_factor": (0.0, True, float("inf"), "a number >= 0"),
+    "per_process_overhead_bytes": (0.0, True, float("inf"), "a number >= 0"),
+    "dp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),
+    "pp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),
+    "tp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),
+    "tp_layer_overhead_seconds": (0.0, True, float("inf"), "a number >= 0"),
 }
 
 
@@ -109,8 +110,8 @@ def calibration_knob_problem(name: str, value: float) -> str | None:
     planner/calibration.py ignores)."""
     if name not in CALIBRATION_KNOB_RANGES:
         return None
-    low, high, allowed = CALIBRATION_KNOB_RANGES[name]
-    above_low = value > low if name == "end_to_end_efficiency" else value >= low
+    low, low_allowed, high, allowed = CALIBRATION_KNOB_RANGES[name]
+    above_low = value >= low if low_allowed else value > low
     return None if above_low and value <= high else f"knobs.{name}: {value} -> {allowed}"
 
 

@@ -303,7 +303,9 @@ def layer_probe_fit(reports: list[dict], gpu: dict, knobs: dict, dtype: str) -> 
         Y.append(measured - (base - a_i))
         rows.append({**p, "seconds": measured, "model_seconds_at_peak": base})
     u, v = fit_two(A, B, Y)
-    e2e = min(1.0, 1 / u) if u > 0 else 1.0  # u <= 0: the probes ran no slower than their memory-bound part
+    if u <= 0:  # only fit_two's fallback gives it (with v = 0): the probes ran no slower than their memory-bound part
+        u = 1.0
+    e2e = min(1.0, 1 / u)
     x_half = v / u
     for row, a_i, b_i, y_i in zip(rows, A, B, Y, strict=True):
         row["fit_error"] = (a_i / e2e + b_i * x_half / e2e) / y_i - 1 if y_i > 0 else None
