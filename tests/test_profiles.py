@@ -161,16 +161,19 @@ def test_transformer_engine_attention_is_stated_for_hopper_only():
     assert any(k == "attention_kernel_efficiency" for k, _, _ in profile_for("nemo").assumptions())
 
 
+def _training(s):
+    return Training(global_batch_size=8, seq_length=s, activation_bytes=2, param_bytes=2, grad_bytes=4,
+                    optimizer_bytes=12, grad_reduce_bytes=4)
+
+
 def _h100_layer(knobs: Knobs, *, flash: bool = True, cp: int = 1):
     from cluster_specs import load_cluster
     from cost_models.stage import layer_costs
 
     hw = load_cluster("dgx-h100", nodes=1).to_cost_model("bf16")
     model = replace(LLAMA3_8B, flash_attention=flash)
-    training = Training(global_batch_size=8, seq_length=8192, activation_bytes=2, param_bytes=2, grad_bytes=4,
-                        optimizer_bytes=12, grad_reduce_bytes=4)
     layout = Layout(dp=8 // cp, tp=1, pp=1, zero_stage=1, micro_batch_size=1, num_micro_batches=1, cp=cp)
-    return layer_costs(model, training, hw, layout, knobs), hw
+    return layer_costs(model, _training(8192), hw, layout, knobs), hw
 
 
 @pytest.mark.parametrize("cp", [1, 2])
@@ -263,11 +266,6 @@ def test_the_layer_rate_saturates_on_its_fc1_gemm_per_gpu():
 _TP2 = Layout(dp=4, tp=2, pp=1, zero_stage=1, micro_batch_size=1, num_micro_batches=2, sequence_parallel=True)
 
 
-def _training(s):
-    return Training(global_batch_size=8, seq_length=s, activation_bytes=2, param_bytes=2, grad_bytes=4,
-                    optimizer_bytes=12, grad_reduce_bytes=4)
-
-
 def test_the_layer_rate_scales_with_its_gemms_smallest_sides():
     """The shape term (stage.py gemm_shape_factor, half dimension 192) by hand, Llama 3 8B at tp 2: per rank QKV is
     4096 x (4096 + 2 x 1024) / 2 = 4096 x 3072, the projection 2048 x 4096, FC1 4096 x 2 x 14336 / 2 = 4096 x 14336
@@ -294,3 +292,4 @@ def test_the_layer_rate_scales_with_its_gemms_smallest_sides():
     on = layer_costs(LLAMA3_8B, _training(8192), hw, _TP2, kernel)
     off = layer_costs(LLAMA3_8B, _training(8192), hw, _TP2, replace(kernel, gemm_half_efficiency_dim=0.0))
     assert on.t_recompute_policy == pytest.approx(off.t_recompute_policy, rel=1e-12)
+    assert on.t_recompute_policy > 0 and on.t_layer_forward > off.t_layer_forward  # the kernel's QK^T; GEMMs slower
