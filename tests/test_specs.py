@@ -79,6 +79,12 @@ def test_hf_config(tmp_path):
     path.write_text(json.dumps(cfg))
     spec = load_model(str(path))
     assert spec.parameter_counts()["total"] == load_model("llama3-8b").parameter_counts()["total"]
+    # the name: a snapshot's folder for config.json, the file's stem otherwise, the config's own name first
+    assert spec.name == tmp_path.name
+    (tmp_path / "llama65b.json").write_text(json.dumps(cfg))
+    assert load_model(str(tmp_path / "llama65b.json")).name == "llama65b"
+    (tmp_path / "named.json").write_text(json.dumps({**cfg, "_name_or_path": "meta-llama/Meta-Llama-3-8B"}))
+    assert load_model(str(tmp_path / "named.json")).name == "meta-llama/Meta-Llama-3-8B"
     gpt2 = hf_config_to_spec({"model_type": "gpt2", "n_embd": 1600, "n_layer": 48, "n_head": 25, "vocab_size": 50257,
                               "n_positions": 1024})
     assert ModelSpec.model_validate(gpt2).parameter_counts()["total"] == 1_557_611_200  # GPT-2 XL, 1.5B

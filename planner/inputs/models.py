@@ -88,8 +88,18 @@ def hf_config_to_spec(cfg: dict, *, source: str = "config.json") -> dict:
         lead = f"not modelled: {why}" if why else f"not a supported family ({', '.join(HF_FAMILIES)})"
         raise SpecError(f"model_type: {kind!r} -> {lead}; {_HAND_SPEC}", source=source)
     typed = _Cfg(cfg, str(kind), source)
-    name = cfg.get("_name_or_path") or Path(source).parent.name or kind
-    return {"name": name, "source": f"Hugging Face config ({source}, model_type {kind})", **reader(typed)}
+    return {"name": _hf_model_name(cfg, source, str(kind)), "source": f"Hugging Face config ({source}, model_type {kind})",
+            **reader(typed)}
+
+
+def _hf_model_name(cfg: dict, source: str, kind: str) -> str:
+    """The config's own `_name_or_path`; else a snapshot's folder for a file named config.json (e.g.
+    Llama-2-7b-hf/config.json), else the file's stem (llama65b.json: llama65b, not the folder it was saved in)."""
+    named = cfg.get("_name_or_path")
+    if isinstance(named, str) and named.strip():
+        return named
+    path = Path(source)
+    return (path.parent.name if path.name.lower() == "config.json" else path.stem) or kind
 
 
 class _Cfg:
