@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cost_models.context_parallel import cp_problems
 from cost_models.inputs import Offload, Recompute, Schedule
 from cost_models.stage import stage_model, stage_split, state_bytes_per_param
 from cost_models.step import StepEstimate, estimate_step
@@ -136,12 +137,22 @@ MIN_CP_TOKENS = 4096
 MAX_EP = 64  # DeepSeek-V3's EP 64 is the largest published (modern-training.md §3.5)
 
 
+def search_cp_comm(opts: PlanOptions) -> str | None:
+    """The context-parallel exchange the search plans (Capabilities.planned_cp_comm; the ring without a framework)."""
+    return opts.restriction.caps.planned_cp_comm if opts.restriction is not None else "p2p"
+
+
 def _degrees(problem: Problem, opts: PlanOptions) -> Iterator[tuple[int, int, int, int]]:
-    """(tp, pp, dp, cp) with pp <= layers and dp dividing the global batch; cp > 1 only for long sequences."""
+    """(tp, pp, dp, cp) with pp <= layers and dp dividing the global batch; cp > 1 only for long sequences, unless
+    pinned (`--fix cp=2`: then whenever the sequence splits into 2 cp tp chunks)."""
     n, L, B = problem.cluster.num_gpus, problem.model.num_layers, problem.training.global_batch_size
     s = problem.training.seq_length
+    pinned = opts.restriction.fixed.get("cp") if opts.restriction is not None else None
+    comm = search_cp_comm(opts)
     for tp in _tp_degrees(problem, opts):
-        for cp in (c for c in divisors(n // tp) if c == 1 or (s % (2 * c * tp) == 0 and s // c >= MIN_CP_TOKENS)):
+        for cp in (c for c in divisors(n // tp) if c == 1 or (
+                comm is not None and (s // c >= MIN_CP_TOKENS or c == pinned)
+                and not cp_problems(problem.cm_model, variant=comm, cp=c, seq_length=s, tp=tp))):
             for pp in divisors(n // (tp * cp)):
                 dp = n // (tp * pp * cp)
                 if pp <= L and B % dp == 0:
@@ -186,8 +197,10 @@ def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool) -> It
     """Yield layout field dicts without recompute (the ladder is applied by the caller), in a fixed order
     (tp, pp, micro-batch size, ZeRO/offload, schedule) that breaks exact ties."""
     B, L = problem.training.global_batch_size, problem.model.num_layers
+    comm = search_cp_comm(opts)
     for tp, pp, dp, cp in _degrees(problem, opts):
         per_dp = B // dp
+        exchange = {"cp_comm": comm} if cp > 1 else {}
         states = _state_options(pp, dp * cp, offload)
         for mbs, ep in itertools.product((d for d in divisors(per_dp) if d <= opts.max_micro_batch_size),
                                          _ep_degrees(problem.model, dp * cp * tp)):
@@ -195,7 +208,7 @@ def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool) -> It
             for (zero, off), (schedule, v) in itertools.product(states, _schedule_options(pp, m, L, opts)):
                 base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero_stage": zero, "offload": off,
                                     "micro_batch_size": mbs, "num_micro_batches": m, "sequence_parallel": tp > 1,
-                                    "schedule": schedule, "virtual_stages": v})
+                                    "schedule": schedule, "virtual_stages": v, **exchange})
                 if base is not None:
                     yield base
 

@@ -44,11 +44,16 @@ class Capabilities:
     # schedules it runs that the cost model predicts as another one (why): `plan` does not search them unless asked
     # (--schedules / --fix schedule=), and estimate, check and a plan's pick state the difference as an assumption
     unpredicted_schedules: dict[str, str] = field(default_factory=dict)
+    cp_comms: tuple[str, ...] = ("p2p", "all_gather", "a2a")  # the context-parallel exchanges it runs (cp > 1)
+    ulysses_excludes_sp: bool = False  # Ulysses (a2a) context parallelism cannot run with sequence parallelism
+    expert_parallel: bool = True  # an expert-parallel degree its launch settings can set
+    expert_tensor_parallel: bool = True  # an expert-tensor-parallel degree its launch settings can set
     sources: dict[str, str] = field(default_factory=dict)
 
     def refusal(self, f: dict) -> str | None:
         """Why this framework cannot run the layout fields `f` (a LayoutSpec dump or a search base), or None."""
-        for rule in (self._schedule_refusal, self._sharding_refusal, self._tp_refusal, self._split_refusal):
+        for rule in (self._schedule_refusal, self._sharding_refusal, self._tp_refusal, self._split_refusal,
+                     self._cp_ep_refusal):
             why = rule(f)
             if why:
                 return f"{self.framework.value}: {why}"
@@ -108,6 +113,25 @@ class Capabilities:
                    f"({self.sources.get('recompute', '')})"
         return None
 
+    @property
+    def planned_cp_comm(self) -> str | None:
+        """The context-parallel exchange `plan` searches: the ring (p2p) where the framework runs it, else the one it
+        runs (DeepSpeed's Ulysses all-to-all); None where it runs no context parallelism."""
+        return "p2p" if "p2p" in self.cp_comms else (self.cp_comms[0] if self.cp_comms else None)
+
+    def _cp_ep_refusal(self, f: dict) -> str | None:
+        cp, comm = f.get("cp", 1), f.get("cp_comm", "p2p")
+        if cp > 1 and comm not in self.cp_comms:
+            runs = f"it runs cp_comm {', '.join(self.cp_comms)}" if self.cp_comms else "no context parallelism"
+            return f"cp {cp} with cp_comm {comm} -> {runs} ({self.sources.get('cp', '')})"
+        if cp > 1 and comm == "a2a" and f.get("sequence_parallel") and self.ulysses_excludes_sp:
+            return f"cp {cp} (Ulysses) with sequence_parallel -> not allowed ({self.sources.get('cp', '')})"
+        if f.get("ep", 1) > 1 and not self.expert_parallel:
+            return f"ep {f['ep']} -> not in its launch settings ({self.sources.get('ep', '')})"
+        if f.get("etp", 1) > 1 and not self.expert_tensor_parallel:
+            return f"etp {f['etp']} -> no expert-tensor parallelism ({self.sources.get('ep', '')})"
+        return None
+
     def vocab_problem(self, vocab_size: int, tp: int) -> str | None:
         """The vocabulary rule under tensor parallelism: None when the framework runs this vocabulary at this tp."""
         if tp == 1 or self.pads_vocab or vocab_size % tp == 0:
@@ -143,6 +167,8 @@ _MEGATRON_SOURCES = {
     "vocab": "frameworks.md §2.5: padded to a multiple of --make-vocab-size-divisible-by (128) x tp",
     "fp8": "frameworks.md §2.8: --fp8-recipe {tensorwise,delayed,mxfp8,blockwise}, default delayed "
            "(transformer_config.py L587-600); rowwise is torchao's",
+    "cp": "frameworks.md §2.8: --context-parallel-size with --cp-comm-type p2p (default), allgather, a2a, a2a+p2p",
+    "ep": "frameworks.md §2.8: --expert-model-parallel-size, --expert-tensor-parallel-size",
 }
 
 MEGATRON = Capabilities(
@@ -181,8 +207,12 @@ TORCHTITAN = Capabilities(
     vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
                "embedding and output",
     precisions=("bf16", "fp32", "fp8"), fp8_recipes=("rowwise", "tensorwise"), default_fp8_recipe="rowwise",
-    unpredicted_schedules={"zero_bubble": TORCHTITAN_ZERO_BUBBLE},
+    unpredicted_schedules={"zero_bubble": TORCHTITAN_ZERO_BUBBLE}, cp_comms=("p2p",), expert_tensor_parallel=False,
     sources={
+        "cp": "frameworks.md §1.9: context_parallel_degree (torch's context_parallel), planned and exported as its "
+              "ring (p2p); the planner has no key for v0.2.2's context_parallel_rotate_method",
+        "ep": "frameworks.md §1.9: expert_parallel_degree; experts borrow their ranks from FSDP and TP, with no "
+              "expert-tensor-parallel key in its config",
         "schedules": "frameworks.md §1.4: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
                      "ZBVZeroBubble (zero_bubble exports as ZBVZeroBubble: two stages per rank in a V)",
         "zero": "frameworks.md §1.6: FSDP2: reshard_after_forward default = ZeRO-3, never = ZeRO-2 (parameters "
@@ -203,8 +233,11 @@ DEEPSPEED = Capabilities(
     tensor_parallel_zero_stages=(0, 1, 2), tensor_parallel_with_pp=False, sequence_parallel=False,
     uneven_split="none", per_stage_recompute="none", max_virtual_stages=1,
     vocab_rule="DeepSpeed does not pad the vocabulary; the planner requires tp to divide it",
-    precisions=("bf16", "fp16", "fp32"), fp8_recipes=(),
+    precisions=("bf16", "fp16", "fp32"), fp8_recipes=(), cp_comms=("a2a",), expert_parallel=False,
     sources={
+        "cp": "frameworks.md §3.8: Ulysses sequence_parallel_size (all-to-all) is DeepSpeed's only context "
+              "parallelism",
+        "ep": "frameworks.md §3.8: ep_size is an argument of deepspeed.moe.layer.MoE in model code, not a config key",
         "schedules": "frameworks.md §3.3: TrainSchedule is synchronous 1F1B; no interleaving, no zero-bubble",
         "zero": "frameworks.md §3.3: ZeRO-2/3 are incompatible with pipeline parallelism",
         "offload": "frameworks.md §3.5: offload_optimizer (ZeRO >= 1), offload_param (ZeRO-3 only)",
@@ -225,8 +258,11 @@ MEGATRON_DEEPSPEED = Capabilities(
     recompute=("none", "selective", "full"), no_sp_schedules=("zero_bubble",), uneven_split="none",
     per_stage_recompute="none", max_virtual_stages=1, pads_vocab=True,
     vocab_rule="Megatron-DeepSpeed pads the vocabulary to a multiple of 128 x tp",
-    precisions=("bf16", "fp16", "fp32"), fp8_recipes=(),
+    precisions=("bf16", "fp16", "fp32"), fp8_recipes=(), cp_comms=("a2a",), ulysses_excludes_sp=True,
     sources={
+        "cp": "frameworks.md §3.1: --ds-sequence-parallel-size sets Ulysses (all-to-all) sequence parallelism; it "
+              "'cannot be combined with --sequence-parallel'",
+        "ep": "the Megatron MoE flags (frameworks.md §2.8)",
         "schedules": "frameworks.md §3.3: DeepSpeed's pipeline engine runs 1F1B; --enable-zbh1-pipeline runs ZB-H1 "
                      "(no SP)",
         "zero": "frameworks.md §3.1/§3.3: --zero-stage with the DeepSpeed engine; ZeRO-2/3 only with "

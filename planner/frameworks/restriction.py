@@ -10,8 +10,15 @@ from planner.frameworks.capabilities import Capabilities, capabilities
 from planner.inputs.specs import SCHEDULES
 
 # layout keys the search enumerates; per-stage lists come from the refinement, not the search
-FIXABLE = ("tp", "pp", "dp", "zero_stage", "offload", "micro_batch_size", "num_micro_batches", "recompute",
+FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "offload", "micro_batch_size", "num_micro_batches", "recompute",
            "sequence_parallel", "schedule", "virtual_stages")
+# keys a layout may carry that the search does not vary: why, for the refusal
+NOT_SEARCHED = {
+    "layers_per_stage": "per-stage lists are the refinement's output, not a search key",
+    "recompute_layers_per_stage": "per-stage lists are the refinement's output, not a search key",
+    "cp_comm": "the search plans context parallelism as Megatron's default ring (cp_comm p2p)",
+    "etp": "the search plans experts without expert tensor parallelism (etp 1)",
+}
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,8 @@ class Restriction:
         g = dict(f)
         if not self.caps.sequence_parallel or g.get("schedule") in self.caps.no_sp_schedules:
             g["sequence_parallel"] = False
+        if g.get("cp", 1) > 1 and g.get("cp_comm") == "a2a" and self.caps.ulysses_excludes_sp:
+            g["sequence_parallel"] = False  # Megatron-DeepSpeed: Ulysses cannot be combined with --sequence-parallel
         if "sequence_parallel" in self.fixed:
             g["sequence_parallel"] = self.fixed["sequence_parallel"] and g.get("tp", 1) > 1
         for key, value in self.fixed.items():
@@ -52,8 +61,9 @@ def parse_fix(items: list[str] | None) -> dict:
     fixed = parse_layout_string(",".join(items or []))
     for key in fixed:
         if key not in FIXABLE:
-            raise SpecError(f"--fix {key}: per-stage lists are the refinement's output, not a search key -> estimate "
-                            f"that layout with `planner estimate --layout`; fixable: {', '.join(FIXABLE)}")
+            why = NOT_SEARCHED.get(key, "not a search key")
+            raise SpecError(f"--fix {key}: {why} -> estimate that layout with `planner estimate --layout`; fixable: "
+                            f"{', '.join(FIXABLE)}")
     return fixed
 
 
@@ -80,6 +90,8 @@ def build_restriction(framework: str | None, vocab_size: int, fix: list[str] | N
                             f"{', '.join(caps.schedules)} ({caps.sources.get('schedules', '')})")
         allowed = runnable
     probe = {"pp": 2, **fixed} if "schedule" in fixed or "virtual_stages" in fixed else dict(fixed)
+    if fixed.get("cp", 1) > 1 and caps.planned_cp_comm is not None:
+        probe["cp_comm"] = caps.planned_cp_comm  # what the search plans the pinned degree with
     if "zero_stage" in fixed and "pp" not in fixed and fixed["zero_stage"] >= 2:
         probe["pp"] = 1
     why = caps.refusal(probe)

@@ -372,7 +372,8 @@ def to_megatron(parts: PlanParts, lay: LayoutSpec, *, deepspeed: bool = False) -
     else:
         args += _megatron_sharding(lay) + _megatron_overlap(lay) + _megatron_pipeline(lay, model)
     args += _megatron_recompute(lay, deepspeed=deepspeed, mla=model.mla is not None)
-    args += [a for a in megatron_args(lay, model, training) if a[0] != "--bf16" or ("--bf16", None) not in args]
+    args += [a for a in megatron_args(lay, model, training, deepspeed=deepspeed)
+             if a[0] != "--bf16" or ("--bf16", None) not in args]
     env = _env_lines(lay, parts.cluster) if not deepspeed else []
     notes = [f"environment: {e}" for e in env]
     if deepspeed:

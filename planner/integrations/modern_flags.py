@@ -40,10 +40,23 @@ FEATURE_TABLE = [
 ]
 
 
-def megatron_args(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> list[tuple[str, object]]:
-    args: list[tuple[str, object]] = []
-    if layout.cp > 1:
-        args += [("--context-parallel-size", layout.cp), ("--cp-comm-type", MEGATRON_CP_COMM[layout.cp_comm])]
+def _megatron_cp_args(layout: LayoutSpec, *, deepspeed: bool) -> list[tuple[str, object]]:
+    if layout.cp == 1:
+        return []
+    if not deepspeed:
+        return [("--context-parallel-size", layout.cp), ("--cp-comm-type", MEGATRON_CP_COMM[layout.cp_comm])]
+    caps = capabilities(Framework.MEGATRON_DEEPSPEED)
+    why = caps.refusal({"cp": layout.cp, "cp_comm": layout.cp_comm, "sequence_parallel": layout.sequence_parallel})
+    if why:
+        raise SpecError(f"cp: {why}; plan with --framework megatron-deepspeed or export with --to megatron")
+    return [("--ds-sequence-parallel-size", layout.cp)]
+
+
+def megatron_args(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec, *,
+                  deepspeed: bool = False) -> list[tuple[str, object]]:
+    """Megatron-LM's flags for CP, EP, MoE/MLA shapes and FP8; with `deepspeed` (Megatron-DeepSpeed) CP is its
+    Ulysses --ds-sequence-parallel-size (frameworks.md §3.1), and a ring or all-gather CP is refused."""
+    args = _megatron_cp_args(layout, deepspeed=deepspeed)
     moe = model.moe
     if moe is not None:
         args += [("--num-experts", moe.num_experts), ("--moe-router-topk", moe.top_k),
@@ -78,10 +91,11 @@ def megatron_args(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) 
 
 def torchtitan_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec) -> tuple[dict, dict]:
     """(parallelism keys, the float8 section or {}) for torchtitan's TOML."""
-    if layout.cp > 1 and layout.cp_comm != "p2p":
+    caps = capabilities(Framework.TORCHTITAN)
+    if layout.cp > 1 and layout.cp_comm not in caps.cp_comms:
         raise SpecError(f"cp_comm: {layout.cp_comm} -> torchtitan's context parallelism is torch's ring "
                         "(context_parallel); plan with cp_comm p2p or export with --to megatron")
-    if layout.etp > 1:
+    if layout.etp > 1 and not caps.expert_tensor_parallel:
         raise SpecError(f"etp: {layout.etp} -> torchtitan has no expert-tensor parallelism in its config (experts "
                         "borrow ranks from FSDP and TP); plan with etp 1 or export with --to megatron")
     par = {"context_parallel_degree": layout.cp}
@@ -120,10 +134,11 @@ def deepspeed_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingS
     if training.precision == "fp8":
         raise SpecError("precision: fp8 -> DeepSpeed's config has no FP8 training switch (FP8 comes from Transformer "
                         "Engine in model code); export with --to megatron or --to torchtitan")
-    if layout.ep > 1:
+    caps = capabilities(Framework.DEEPSPEED)
+    if layout.ep > 1 and not caps.expert_parallel:
         raise SpecError(f"ep: {layout.ep} -> DeepSpeed sets expert parallelism in model code "
                         "(deepspeed.moe.layer.MoE(ep_size=...)), not in its config; export with --to megatron")
-    if layout.cp > 1 and layout.cp_comm != "a2a":
+    if layout.cp > 1 and layout.cp_comm not in caps.cp_comms:
         raise SpecError(f"cp: {layout.cp} with cp_comm {layout.cp_comm} -> DeepSpeed has Ulysses (a2a) sequence "
                         "parallelism only; plan with cp_comm a2a or export with --to megatron")
     return {"sequence_parallel_size": layout.cp} if layout.cp > 1 else {}

@@ -92,6 +92,19 @@ def _dp(gpus: int, *degrees: int) -> int:
     return max(1, gpus // prod)
 
 
+# Megatron-LM's --cp-comm-type names (and Megatron-Bridge's model.cp_comm_type) -> the planner's cp_comm
+CP_COMM_OF = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a", "a2a+p2p": "p2p"}
+
+
+def _cp_ep(view: ConfigView, *, cp: int, cp_comm: str = "p2p", ep: int = 1, etp: int = 1) -> None:
+    """Context- and expert-parallel degrees as the config says them (planner/integrations/modern_flags.py writes
+    them); the layout fields carry them only where they are not the default, so a dense config reads as before."""
+    if cp > 1:
+        view.fields.update(cp=cp, cp_comm=cp_comm)
+    if ep > 1 or etp > 1:
+        view.fields.update(ep=ep, etp=etp)
+
+
 # ---- DeepSpeed (and the Hugging Face Trainer's "auto") ------------------------------------------------------
 
 
@@ -108,7 +121,9 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     tp = over.pop("tp", None) or (tp_cfg if isinstance(tp_cfg, int) and tp_cfg > 1 else 1)
     stages = pipe.get("stages")
     pp = over.pop("pp", None) or (stages if isinstance(stages, int) else 1)
-    dp = _dp(gpus, tp, pp)
+    ulysses = doc.get("sequence_parallel_size", 1)  # DeepSpeed-Ulysses (the DeepSpeed export writes it for cp a2a)
+    sp_degree = ulysses if isinstance(ulysses, int) and not isinstance(ulysses, bool) and ulysses > 1 else 1
+    dp = _dp(gpus, tp, pp, sp_degree)
     hf = _has_auto(doc)
     view = ConfigView("hf-deepspeed" if hf else "deepspeed", Framework.DEEPSPEED, {})
     if isinstance(stages, int) and "pp" not in over:
@@ -130,6 +145,7 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": stage if isinstance(stage, int) else 0,
                    "offload": off, "micro_batch_size": mbs, "num_micro_batches": gas, "recompute": rec,
                    "sequence_parallel": False}
+    _cp_ep(view, cp=sp_degree, cp_comm="a2a")
     view.global_batch_size = gbs
     view.precision = _ds_precision(doc)
     ds_overlap(zero, view.fields["zero_stage"], view)
@@ -344,8 +360,6 @@ def _torchtitan_degrees(par: dict, gpus: int, view: ConfigView) -> tuple[int, in
         par.get("context_parallel_degree", 1)
     if shard == -1:  # world / (replicate x cp x tp x pp) (frameworks.md §1.2)
         shard = _dp(gpus, tp, pp, rep, cp)
-    if cp > 1:
-        view.notes.append(f"context_parallel_degree {cp}: not modelled by the planner; checked as if 1")
     dp = rep * shard
     if rep > 1 and shard > 1:
         view.notes.append(f"HSDP (replicate {rep} x shard {shard}): the planner shards over all {dp} data-parallel "
@@ -411,6 +425,8 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
                    "micro_batch_size": mbs, "num_micro_batches": m, "recompute": rec,
                    "sequence_parallel": tp > 1 and par.get("enable_sequence_parallel", True), "schedule": schedule,
                    "virtual_stages": 1}
+    # torch's context_parallel is a ring (p2p); experts borrow their ranks from FSDP (and TP): no etp key
+    _cp_ep(view, cp=par.get("context_parallel_degree", 1), ep=par.get("expert_parallel_degree", 1))
     view.global_batch_size, view.seq_length = gbs, train.get("seq_len", 2048)
     mp = train.get("mixed_precision_param", "bfloat16")
     view.precision = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(mp)
@@ -515,7 +531,8 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
             "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--context-parallel-size",
             "--data-parallel-size", "--zero-stage", "--checkpoint-num-layers", "--padded-vocab-size",
-            "--expert-model-parallel-size", "--ds-sequence-parallel-size", "--vocab-size"]
+            "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--ds-sequence-parallel-size",
+            "--vocab-size"]
     for name in ints:
         p.add_argument(name, type=int)
     for name in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
@@ -529,6 +546,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-modules", nargs="*")
     p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--cp-comm-type", nargs="+", choices=list(CP_COMM_OF))  # one type, or one per layer
     p.add_argument("--data-parallel-sharding-strategy",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     for name in ["--normalization", "--position-embedding-type", "--deepspeed_config", "--deepspeed-config",
@@ -658,6 +676,7 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
                    "recompute": "none", "sequence_parallel": bool(args.sequence_parallel)}
     _megatron_recompute(args, view, ds)
     _megatron_pipeline(args, view, ds)
+    _megatron_cp_ep(args, view, ds)
     view.global_batch_size, view.seq_length = gbs, args.seq_length
     view.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     if ds and args.bf16 and pp > 1 and view.fields["zero_stage"] == 0:
@@ -680,6 +699,20 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         view.notes.append(f"unexpanded shell variables (not in options the planner reads): "
                           f"{', '.join('$' + u for u in sorted(set(unresolved)))}")
     return view
+
+
+def _megatron_cp_ep(args: argparse.Namespace, view: ConfigView, ds: bool) -> None:
+    """--context-parallel-size with --cp-comm-type (Megatron-LM), --ds-sequence-parallel-size (Megatron-DeepSpeed's
+    Ulysses: all-to-all), --expert-model-parallel-size and --expert-tensor-parallel-size."""
+    cp, types = args.context_parallel_size or 1, sorted(set(args.cp_comm_type or ["p2p"]))
+    if ds and (args.ds_sequence_parallel_size or 1) > 1:
+        cp, types = args.ds_sequence_parallel_size, ["a2a"]
+    if cp > 1 and len(types) > 1:
+        view.notes.append(f"--cp-comm-type per layer ({', '.join(types)}): checked as {types[0]} in every layer")
+    if cp > 1 and types[0] == "a2a+p2p":
+        view.notes.append("--cp-comm-type a2a+p2p (hierarchical): checked as the p2p ring")
+    _cp_ep(view, cp=cp, cp_comm=CP_COMM_OF[types[0]], ep=args.expert_model_parallel_size or 1,
+           etp=args.expert_tensor_parallel_size or 1)
 
 
 def _megatron_overlap(args: argparse.Namespace, view: ConfigView) -> None:
@@ -882,6 +915,11 @@ def _nemo(text: str, gpus: int) -> ConfigView:
                    "offload": "optimizer" if kv.get("optimizer.optimizer_cpu_offload") == "true" else "none"}
     if vpp > 1:
         view.fields.update(schedule="interleaved_1f1b", virtual_stages=vpp)
+    comm = kv.get("model.cp_comm_type", "p2p")
+    if comm not in CP_COMM_OF:
+        raise SpecError(f"model.cp_comm_type: {comm!r} -> allowed: {', '.join(CP_COMM_OF)}")
+    _cp_ep(view, cp=num("model.context_parallel_size", 1) or 1, cp_comm=CP_COMM_OF[comm],
+           ep=num("model.expert_model_parallel_size", 1) or 1, etp=num("model.expert_tensor_parallel_size", 1) or 1)
     gran, method = kv.get("model.recompute_granularity"), kv.get("model.recompute_method")
     if gran == "selective":
         view.fields["recompute"] = "selective"
