@@ -8,7 +8,7 @@ numbers and a fix hint. Exit: 0 pass, 1 violation, 3 could not check (the worst 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -227,7 +227,8 @@ def check_file(path: Path, args) -> dict:
     view = read_config(path, gpus=cl.num_gpus, overrides=dict(overrides), global_batch_size=args.global_batch_size)
     if "tp" in overrides or "pp" in overrides:  # the data-parallel size follows from the degrees given
         tp, pp = overrides.get("tp", view.fields.get("tp", 1)), overrides.get("pp", view.fields.get("pp", 1))
-        overrides.setdefault("dp", max(1, cl.num_gpus // (tp * pp)))
+        cp = overrides.get("cp", view.fields.get("cp", 1))
+        overrides.setdefault("dp", max(1, cl.num_gpus // (tp * pp * cp)))
     batch = view.global_batch_size or args.global_batch_size
     seq = view.seq_length or args.seq_len
     if not batch or not seq:
@@ -238,7 +239,10 @@ def check_file(path: Path, args) -> dict:
     # for), as plan and estimate use it: its memory recipe, overlap and allocator reserve
     fw = args.framework or view.framework.value
     problem = build_problem(args.cluster, args.nodes, args.model, batch, seq, precision, args.headroom_gib,
-                            args.calibration, fw)
+                            args.calibration, fw, view.fp8_recipe if precision == "fp8" else None)
+    if precision == "fp8" and view.fp8_param_gather is not None:  # as the config sets it, not the default
+        problem = replace(problem, training=problem.training.model_copy(
+            update={"fp8_param_gather": view.fp8_param_gather}))
     out = check(view, problem, overrides=overrides, allow_tp_across_nodes=args.allow_tp_across_nodes,
                 framework=args.framework)
     return {"config": str(path), "format": view.format, "framework": fw,
@@ -247,13 +251,17 @@ def check_file(path: Path, args) -> dict:
             "predicted": Predicted.from_estimate(out.estimate, out.problem.knobs.memory_headroom_bytes, out.problem,
                                                  out.layout).model_dump() if out.estimate else None,
             "notes": out.notes + ([f"precision {precision} from the config (not --precision {args.precision})"]
-                                  if view.precision and args.precision and view.precision != args.precision
+                                  if view.precision and args.precision and precision != args.precision
                                   else []),
             "error": None}
 
 
-def _precision(view: ConfigView, given: str) -> str:
-    return view.precision if view.precision in ("bf16", "fp16", "fp32") else given
+def _precision(view: ConfigView, given: str | None) -> str | None:
+    """The config's precision; --precision where the config does not say, or where it says the 16-bit base of an
+    FP8 run whose FP8 switch the planner cannot read (a torchtitan Python recipe's float8 converter is model code)."""
+    if given == "fp8" and view.precision in ("bf16", "fp16"):
+        return "fp8"
+    return view.precision if view.precision in ("bf16", "fp16", "fp32", "fp8") else given
 
 
 def render_report(out, r: dict, *, several: bool) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from cluster_specs import SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
+from planner.frameworks.capabilities import capabilities
+from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
 
 
 @dataclass
@@ -38,6 +40,8 @@ class ConfigView:
     layers_per_chunk: int | None = None
     recompute_every: int | None = None  # torchtitan v0.2.2 layer SAC: every N-th block is recomputed
     triad: dict = field(default_factory=dict)  # DeepSpeed: the batch keys as written (None = missing, "auto")
+    fp8_recipe: str | None = None  # with precision fp8: the scaling recipe the config names (cost_models/fp8.py)
+    fp8_param_gather: bool | None = None  # FP8 parameter all-gather as the config sets it (None: the default)
     # communication the config leaves exposed that its framework's profile assumes hidden: knob -> (value, why)
     knobs: dict[str, tuple[float, str]] = field(default_factory=dict)
 
@@ -437,7 +441,27 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
     flavor = (doc.get("model") or {}).get("flavor")
     if flavor:
         view.model["flavor"] = str(flavor)
+    _torchtitan_float8(doc, view)
     return view
+
+
+def _torchtitan_float8(doc: dict, view: ConfigView) -> None:
+    """The TOML's float8 converter (frameworks.md §1.9: `[model] converters = ["float8"]`, `[quantize.linear.float8]`
+    recipe_name, None = tensorwise, and enable_fsdp_float8_all_gather); a Python recipe's converters are model code."""
+    converters = (doc.get("model") or {}).get("converters") or []
+    if "float8" not in converters:
+        return
+    section = ((doc.get("quantize") or {}).get("linear") or {}).get("float8") or {}
+    recipe = section.get("recipe_name") or "tensorwise"
+    allowed = capabilities(Framework.TORCHTITAN).fp8_recipes
+    if recipe == "rowwise_with_gw_hp":  # rowwise, the weight gradient's GEMM kept in high precision
+        view.notes.append("float8 recipe_name rowwise_with_gw_hp: checked as rowwise (its weight-gradient GEMM in "
+                          "bf16 is not modelled)")
+        recipe = "rowwise"
+    if recipe not in allowed:
+        raise SpecError(f"quantize.linear.float8.recipe_name: {recipe!r} -> the planner models {', '.join(allowed)}")
+    view.precision, view.fp8_recipe = "fp8", recipe
+    view.fp8_param_gather = bool(section.get("enable_fsdp_float8_all_gather", False))
 
 
 def _torchtitan_ac(ac: dict | None, legacy: bool, view: ConfigView) -> tuple[str, int | None]:
@@ -547,6 +571,9 @@ def megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-modules", nargs="*")
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--cp-comm-type", nargs="+", choices=list(CP_COMM_OF))  # one type, or one per layer
+    p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
+    p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise", "custom"])
+    p.add_argument("--fp8-param-gather", action="store_true")
     p.add_argument("--data-parallel-sharding-strategy",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     for name in ["--normalization", "--position-embedding-type", "--deepspeed_config", "--deepspeed-config",
@@ -679,6 +706,14 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
     _megatron_cp_ep(args, view, ds)
     view.global_batch_size, view.seq_length = gbs, args.seq_length
     view.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    if args.fp8_format:  # FP8 GEMMs over the 16-bit run (frameworks.md §2.8: --fp8-recipe defaults to delayed)
+        view.precision, view.fp8_recipe = "fp8", args.fp8_recipe or "delayed"
+        view.fp8_param_gather = args.fp8_param_gather
+    elif args.fp8_param_gather:
+        view.notes.append("--fp8-param-gather without --fp8-format: no FP8 training, so no FP8 gather; ignored")
+    if view.fp8_recipe == "custom":
+        view.notes.append("--fp8-recipe custom: a recipe from code the planner cannot see; checked as delayed")
+        view.fp8_recipe = "delayed"
     if ds and args.bf16 and pp > 1 and view.fields["zero_stage"] == 0:
         # DeepSpeed's pipeline engine runs bf16 at ZeRO-0 with BF16_Optimizer: its own ZeRO-1 (frameworks.md §3.5)
         view.fields["zero_stage"] = 1
@@ -938,5 +973,9 @@ def _nemo(text: str, gpus: int) -> ConfigView:
                             "ValueError under Megatron-Bridge (frameworks.md §4.5)", "set model.sequence_parallel=false"))
         view.fields["sequence_parallel"] = False
     view.global_batch_size, view.seq_length = gbs, num("dataset.seq_length", None)
-    view.precision = {"bf16_mixed": "bf16", "fp16_mixed": "fp16"}.get(kv.get("mixed_precision", ""), None)
+    mixed = kv.get("mixed_precision", "")
+    view.precision = {"bf16_mixed": "bf16", "fp16_mixed": "fp16"}.get(mixed, None)
+    fp8 = {name: recipe for recipe, name in NEMO_FP8_MIXED_PRECISION.items()}.get(mixed)
+    if fp8 is not None:  # Megatron-Bridge's FP8 mixed-precision recipes (frameworks.md §4.6)
+        view.precision, view.fp8_recipe = "fp8", fp8
     return view

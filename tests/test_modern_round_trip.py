@@ -1,9 +1,10 @@
-"""Context and expert parallelism through the whole path: a plan with cp / ep -> `export` for each framework ->
+"""Context parallelism, expert parallelism and FP8 through the whole path: a plan -> `export` for each framework ->
 `check` reads the file back -> the same layout and the same prediction. Before, every reader dropped cp and ep (a
 Megatron or NeMo file with --context-parallel-size 2 failed `check` with 'dp*tp*pp must equal the GPUs', an EP file
-was checked as ep 1 with another prediction), and `plan --framework deepspeed` could pick a ring CP that its own
-export refuses. Option names: ../shared/reference/frameworks.md §1.9 (torchtitan), §2.8 (Megatron), §3.1/§3.8
-(DeepSpeed, Megatron-DeepSpeed)."""
+was checked as ep 1 with another prediction) and read an FP8 file as BF16 (--fp8-format, Megatron-Bridge's FP8
+mixed_precision recipes, torchtitan's float8 converter), and `plan --framework deepspeed` could pick a ring CP that
+its own export refuses. Option names: ../shared/reference/frameworks.md §1.9 (torchtitan), §2.8 (Megatron), §3.1/§3.8
+(DeepSpeed, Megatron-DeepSpeed), §4.6 (Megatron-Bridge)."""
 
 import json
 
@@ -50,16 +51,30 @@ CASES = {  # name: (target, (model, batch, seq), layout fields)
     "nemo-ep": ("nemo", MIXTRAL, dict(dp=64, ep=4, zero_stage=3, num_micro_batches=2)),
     "torchtitan-ep": ("torchtitan", MIXTRAL, dict(dp=64, ep=4, zero_stage=3, num_micro_batches=2)),
 }
+DENSE = dict(dp=64, zero_stage=3, num_micro_batches=2, recompute="full")
+FP8_CASES = {  # name: (target, recipe, the FP8 parameter all-gather the plan asks for)
+    "megatron-delayed-param-gather": ("megatron", "delayed", True),
+    "megatron-tensorwise": ("megatron", "tensorwise", False),
+    "nemo-tensorwise": ("nemo", "tensorwise", False),
+    "nemo-blockwise": ("nemo", "blockwise", False),
+    "torchtitan-toml-tensorwise": ("torchtitan-toml", "tensorwise", True),  # its export turns the float8 gather on
+    "torchtitan-toml-rowwise": ("torchtitan-toml", "rowwise", False),
+}
 
 
 def _framework(target: str) -> str:
     return "torchtitan" if target == "torchtitan-toml" else target
 
 
-def _plan(target: str, shape: tuple, fields: dict) -> dict:
+def _plan(target: str, shape: tuple, fields: dict, fp8: tuple[str, bool] | None = None) -> dict:
     """A plan document as `plan --framework F -o` writes it: the layout and its prediction under F's profile."""
     model, batch, seq = shape
-    problem = build_problem("dgx-h100", NODES, model, batch, seq, framework=_framework(target))
+    problem = build_problem("dgx-h100", NODES, model, batch, seq, "fp8" if fp8 else None,
+                            framework=_framework(target), fp8_recipe=fp8[0] if fp8 else None)
+    if fp8:
+        from dataclasses import replace
+
+        problem = replace(problem, training=problem.training.model_copy(update={"fp8_param_gather": fp8[1]}))
     lay = LayoutSpec.model_validate(fields)
     from planner.inputs.models import load_model
 
@@ -70,9 +85,9 @@ def _plan(target: str, shape: tuple, fields: dict) -> dict:
                        "cluster": problem.cluster.model_dump(mode="json")}}
 
 
-def _round_trip(target: str, shape: tuple, fields: dict, tmp_path):
+def _round_trip(target: str, shape: tuple, fields: dict, tmp_path, fp8=None):
     fw = _framework(target)
-    doc = _plan(target, shape, fields)
+    doc = _plan(target, shape, fields, fp8)
     exp = export(doc, fw, torchtitan_format="toml" if target == "torchtitan-toml" else "python")
     path = tmp_path / f"cfg{SUFFIX[target]}"
     path.write_text(exp.text)
@@ -101,6 +116,51 @@ def test_a_cp_or_ep_plan_comes_back_from_its_export_with_the_same_prediction(nam
     got = Predicted.from_estimate(out.estimate, problem.knobs.memory_headroom_bytes).model_dump()
     assert got["step_time_seconds"] == pytest.approx(doc["predicted"]["step_time_seconds"], rel=1e-9)
     assert got["peak_memory_bytes_per_gpu"] == pytest.approx(doc["predicted"]["peak_memory_bytes_per_gpu"], rel=1e-9)
+
+
+@pytest.mark.parametrize("name", list(FP8_CASES))
+def test_an_fp8_plan_is_checked_as_fp8_with_its_recipe(name, tmp_path):
+    import argparse
+
+    from planner.integrations.check import check_file
+
+    target, recipe, gather = FP8_CASES[name]
+    doc = _plan(target, LLAMA, DENSE, (recipe, gather))
+    assert (doc["inputs"]["training"]["fp8_recipe"], doc["inputs"]["training"]["fp8_param_gather"]) == (recipe, gather)
+    exp = export(doc, _framework(target), torchtitan_format="toml" if target == "torchtitan-toml" else "python")
+    path = tmp_path / f"cfg{SUFFIX[target]}"
+    path.write_text(exp.text)
+    view = read_config(path, gpus=NODES * 8, global_batch_size=LLAMA[1])
+    assert (view.precision, view.fp8_recipe) == ("fp8", recipe)
+    args = argparse.Namespace(cluster="dgx-h100", nodes=NODES, model=LLAMA[0], global_batch_size=None, seq_len=None,
+                              tp=None, pp=None, fix=None, framework=None, precision=None, headroom_gib=2.0,
+                              allow_tp_across_nodes=False, calibration=None)
+    report = check_file(path, args)
+    assert report["passed"], report["violations"]
+    for key in ("step_time_seconds", "peak_memory_bytes_per_gpu"):
+        assert report["predicted"][key] == pytest.approx(doc["predicted"][key], rel=1e-9), key
+    bf16 = _plan(target, LLAMA, DENSE)["predicted"]["step_time_seconds"]
+    assert report["predicted"]["step_time_seconds"] < bf16  # read as BF16 before: the BF16 step came back
+
+
+def test_a_python_recipe_is_checked_as_fp8_when_asked(tmp_path):
+    """torchtitan 0.3's float8 converter is model code the reader cannot see: --precision fp8 upgrades its bf16."""
+    import argparse
+
+    from planner.integrations.check import check_file
+
+    doc = _plan("torchtitan", LLAMA, DENSE, ("rowwise", False))
+    path = tmp_path / "planner_job.py"
+    path.write_text(export(doc, "torchtitan").text)
+    args = argparse.Namespace(cluster="dgx-h100", nodes=NODES, model=LLAMA[0], global_batch_size=None, seq_len=None,
+                              tp=None, pp=None, fix=None, framework=None, precision="fp8", headroom_gib=2.0,
+                              allow_tp_across_nodes=False, calibration=None)
+    report = check_file(path, args)
+    assert report["predicted"]["step_time_seconds"] == pytest.approx(doc["predicted"]["step_time_seconds"], rel=1e-9)
+    assert not any("from the config" in n for n in report["notes"])
+    args.precision = "fp32"  # any other disagreement: the config's own precision wins, and a note says so
+    report = check_file(path, args)
+    assert any("precision bf16 from the config (not --precision fp32)" in n for n in report["notes"])
 
 
 def test_megatron_deepspeed_writes_ulysses_as_its_own_flag(tmp_path):
