@@ -40,6 +40,13 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
     if precision is None:
         gpu = cl.gpu_spec()
         precision = gpu.default_precision()
+        from planner.frameworks.capabilities import capabilities
+
+        runs = capabilities(framework).precisions
+        if precision not in runs:
+            raise SpecError(f"--precision: not given, and {gpu.name}'s default {precision} (it has no bf16 tensor "
+                            f"peak) -> {capabilities(framework).framework.value} trains in {', '.join(runs)}; pass "
+                            f"--precision fp32")
         if precision != "bf16":
             print(f"note: {gpu.name} has no bf16 tensor peak: using --precision {precision}", file=sys.stderr)
     try:

@@ -44,6 +44,18 @@ def test_recipes_a_framework_cannot_run_are_refused(framework, recipe, why):
         fp8_recipe_for(framework, "fp8", recipe)
 
 
+def test_a_16_bit_precision_the_framework_cannot_train_in_is_refused():
+    """torchtitan has no fp16 (mixed_precision_param: bfloat16 or float32, frameworks.md §1.6): before, only FP8 was
+    checked, so `plan --framework torchtitan` on a V100 (fp16 by default) planned what its export then refused."""
+    with pytest.raises(SpecError, match="torchtitan trains in bf16, fp32, fp8"):
+        fp8_recipe_for("torchtitan", "fp16", None)
+    with pytest.raises(SpecError, match="V100-SXM2-32GB's default fp16 .* pass --precision fp32"):
+        build_problem("v100-10gbe", 1, "gpt3-1.3b", 64, 2048, framework="torchtitan")
+    assert build_problem("v100-10gbe", 1, "gpt3-1.3b", 64, 2048, "fp32", framework="torchtitan").training.precision \
+        == "fp32"
+    assert fp8_recipe_for("deepspeed", "fp16", None) is None
+
+
 def test_a_recipe_without_fp8_is_refused_and_bf16_has_none():
     with pytest.raises(SpecError, match="needs --precision fp8"):
         fp8_recipe_for("megatron", "bf16", "delayed")

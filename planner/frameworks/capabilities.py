@@ -324,11 +324,14 @@ def fp8_recipe_for(framework: str | Framework | None, precision: str, fp8_recipe
     framework cannot train in this precision or recipe, or a recipe is asked for without --precision fp8."""
     from cluster_specs import SpecError
 
+    caps = capabilities(framework)
     if precision != "fp8":
         if fp8_recipe is not None:
             raise SpecError(f"--fp8-recipe: {fp8_recipe} -> needs --precision fp8 (the precision is {precision})")
+        why = caps.precision_problem(precision, None)  # e.g. torchtitan has no fp16 (a V100's default precision)
+        if why:
+            raise SpecError(f"--precision: {caps.framework.value}: {why}")
         return None
-    caps = capabilities(framework)
     recipe = fp8_recipe or caps.default_fp8_recipe
     why = caps.precision_problem(precision, recipe)
     if why:
