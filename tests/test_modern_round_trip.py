@@ -211,3 +211,16 @@ def test_cp_and_ep_can_be_pinned_and_the_rest_say_why_not():
 
     opts = PlanOptions(restriction=build_restriction("megatron", problem.model.vocab_size, ["cp=2"]))
     assert {b["cp"] for b in enumerate_bases(problem, opts, offload=False)} == {2}
+
+
+def test_megatron_expert_tensor_parallelism_defaults_to_tp(tmp_path):
+    """--expert-tensor-parallel-size None -> tp in Megatron-LM (frameworks.md §2.1, arguments.py L587-588)."""
+    base = ("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --micro-batch-size 1 "
+            "--global-batch-size 128 --seq-length 4096 --bf16 --expert-model-parallel-size 4 ")
+    path = tmp_path / "moe.sh"
+    path.write_text(base + "--num-experts 8\n")
+    view = read_config(path, gpus=64)
+    assert (view.fields["ep"], view.fields["etp"]) == (4, 2)
+    assert any("Megatron-LM's default is tp (2)" in n for n in view.notes)
+    path.write_text(base + "--num-experts 8 --expert-tensor-parallel-size 1\n")
+    assert read_config(path, gpus=64).fields["etp"] == 1

@@ -556,7 +556,7 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--context-parallel-size",
             "--data-parallel-size", "--zero-stage", "--checkpoint-num-layers", "--padded-vocab-size",
             "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--ds-sequence-parallel-size",
-            "--vocab-size"]
+            "--vocab-size", "--num-experts"]
     for name in ints:
         p.add_argument(name, type=int)
     for name in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
@@ -746,8 +746,12 @@ def _megatron_cp_ep(args: argparse.Namespace, view: ConfigView, ds: bool) -> Non
         view.notes.append(f"--cp-comm-type per layer ({', '.join(types)}): checked as {types[0]} in every layer")
     if cp > 1 and types[0] == "a2a+p2p":
         view.notes.append("--cp-comm-type a2a+p2p (hierarchical): checked as the p2p ring")
-    _cp_ep(view, cp=cp, cp_comm=CP_COMM_OF[types[0]], ep=args.expert_model_parallel_size or 1,
-           etp=args.expert_tensor_parallel_size or 1)
+    etp = args.expert_tensor_parallel_size
+    if etp is None and args.num_experts and not ds:  # Megatron-LM: None -> tp (frameworks.md §2.1, L587-588)
+        etp = view.fields["tp"]
+        if etp > 1:
+            view.notes.append(f"--expert-tensor-parallel-size not given: Megatron-LM's default is tp ({etp})")
+    _cp_ep(view, cp=cp, cp_comm=CP_COMM_OF[types[0]], ep=args.expert_model_parallel_size or 1, etp=etp or 1)
 
 
 def _megatron_overlap(args: argparse.Namespace, view: ConfigView) -> None:
