@@ -431,6 +431,11 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
                    "virtual_stages": 1}
     # torch's context_parallel is a ring (p2p); experts borrow their ranks from FSDP (and TP): no etp key
     _cp_ep(view, cp=par.get("context_parallel_degree", 1), ep=par.get("expert_parallel_degree", 1))
+    if legacy and par.get("context_parallel_degree", 1) > 1:  # frameworks.md §1.9: v0.2.2's rotate method
+        given = par.get("context_parallel_rotate_method")
+        method = f"{given}" if given else "allgather (the default)"
+        view.notes.append(f"context_parallel_rotate_method {method}: the planner predicts torch's ring exchange "
+                          "whatever the rotation")
     view.global_batch_size, view.seq_length = gbs, train.get("seq_len", 2048)
     mp = train.get("mixed_precision_param", "bfloat16")
     view.precision = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(mp)
