@@ -224,3 +224,24 @@ def test_megatron_expert_tensor_parallelism_defaults_to_tp(tmp_path):
     assert any("Megatron-LM's default is tp (2)" in n for n in view.notes)
     path.write_text(base + "--num-experts 8 --expert-tensor-parallel-size 1\n")
     assert read_config(path, gpus=64).fields["etp"] == 1
+
+
+def test_a_plan_json_is_checked_against_its_own_framework(tmp_path):
+    """A plan file made before a rule existed (here: a ring CP under DeepSpeed, which runs Ulysses only) or edited by
+    hand fails `check` against the framework it names; before, only a config of another framework was held to it."""
+    import argparse
+
+    from planner.integrations.check import check_file
+
+    doc = _plan("deepspeed", LLAMA, dict(dp=32, cp=2, zero_stage=3, micro_batch_size=4, recompute="full"))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    args = argparse.Namespace(cluster="dgx-h100", nodes=NODES, model=LLAMA[0], global_batch_size=None, seq_len=None,
+                              tp=None, pp=None, fix=None, framework=None, precision=None, headroom_gib=2.0,
+                              allow_tp_across_nodes=False, calibration=None)
+    report = check_file(path, args)
+    assert [v["rule"] for v in report["violations"]] == ["framework"]
+    assert "cp_comm a2a" in report["violations"][0]["message"]
+    doc["layout"]["cp_comm"] = "a2a"  # the Ulysses twin passes
+    path.write_text(json.dumps(doc))
+    assert check_file(path, args)["passed"]

@@ -131,7 +131,9 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     if vocab:
         violations.append({"rule": "vocab_size", "message": vocab, "hint": hint_for("vocab")})
     why = caps.refusal(layout.model_dump())
-    if why and caps.framework is not view.framework:
+    # a framework's own config was read with its rules (its refusals are read-time errors); a plan JSON was not:
+    # a plan made before a rule existed, or edited by hand, is checked against its framework too
+    if why and (caps.framework is not view.framework or view.format == "plan"):
         violations.append({"rule": "framework", "message": why, "hint": f"plan with --framework {caps.framework.value}"})
     est = None
     if not any(v["rule"] in STRUCTURAL for v in violations):
