@@ -20,10 +20,11 @@ __all__ = ["DEFAULT_HEADROOM_GIB", "GIB", "Problem", "build_problem", "complete_
 def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size: int, seq_len: int,
                   precision: str | None = None, headroom_gib: float = DEFAULT_HEADROOM_GIB,
                   calibration: Path | None = None, framework: str | None = None,
-                  fp8_recipe: str | None = None) -> Problem:
+                  fp8_recipe: str | None = None, fp8_param_gather: bool | None = None) -> Problem:
     """The problem a command describes: cluster (scaled, calibrated), model, training setup, knobs. Without a
     precision, the GPU's default (bf16, or fp16 on a GPU without bf16 such as V100; a note says so). With
-    precision fp8 and no recipe, the framework's default recipe (planner/frameworks/capabilities.py)."""
+    precision fp8 and no recipe, the framework's default recipe (planner/frameworks/capabilities.py), and its
+    default FP8 parameter all-gather unless `fp8_param_gather` says (a config read by `check` sets it)."""
     import sys
 
     from pydantic import ValidationError
@@ -42,11 +43,10 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
         precision = gpu.default_precision()
         from planner.frameworks.capabilities import capabilities
 
-        runs = capabilities(framework).precisions
-        if precision not in runs:
+        why = capabilities(framework).precision_problem(precision, None)
+        if why:
             raise SpecError(f"--precision: not given, and {gpu.name}'s default {precision} (it has no bf16 tensor "
-                            f"peak) -> {capabilities(framework).framework.value} trains in {', '.join(runs)}; pass "
-                            f"--precision fp32")
+                            f"peak): {why}; pass --precision fp32")
         if precision != "bf16":
             print(f"note: {gpu.name} has no bf16 tensor peak: using --precision {precision}", file=sys.stderr)
     try:
@@ -57,7 +57,8 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
 
     recipe = fp8_recipe_for(framework, tr.precision, fp8_recipe)
     if recipe is not None:
-        tr = tr.model_copy(update={"fp8_recipe": recipe, "fp8_param_gather": fp8_gathers_params(framework, recipe)})
+        gather = fp8_gathers_params(framework, recipe) if fp8_param_gather is None else fp8_param_gather
+        tr = tr.model_copy(update={"fp8_recipe": recipe, "fp8_param_gather": gather})
     return Problem(md, tr, cl, problem_knobs(cl, precision, framework, headroom * GIB, knobs_kw))
 
 

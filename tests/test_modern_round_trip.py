@@ -70,11 +70,8 @@ def _plan(target: str, shape: tuple, fields: dict, fp8: tuple[str, bool] | None 
     """A plan document as `plan --framework F -o` writes it: the layout and its prediction under F's profile."""
     model, batch, seq = shape
     problem = build_problem("dgx-h100", NODES, model, batch, seq, "fp8" if fp8 else None,
-                            framework=_framework(target), fp8_recipe=fp8[0] if fp8 else None)
-    if fp8:
-        from dataclasses import replace
-
-        problem = replace(problem, training=problem.training.model_copy(update={"fp8_param_gather": fp8[1]}))
+                            framework=_framework(target), fp8_recipe=fp8[0] if fp8 else None,
+                            fp8_param_gather=fp8[1] if fp8 else None)
     lay = LayoutSpec.model_validate(fields)
     from planner.inputs.models import load_model
 

@@ -262,7 +262,6 @@ MEGATRON_DEEPSPEED = Capabilities(
     sources={
         "cp": "frameworks.md §3.1: --ds-sequence-parallel-size sets Ulysses (all-to-all) sequence parallelism; it "
               "'cannot be combined with --sequence-parallel'",
-        "ep": "the Megatron MoE flags (frameworks.md §2.8)",
         "schedules": "frameworks.md §3.3: DeepSpeed's pipeline engine runs 1F1B; --enable-zbh1-pipeline runs ZB-H1 "
                      "(no SP)",
         "zero": "frameworks.md §3.1/§3.3: --zero-stage with the DeepSpeed engine; ZeRO-2/3 only with "

@@ -16,7 +16,8 @@ FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "offload", "micro_batch_s
 NOT_SEARCHED = {
     "layers_per_stage": "per-stage lists are the refinement's output, not a search key",
     "recompute_layers_per_stage": "per-stage lists are the refinement's output, not a search key",
-    "cp_comm": "the search plans context parallelism as Megatron's default ring (cp_comm p2p)",
+    "cp_comm": "the search plans the exchange the framework runs (Capabilities.planned_cp_comm: the ring where it "
+               "has one, else Ulysses)",
     "etp": "the search plans experts without expert tensor parallelism (etp 1)",
 }
 

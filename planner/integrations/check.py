@@ -8,7 +8,7 @@ numbers and a fix hint. Exit: 0 pass, 1 violation, 3 could not check (the worst 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -241,10 +241,8 @@ def check_file(path: Path, args) -> dict:
     # for), as plan and estimate use it: its memory recipe, overlap and allocator reserve
     fw = args.framework or view.framework.value
     problem = build_problem(args.cluster, args.nodes, args.model, batch, seq, precision, args.headroom_gib,
-                            args.calibration, fw, view.fp8_recipe if precision == "fp8" else None)
-    if precision == "fp8" and view.fp8_param_gather is not None:  # as the config sets it, not the default
-        problem = replace(problem, training=problem.training.model_copy(
-            update={"fp8_param_gather": view.fp8_param_gather}))
+                            args.calibration, fw, *((view.fp8_recipe, view.fp8_param_gather) if precision == "fp8"
+                                                    else (None, None)))
     out = check(view, problem, overrides=overrides, allow_tp_across_nodes=args.allow_tp_across_nodes,
                 framework=args.framework)
     return {"config": str(path), "format": view.format, "framework": fw,
