@@ -49,7 +49,8 @@ ASSUMPTIONS = [
     "and NeMo rows -> megatron/nemo; torchtitan and llm-foundry (FSDP) -> torchtitan; DeepSpeed -> deepspeed; "
     "Megatron-DeepSpeed -> megatron-deepspeed; llm-foundry rows keep their fused cross-entropy's 4 B per logit "
     "(loss_fn 'fused_crossentropy', flash_attn.losses.cross_entropy, its default), not torchtitan's torch loss "
-    "(12). torchtitan 'selective (op)' rows run the torchtitan profile's selective, per-op SAC (cost_models/op_sac.py); "
+    "(12), and their amp_fp8 runs Transformer Engine's FP8 Linears (FP8-saved inputs, cached FP8 weights), not "
+    "torchao's. torchtitan 'selective (op)' rows run the torchtitan profile's selective, per-op SAC (cost_models/op_sac.py); "
     "'selective (layer)' rows its layer SAC of the time (selective_ac_option '2', the default: every 2nd block fully "
     "recomputed). Megatron-LM rows of 2020-2022 use the megatron profile without the "
     "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3). "
@@ -504,8 +505,8 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     if isinstance(fields, str):
         return fields
     knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
-    if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss (ASSUMPTIONS)
-        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT)
+    if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear (ASSUMPTIONS)
+        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT, fp8_te_linear=True)
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
     if measured is None and memory_only and mem:
