@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from cluster_specs import ClusterSpec, SpecError, load_cluster
+from cluster_specs import ClusterSpec, SpecError, load_cluster, load_gpu
 from cost_models import compute
 from cost_models.inputs import Knobs
 from cost_models.memory import FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
@@ -146,7 +146,6 @@ GPU_TEXT_RULES: tuple[tuple[tuple[str, ...], tuple[str, dict] | str], ...] = (
     (("a800",), ("dgx-a100-80gb", {"gpu": "A800-SXM4-80GB", "intra_node": {"gb_per_s": 200.0}})),  # NVLink cut
     (("h100", "nvl"), "GPU {gpu!r}: H100 NVL (a PCIe pair on NVLink bridges) is not in the catalog"),
     (("h100", "pcie"), ("dgx-h100", {"gpu": "H100-PCIe", "intra_node": PCIE_SERVERS["H100-PCIe"]})),
-    (("h100", "95gb"), ("dgx-h100", {"gpu": {"memory_gib": 95e9 / GIB}})),
     (("h100",), ("dgx-h100", {})),
     (("a100", "pcie", "40gb"), "GPU {gpu!r}: the 40 GB A100 PCIe card is not in the catalog"),
     (("a100", "pcie"), ("dgx-a100-80gb", {"gpu": "A100-PCIe-80GB", "intra_node": PCIE_SERVERS["A100-PCIe-80GB"]})),
@@ -167,6 +166,21 @@ def _catalog_base(gpu: str) -> tuple[str, dict] | str:
         if all(w in low for w in words):
             return result.format(gpu=gpu) if isinstance(result, str) else result
     return f"GPU {gpu!r} not in the catalog"
+
+
+MEMORY_MISMATCH_FRACTION = 0.1
+"""A row whose stated GPU memory is this far from its preset's (a 96 GB H100, a 40 GB A100 named without its
+size) runs on the stated size, read as 10^9 bytes (the lower reading of a vendor's "GB"); within it, the preset's
+measured capacity stands (80 GB parts hold 79.6-80 GiB)."""
+
+
+def _stated_memory_gb(row) -> float | None:
+    """The GPU memory a row states: its gpu_memory_gb, else a size in its GPU text ("H100 96GB"), else None."""
+    stated = _num(row.get("gpu_memory_gb"))
+    if stated is not None and stated > 0:
+        return float(stated)
+    m = re.search(r"(\d+(?:\.\d+)?)\s*gb\b", (row.get("gpu_type") or "").lower())
+    return float(m.group(1)) if m else None
 
 
 def _gpu_and_cluster(row) -> tuple[str, dict] | str:
@@ -197,12 +211,14 @@ def _gpu_and_cluster(row) -> tuple[str, dict] | str:
         elif "1600 gbps" in inter:
             spec["inter_node"] = {"kind": "roce", "nics_per_node": 8, "nic_gbit_per_s": 200.0, "efficiency": 0.9,
                                   "latency_us": 10.0}
-    if isinstance(over.get("gpu"), dict):  # fields of the preset's GPU (a memory size)
-        from cluster_specs import load_gpu
-
+    if isinstance(over.get("gpu"), dict):  # fields of the preset's GPU
         spec["gpu"] = {**load_gpu(spec["gpu"]).model_dump(mode="json"), **over["gpu"]}
     elif "gpu" in over:
         spec["gpu"] = over["gpu"]
+    stated = _stated_memory_gb(row)
+    gpu_fields = spec["gpu"] if isinstance(spec["gpu"], dict) else load_gpu(spec["gpu"]).model_dump(mode="json")
+    if stated is not None and abs(gpu_fields["memory_gib"] - stated) > MEMORY_MISMATCH_FRACTION * stated:
+        spec["gpu"] = {**gpu_fields, "memory_gib": stated * 1e9 / GIB}
     if "intra_node" in over:
         spec["intra_node"] = {**spec["intra_node"], **over["intra_node"]}
     spec["gpus_per_node"] = min(gpn, n) if n < gpn else gpn
