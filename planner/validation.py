@@ -36,7 +36,8 @@ GIB = 2**30
 
 ASSUMPTIONS = [
     "GPU memory: 'A100' without '40GB' is the 80 GB part (Selene and Jean Zay nodes are A100 80GB); "
-    "'H100 SXM 95GB' is the H100 SXM with 95 GB.",
+    "a row that states its GPU memory (gpu_memory_gb, or a size in its GPU text: 'H100 SXM 95GB') more than "
+    "10% away from its preset's runs on the stated size, read as 10^9 bytes.",
     "Network when not printed: DGX A100 8 x HDR 200 Gb/s, DGX H100 8 x NDR 400 Gb/s, DGX-2 8 x EDR 100 Gb/s, "
     "Jean Zay 4 x Omni-Path 100 Gb/s [U].",
     "Model family: Llama rows (KV heads or 'Llama' in the name) are SwiGLU/RMSNorm/untied/no-bias; MPT rows "
@@ -66,7 +67,8 @@ ASSUMPTIONS = [
     "fastest fitting of none/selective/full, but none/full for Megatron-LM rows dated before 2022: selective "
     "recompute arrived with Korthikanti et al. 2022 (Megatron-LM commit cfd2e21607, 2022-04-28, "
     "--checkpoint-granularity selective); until then Megatron-LM had only --checkpoint-activations, i.e. full.",
-    "Sequence parallelism unprinted: on with TP for Megatron-Core/NeMo, off otherwise.",
+    "Sequence parallelism unprinted: on with TP for Megatron-Core/NeMo and torchtitan (its enable_sequence_parallel "
+    "defaults to True, frameworks.md §1.2), off otherwise.",
 ]
 
 
@@ -345,6 +347,12 @@ def _precision(row: dict, family: str) -> tuple[str, str]:
     return precision, fp8_recipe
 
 
+SP_WITH_TP_FAMILIES = ("mcore", "fsdp")
+"""Families whose rows run sequence parallelism with TP when they do not print it (ASSUMPTIONS): Megatron-Core/NeMo
+recipes set it; torchtitan's TP plan is sequence-parallel by default (enable_sequence_parallel = True). llm-foundry,
+the other FSDP source, has no TP rows."""
+
+
 def _layout_fields(row: dict, family: str, n: int) -> dict | str:
     """The layout the row reports (degrees, schedule, ZeRO stage, sequence parallelism), or why it does not add up."""
     tp, pp, cp = row.get("tp") or 1, row.get("pp") or 1, row.get("cp") or 1
@@ -359,7 +367,7 @@ def _layout_fields(row: dict, family: str, n: int) -> dict | str:
         zero = 1 if family == "mcore" else 0
     fields["zero_stage"] = zero
     sp = row.get("sequence_parallel")
-    fields["sequence_parallel"] = bool(sp) if sp is not None else (family == "mcore" and tp > 1)
+    fields["sequence_parallel"] = bool(sp) if sp is not None else (family in SP_WITH_TP_FAMILIES and tp > 1)
     return fields
 
 

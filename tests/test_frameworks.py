@@ -182,3 +182,22 @@ def test_a_rows_gpu_text_names_its_cluster(gpu, base):
                 "H100 PCIe": ("H100-PCIe", "pcie", 50.0), "A100 80GB PCIe": ("A100-PCIe-80GB", "pcie", 25.0)}
     if gpu in expected:
         assert (gpu_spec.name, intra.kind, intra.gb_per_s) == expected[gpu]
+
+
+@pytest.mark.parametrize("framework, tp, printed, expected", [
+    ("torchtitan (FSDP2)", 8, None, True),  # enable_sequence_parallel defaults to True
+    ("torchtitan (FSDP2)", 8, False, False),  # a printed value stands
+    ("torchtitan (FSDP2)", 1, None, False),  # no TP, no SP
+    ("NeMo", 8, None, True),
+    ("Megatron-DeepSpeed", 8, None, False),
+])
+def test_a_rows_unprinted_sequence_parallelism_is_its_frameworks_default(framework, tp, printed, expected):
+    """torchtitan's published 2D runs (docs/performance.md at eaea6f6a, Table 4: Llama 3.1 70B, FSDP 32 x TP 8,
+    local batch 16, 71.9 GiB measured) do not print SP; without it their TP ranks would each hold the full
+    sequence's checkpoints, 213.8 GiB predicted (a false OOM) where 62.8 GiB is predicted with it
+    (tests/outside_torchtitan_probe.py)."""
+    from planner.validation import _framework_family, _layout_fields
+
+    row = {"framework": framework, "tp": tp, "pp": 1, "dp": 4, "sequence_parallel": printed}
+    fields = _layout_fields(row, _framework_family(row), 4 * tp)
+    assert fields["sequence_parallel"] is expected

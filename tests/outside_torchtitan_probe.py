@@ -1,0 +1,65 @@
+"""Outside check on torchtitan's H100 runs that print their measured memory (not collected by pytest; the rows are
+not in ../shared/validation, so no knob was fitted on them): pytorch/torchtitan docs/performance.md at commit
+eaea6f6a (Grand Teton: 8 H100 SXM 96GB HBM2e per host at 500 W, 400 Gb/s RDMA per GPU; torch 1963fc8, torchao
+eab345c, torchtitan 9dec370, 2024-12). Memory(GiB) is torch's peak reserved, the maximum over GPUs.
+
+    PYTHONPATH=. .venv/bin/python tests/outside_torchtitan_probe.py
+
+A line per row: measured and predicted step time and memory, and their errors. Not modelled, so expect them off:
+torch.compile (fuses elementwise work and frees its intermediates: the compile rows run faster and 5 GiB leaner than
+eager), the 500 W power limit and HBM2e (the H100 preset is the 700 W HBM3 part), AsyncTP."""
+
+from __future__ import annotations
+
+from planner.validation import build_case, evaluate
+
+SOURCE = "pytorch/torchtitan docs/performance.md (commit eaea6f6a)"
+LLAMA3 = {  # Llama 3.1 (HF configs): layers, hidden, heads, KV heads, FFN
+    "8b": (32, 4096, 32, 8, 14336, 8.03),
+    "70b": (80, 8192, 64, 8, 28672, 70.6),
+}
+ROWS = [  # id, model, GPUs, dp, tp, local batch, recompute, precision, TPS/GPU, GiB, table
+    ("t1-fsdp", "8b", 8, 8, 1, 2, "selective (op)", "BF16", 5762, 82.4, "Table 1 FSDP"),
+    ("t1-compile", "8b", 8, 8, 1, 2, "selective (op)", "BF16", 6667, 77.0, "Table 1 FSDP + torch.compile"),
+    ("t1-compile-fp8", "8b", 8, 8, 1, 2, "selective (op)", "FP8", 8532, 76.8, "Table 1 + Float8"),
+    ("t3-fsdp", "8b", 128, 128, 1, 2, "selective (op)", "BF16", 5605, 67.0, "Table 3 FSDP"),
+    ("t3-compile", "8b", 128, 128, 1, 2, "selective (op)", "BF16", 6514, 62.0, "Table 3 FSDP + torch.compile"),
+    ("t3-compile-fp8", "8b", 128, 128, 1, 2, "selective (op)", "FP8", 8380, 61.8, "Table 3 + Float8"),
+    ("t4-2d-fp8", "70b", 256, 32, 8, 16, "full", "FP8", 829, 71.9, "Table 4 2D, compile + Float8"),
+]
+
+
+def row(rid, size, n, dp, tp, lbs, recompute, precision, tps, gib, table) -> dict:
+    layers, h, heads, kv, ffn, params = LLAMA3[size]
+    return {
+        "id": f"torchtitan-h100-{size}-{rid}", "record_type": "throughput_run", "source": SOURCE,
+        "source_locator": table, "model_name": f"Llama 3.1 {size.upper()}", "model_family": "llama3",
+        "architecture": "dense", "params_b": params, "num_layers": layers, "hidden_size": h,
+        "num_attention_heads": heads, "num_kv_heads": kv, "ffn_hidden_size": ffn, "vocab_size": 128256,
+        "seq_length": 8192, "gpu_type": "H100 SXM 96GB HBM2e (500 W)", "total_gpus": n, "gpus_per_node": 8,
+        "tp": tp, "pp": 1, "dp": dp, "zero_stage": 3, "fsdp": True, "micro_batch_size": lbs // tp * tp,
+        "global_batch_size": lbs * dp, "activation_recomputation": recompute, "precision": precision,
+        "framework": "torchtitan (FSDP2)", "tokens_per_sec_per_gpu": tps, "peak_memory_gb_per_gpu": gib * 2**30 / 1e9,
+    }
+
+
+def main() -> None:
+    print(f"{'row':34} {'step s meas/pred':>18} {'err':>7} {'GiB meas/pred':>15} {'err':>7}")
+    for spec in ROWS:
+        r = row(*spec)
+        case = build_case(r)
+        if isinstance(case, str):
+            print(f"{r['id']:34} skipped: {case}")
+            continue
+        res = evaluate(case)
+        if res.predicted_step_seconds is None:
+            print(f"{r['id']:34} not estimated: {res.note}")
+            continue
+        gib = spec[9]
+        mem_err = (res.predicted_memory_gib - gib) / gib
+        print(f"{r['id']:34} {case.measured_step_seconds:8.2f}/{res.predicted_step_seconds:<8.2f} {res.error:+7.1%} "
+              f"{gib:6.1f}/{res.predicted_memory_gib:<7.1f} {mem_err:+7.1%}{'' if res.fits else '  (judged OOM)'}")
+
+
+if __name__ == "__main__":
+    main()
