@@ -284,7 +284,7 @@ def layer_extras(model: Transformer, training: Training, hw: Hardware, layout: L
     kernels, kernels_fwd = _expert_kernel_terms(model, training, layout, knobs, rate_flops_per_second)
     params, experts = _layer_params(model, layout)
     fp8_weights = saving = 0.0
-    if training.fp8_recipe is not None and knobs.fp8_te_linear:  # torchao: neither term (Knobs.fp8_te_linear)
+    if training.fp8_recipe is not None and not knobs.fp8_torchao_linear:  # torchao: neither term
         norms = parameter_counts(model).per_layer_norms
         fp8_weights = fp8_weight_extra_bytes(fp8_params=params - norms, recipe=training.fp8_recipe,
                                              fp8_param_gather=training.fp8_param_gather)

@@ -267,9 +267,9 @@ class Knobs:
     # cannot import memory.py, which imports it); torch's F.cross_entropy on fp32-cast logits
     # (torchtitan) holds more at its backward
     loss_bytes_per_logit: float = 4.0
-    # the FP8 Linear is Transformer Engine's: it keeps its input quantized for backward (Megatron "stores linear
-    # layer inputs in FP8") and caches FP8 weight copies for the step (fp8.RECIPES extra_weight_bytes_per_param).
-    # False: torchao's Float8Linear (torchtitan), which saves the high-precision input (matmul_with_hp_or_float8_args:
-    # save_for_backward(input_hp, weight_hp_t)) and casts the weights on the fly, so FP8 saves no activation bytes
-    # and keeps no persistent weight copies
-    fp8_te_linear: bool = True
+    # the FP8 Linear is torchao's Float8Linear (torchtitan): it saves the high-precision input
+    # (matmul_with_hp_or_float8_args: save_for_backward(input_hp, weight_hp_t)) and casts the weights on the fly, so
+    # FP8 saves no activation bytes and keeps no persistent weight copies. False: Transformer Engine's, which keeps its
+    # input quantized for backward (Megatron "stores linear layer inputs in FP8") and caches FP8 weight copies for the
+    # step (fp8.RECIPES extra_weight_bytes_per_param)
+    fp8_torchao_linear: bool = False

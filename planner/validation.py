@@ -27,6 +27,7 @@ from cost_models.memory import FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
 from cost_models.stage import stage_split
 from planner.bands import DOES_NOT_FIT, cluster_generation, fit_verdict_of_result
 from planner.frameworks import Framework
+from planner.frameworks.capabilities import capabilities
 from planner.frameworks.profiles import profile_for
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.problem import Problem
@@ -155,8 +156,9 @@ GPU_TEXT_RULES: tuple[tuple[tuple[str, ...], tuple[str, dict] | str], ...] = (
     (("a100",), ("dgx-a100-80gb", {})),
     (("v100",), ("dgx2", {})),
 )
-"""A row's GPU text (lower-cased) -> (the cluster preset, the spec fields it overrides: `gpu`, a catalog name or
-fields merged into the preset's GPU; `intra_node`, fields merged into the preset's link), or why it cannot run.
+"""A row's GPU text (lower-cased) -> (the cluster preset, the spec fields it overrides: `gpu`, a catalog name;
+`intra_node`, fields merged into the preset's link), or why it cannot run. A stated memory size is not a rule: it
+applies to any GPU (MEMORY_MISMATCH_FRACTION).
 The first rule whose words all occur wins."""
 
 
@@ -213,12 +215,11 @@ def _gpu_and_cluster(row) -> tuple[str, dict] | str:
         elif "1600 gbps" in inter:
             spec["inter_node"] = {"kind": "roce", "nics_per_node": 8, "nic_gbit_per_s": 200.0, "efficiency": 0.9,
                                   "latency_us": 10.0}
-    if isinstance(over.get("gpu"), dict):  # fields of the preset's GPU
-        spec["gpu"] = {**load_gpu(spec["gpu"]).model_dump(mode="json"), **over["gpu"]}
-    elif "gpu" in over:
+    if "gpu" in over:
         spec["gpu"] = over["gpu"]
     stated = _stated_memory_gb(row)
-    gpu_fields = spec["gpu"] if isinstance(spec["gpu"], dict) else load_gpu(spec["gpu"]).model_dump(mode="json")
+    gpu_fields = load_gpu(spec["gpu"]).model_dump(mode="json")
+    # nominal sizes compared: a vendor's "80GB" part holds 79.6-80 GiB
     if stated is not None and abs(gpu_fields["memory_gib"] - stated) > MEMORY_MISMATCH_FRACTION * stated:
         spec["gpu"] = {**gpu_fields, "memory_gib": stated * 1e9 / GIB}
     if "intra_node" in over:
@@ -347,10 +348,11 @@ def _precision(row: dict, family: str) -> tuple[str, str]:
     return precision, fp8_recipe
 
 
-SP_WITH_TP_FAMILIES = ("mcore", "fsdp")
-"""Families whose rows run sequence parallelism with TP when they do not print it (ASSUMPTIONS): Megatron-Core/NeMo
-recipes set it; torchtitan's TP plan is sequence-parallel by default (enable_sequence_parallel = True). llm-foundry,
-the other FSDP source, has no TP rows."""
+def _unprinted_sequence_parallel(family: str, tp: int) -> bool:
+    """Sequence parallelism for a row that does not print it (ASSUMPTIONS): on with TP where Megatron-Core/NeMo's
+    recipes set it, else its family's framework default (Capabilities.sequence_parallel_default: torchtitan's
+    enable_sequence_parallel, which the FSDP family's rows run with, like the rest of its profile)."""
+    return tp > 1 and (family == "mcore" or capabilities(FAMILY_FRAMEWORK[family]).sequence_parallel_default)
 
 
 def _layout_fields(row: dict, family: str, n: int) -> dict | str:
@@ -367,7 +369,7 @@ def _layout_fields(row: dict, family: str, n: int) -> dict | str:
         zero = 1 if family == "mcore" else 0
     fields["zero_stage"] = zero
     sp = row.get("sequence_parallel")
-    fields["sequence_parallel"] = bool(sp) if sp is not None else (family in SP_WITH_TP_FAMILIES and tp > 1)
+    fields["sequence_parallel"] = bool(sp) if sp is not None else _unprinted_sequence_parallel(family, tp)
     return fields
 
 
@@ -530,7 +532,7 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
         return fields
     knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
     if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear (ASSUMPTIONS)
-        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT, fp8_te_linear=True)
+        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT, fp8_torchao_linear=False)
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
     if measured is None and memory_only and mem:

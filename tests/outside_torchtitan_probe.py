@@ -37,7 +37,7 @@ def row(rid, size, n, dp, tp, lbs, recompute, precision, tps, gib, table) -> dic
         "architecture": "dense", "params_b": params, "num_layers": layers, "hidden_size": h,
         "num_attention_heads": heads, "num_kv_heads": kv, "ffn_hidden_size": ffn, "vocab_size": 128256,
         "seq_length": 8192, "gpu_type": "H100 SXM 96GB HBM2e (500 W)", "total_gpus": n, "gpus_per_node": 8,
-        "tp": tp, "pp": 1, "dp": dp, "zero_stage": 3, "fsdp": True, "micro_batch_size": lbs // tp * tp,
+        "tp": tp, "pp": 1, "dp": dp, "zero_stage": 3, "fsdp": True, "micro_batch_size": lbs,
         "global_batch_size": lbs * dp, "activation_recomputation": recompute, "precision": precision,
         "framework": "torchtitan (FSDP2)", "tokens_per_sec_per_gpu": tps, "peak_memory_gb_per_gpu": gib * 2**30 / 1e9,
     }

@@ -1,4 +1,4 @@
-"""FP8 memory by the library that runs the FP8 Linears (cost_models/inputs.py Knobs.fp8_te_linear).
+"""FP8 memory by the library that runs the FP8 Linears (cost_models/inputs.py Knobs.fp8_torchao_linear).
 
 Transformer Engine (Megatron-Core, NeMo, llm-foundry's amp_fp8) keeps each FP8 Linear's input quantized for backward
 (Megatron: "stores linear layer inputs in FP8", modern-training.md §1.3) and caches FP8 weight copies for the step;

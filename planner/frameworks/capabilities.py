@@ -30,6 +30,7 @@ class Capabilities:
     tensor_parallel_zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages that combine with tp > 1
     tensor_parallel_with_pp: bool = True
     sequence_parallel: bool = True  # Megatron-style SP on the TP group
+    sequence_parallel_default: bool = False  # SP with tp > 1 where its config does not say
     no_sp_schedules: tuple[str, ...] = ()  # schedules that run without sequence parallelism
     sp_needs_tp: str = "warn"  # what SP with tp = 1 does: "warn" (disabled with a warning) or "error"
     uneven_split: str = "none"  # "any" | "first_last" (first/last stage free, middle even) | "none"
@@ -203,8 +204,8 @@ TORCHTITAN_ZERO_BUBBLE = (
 TORCHTITAN = Capabilities(
     Framework.TORCHTITAN, schedules=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), zero_stages=(0, 2, 3),
     zero_stages_with_pp=(0, 1), offload=("none", "optimizer+params"), recompute=("none", "selective", "full"),
-    sp_needs_tp="warn", uneven_split="any", per_stage_recompute="none", max_virtual_stages=64,
-    vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
+    sp_needs_tp="warn", sequence_parallel_default=True, uneven_split="any", per_stage_recompute="none",
+    max_virtual_stages=64, vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
                "embedding and output",
     precisions=("bf16", "fp32", "fp8"), fp8_recipes=("rowwise", "tensorwise"), default_fp8_recipe="rowwise",
     unpredicted_schedules={"zero_bubble": TORCHTITAN_ZERO_BUBBLE}, cp_comms=("p2p",), expert_tensor_parallel=False,

@@ -108,9 +108,9 @@ class Profile:
     loss_bytes_per_logit: Sourced | None = None  # the loss's peak bytes per logit (Knobs); None: Megatron's 4
     # where the pipeline keeps a receive buffer per micro-batch for the whole step (Knobs.pp_receive_buffers)
     pp_receive_buffers: str | None = None
-    # where FP8 Linears are torchao's Float8Linear (Knobs.fp8_te_linear False): the high-precision input is saved and
+    # where FP8 Linears are torchao's Float8Linear (Knobs.fp8_torchao_linear): the high-precision input is saved and
     # the weights cast on the fly; None: Transformer Engine's (FP8-saved inputs, cached FP8 weight copies)
-    fp8_torchao: str | None = None
+    fp8_torchao_linear: str | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -152,7 +152,7 @@ class Profile:
             selective_op_sac=self.selective_op_sac is not None,
             loss_bytes_per_logit=self.loss_bytes_per_logit.value if self.loss_bytes_per_logit else base.loss_bytes_per_logit,
             pp_receive_buffers=self.pp_receive_buffers is not None,
-            fp8_te_linear=self.fp8_torchao is None,
+            fp8_torchao_linear=self.fp8_torchao_linear is not None,
         )
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -181,9 +181,9 @@ class Profile:
             ("pp_receive_buffers", "pipeline stages keep one activation receive buffer per micro-batch (every stage "
              "but the first) and one gradient receive buffer per micro-batch (every stage but the last) all step",
              self.pp_receive_buffers)] if self.pp_receive_buffers else []) + ([
-            ("fp8_te_linear", "FP8 Linears (torchao Float8Linear) save their BF16 inputs and cast the weights on the "
-             "fly: FP8 saves no activation memory and keeps no FP8 weight copies", self.fp8_torchao)]
-             if self.fp8_torchao else []) + [
+            ("fp8_torchao_linear", "FP8 Linears (torchao Float8Linear) save their BF16 inputs and cast the weights on the "
+             "fly: FP8 saves no activation memory and keeps no FP8 weight copies", self.fp8_torchao_linear)]
+             if self.fp8_torchao_linear else []) + [
             ("attention_kernel_efficiency", f"fused causal attention on {gen}: {v.value:.0%} of peak over forward and "
              "backward, on the causal half of the scores", v.source) for gen, v in self.attention_kernel.items()] + [
             (f"kernel_efficiency[{gen}]", f"{self.title} on {gen}: {v.value:.1%} of the end-to-end efficiency the "
@@ -362,7 +362,7 @@ PROFILES: dict[Framework, Profile] = {
         "max_reserved GiB (DeviceMemoryMonitor, frameworks.md §1.6)",
         {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)},
         sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
-        fp8_torchao=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS)),
+        fp8_torchao_linear=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS)),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
         "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",

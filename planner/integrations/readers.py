@@ -19,7 +19,7 @@ from pathlib import Path
 from cluster_specs import SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
-from planner.frameworks.capabilities import capabilities
+from planner.frameworks.capabilities import TORCHTITAN, capabilities
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
 
 
@@ -427,7 +427,9 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
     view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero,
                    "offload": "optimizer+params" if train.get("enable_cpu_offload") else "none",
                    "micro_batch_size": mbs, "num_micro_batches": m, "recompute": rec,
-                   "sequence_parallel": tp > 1 and par.get("enable_sequence_parallel", True), "schedule": schedule,
+                   "sequence_parallel": tp > 1 and par.get("enable_sequence_parallel",
+                                                            TORCHTITAN.sequence_parallel_default),
+                   "schedule": schedule,
                    "virtual_stages": 1}
     # torch's context_parallel is a ring (p2p); experts borrow their ranks from FSDP (and TP): no etp key
     _cp_ep(view, cp=par.get("context_parallel_degree", 1), ep=par.get("expert_parallel_degree", 1))
