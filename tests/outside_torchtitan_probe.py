@@ -5,13 +5,15 @@ eab345c, torchtitan 9dec370, 2024-12). Memory(GiB) is torch's peak reserved, the
 
     PYTHONPATH=. .venv/bin/python tests/outside_torchtitan_probe.py
 
-A line per row: measured and predicted step time and memory, and their errors. Not modelled, so expect them off:
+A line per row: measured and predicted step time and memory, and their errors, with the shipped fitted knobs
+(planner/data/error_bands.json), so a row is predicted as `planner estimate --framework torchtitan` predicts it. Not modelled, so expect them off:
 torch.compile (fuses elementwise work and frees its intermediates: the compile rows run faster and 5 GiB leaner than
 eager), the 500 W power limit and HBM2e (the H100 preset is the 700 W HBM3 part), AsyncTP."""
 
 from __future__ import annotations
 
-from planner.validation import build_case, evaluate
+from planner.bands import load_table
+from planner.validation import build_case, case_knobs, evaluate
 
 SOURCE = "pytorch/torchtitan docs/performance.md (commit eaea6f6a)"
 LLAMA3 = {  # Llama 3.1 (HF configs): layers, hidden, heads, KV heads, FFN
@@ -44,6 +46,7 @@ def row(rid, size, n, dp, tp, lbs, recompute, precision, tps, gib, table) -> dic
 
 
 def main() -> None:
+    fitted = load_table()["fitted_knobs"]  # the shipped knobs, as `planner estimate` runs (validation fits them)
     print(f"{'row':34} {'step s meas/pred':>18} {'err':>7} {'GiB meas/pred':>15} {'err':>7}")
     for spec in ROWS:
         r = row(*spec)
@@ -51,7 +54,7 @@ def main() -> None:
         if isinstance(case, str):
             print(f"{r['id']:34} skipped: {case}")
             continue
-        res = evaluate(case)
+        res = evaluate(case, case_knobs(case, fitted))
         if res.predicted_step_seconds is None:
             print(f"{r['id']:34} not estimated: {res.note}")
             continue
