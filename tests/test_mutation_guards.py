@@ -2870,14 +2870,16 @@ def test_scaling_report_builds_problems_and_the_document(monkeypatch):
 def _ranking_results():
     from types import SimpleNamespace
 
-    def r(err, source="s", model="m", gpus=8, batch=64, seq=2048, loso=None):
+    def r(err, source="s", model="m", gpus=8, batch=64, seq=2048, loso=None, gpu="A100-SXM4-80GB"):
         case = SimpleNamespace(source=source, model=SimpleNamespace(name=model), num_gpus=gpus,
-                               training=SimpleNamespace(global_batch_size=batch, seq_length=seq))
+                               training=SimpleNamespace(global_batch_size=batch, seq_length=seq),
+                               cluster=SimpleNamespace(gpu=gpu))
         return SimpleNamespace(error=err, loso_error=loso, case=case)
 
+    # the last row is the first group's shape on another GPU: a run of another cluster, not a layout of the same plan
     return [r(0.1, loso=0.2), r(-0.1, loso=0.1), r(0.0), r(0.2, model="n"), r(0.2, model="n", loso=-0.1),
             r(0.5, gpus=16), r(None, model="n"), r(0.3, source="t", loso=0.0), r(0.3, batch=128, loso=0.3),
-            r(0.3, seq=4096, loso=0.4)]
+            r(0.3, seq=4096, loso=0.4), r(0.4, gpu="H100-SXM", loso=0.5)]
 
 
 def test_ranking_error_groups_skip_a_missing_error_and_read_on():
@@ -2887,7 +2889,8 @@ def test_ranking_error_groups_skip_a_missing_error_and_read_on():
     from planner.decisions.ranking import error_groups
 
     case = SimpleNamespace(source="s", model=SimpleNamespace(name="m"), num_gpus=8,
-                           training=SimpleNamespace(global_batch_size=64, seq_length=2048))
+                           training=SimpleNamespace(global_batch_size=64, seq_length=2048),
+                           cluster=SimpleNamespace(gpu="A100-SXM4-80GB"))
     rows = [SimpleNamespace(error=e, loso_error=e, case=case) for e in (None, 0.1, -0.2)]
     assert error_groups(rows) == [[0.1, -0.2]] and error_groups(rows, loso=True) == [[0.1, -0.2]]
 
@@ -2929,7 +2932,7 @@ def test_ranking_error_groups_and_tables(monkeypatch, tmp_path):
     from planner.decisions import ranking
 
     res = _ranking_results()
-    # by (source, model, GPUs, batch, sequence); a missing error is left out; single rows are dropped
+    # by (source, model, GPU type and count, batch, sequence); a missing error is left out; single rows are dropped
     assert ranking.error_groups(res) == [[0.1, -0.1, 0.0], [0.2, 0.2]]
     assert ranking.error_groups(res, loso=True) == [[0.2, 0.1]]
     table = ranking.table_from_results(res)

@@ -5,6 +5,7 @@ The tests search a coarse grid (a subset of FITTED_GRID) to stay fast; `make val
 writes docs/validation.md with the figures quoted in the assertions' comments."""
 
 import json
+import math
 import statistics
 from dataclasses import replace
 
@@ -50,8 +51,10 @@ def test_loso_targets_of_issue_10(report):
     assert s["rows_evaluated"] >= 250
     # issue #10: LOSO median <= 10% and 90th percentile <= 25%, both met since the 2020-21 Megatron-LM README rows
     # run with the recompute their printed TFLOP/s count (full, Narayanan Eq. 3) and 2020's whole batch per replica,
-    # and DeepSpeed's ZeRO-3 of 2021 hides no gather (validation.py ASSUMPTIONS): make validate's full grid 7.2% /
-    # 18.6% (docs/validation.md), this grid 6.8% / 18.6% (7.2% / 20.5% and 6.5% / 20.6% before the GEMM shape term,
+    # and DeepSpeed's ZeRO-3 of 2021 hides no gather (validation.py ASSUMPTIONS): make validate's full grid 6.1% /
+    # 17.4% (docs/validation.md), this grid 5.9% / 17.4% (7.2% / 18.6% and 6.8% / 18.6% before torchtitan's FP8 rows
+    # gathered their parameters in FP8 as a torchtitan plan does, which moved the fit and the llm-foundry fold's
+    # FSDP/Hopper factor; 7.2% / 20.5% and 6.5% / 20.6% before the GEMM shape term,
     # stage.py gemm_shape_factor, whose grid this one now holds; 7.8% / 19.3% and 7.3% / 19.5% before torchtitan's
     # 'selective (op)' rows ran its per-op SAC, cost_models/op_sac.py, which moved the fit; 8.3% / 21.1% and 7.4% /
     # 21.1% before Megatron-DeepSpeed on A100 got its own kernel factor, KERNEL_FACTOR_GRID; 8.2% / 21.0% on both
@@ -59,8 +62,8 @@ def test_loso_targets_of_issue_10(report):
     # TE's cuDNN attention on Hopper, profiles.py TE_FUSED_ATTENTION_HOPPER; 8.0% / 21.5% before those profiles
     # kept fused SwiGLU's 6 s b f bytes); 9.4% / 26.0% before the README rows' rules. The bounds are those figures
     # plus about half a point, to catch a regression.
-    assert s["loso_median_abs_error"] <= 0.075
-    assert s["loso_p90_abs_error"] <= 0.195
+    assert s["loso_median_abs_error"] <= 0.065
+    assert s["loso_p90_abs_error"] <= 0.180
     assert s["false_out_of_memory"] == 0  # every published run fit in memory
     # held-out figures cannot beat the in-sample ones by construction of the folds
     assert s["loso_median_abs_error"] >= s["fitted_on_all_median_abs_error"] - 1e-9
@@ -86,9 +89,10 @@ def test_source_balanced_objective():
 
 def test_band_coverage_near_80_percent(report):
     # the nominal band (central 80% of the other sources' LOSO errors) covers fewer held-out rows than it claims
-    # (56.3% on this grid); the calibrated one, its level chosen on the other sources only, about 80% (78.2% on
-    # this grid, 79.7% on make validate's full grid, docs/validation.md, every fold's level at the 94% cap; 80.3% /
-    # 81.5% before the GEMM shape term; 79.4% on both before torchtitan's per-op SAC, 78.2% / 81.2% before
+    # (60.3% on this grid); the calibrated one, its level chosen on the other sources only, about 80% (84.6% on
+    # this grid, folds at the 92% and 94% levels, 84.3% on make validate's full grid, docs/validation.md, level 92%;
+    # 78.2% / 79.7% before torchtitan's FP8 rows gathered in FP8 as a torchtitan plan does and the fit moved;
+    # 80.3% / 81.5% before the GEMM shape term; 79.4% on both before torchtitan's per-op SAC, 78.2% / 81.2% before
     # Megatron-DeepSpeed's kernel factor; with levels capped at 90% it was 76.9% there once the Hopper attention
     # kernel tightened the mcore residuals, so the levels now reach 94%)
     inside, total = band_coverage(report)
@@ -99,9 +103,10 @@ def test_band_coverage_near_80_percent(report):
     assert 0.78 <= sum(h.inside for h in hits) / total <= 0.86
     assert set(levels.values()) <= set(BAND_LEVELS)
     # the band is not right because it is wide: the calibrated median width (high - low over the prediction) stays
-    # under 70% (64.0% on this grid, 64.3% on the full grid at the 94% level; 58.5% / 63.6% before the GEMM shape
+    # under 70% (63.1% on this grid and on the full grid at the 92% level; 64.0% / 64.3% before the FP8-gather fit
+    # moved; 58.5% / 63.6% before the GEMM shape
     # term, 60.8% / 63.9% before torchtitan's per-op SAC, 67.5% / 70.5% before Megatron-DeepSpeed's kernel factor).
-    # It is 2.6x the nominal width (24.5%): with the Megatron-LM README rows' residuals tight, the central 80% of
+    # It is 2.7x the nominal width (23.4%): with the Megatron-LM README rows' residuals tight, the central 80% of
     # most regimes narrowed, and coverage comes from the tails (ZeRO-3 baselines, llm-foundry on H100)
     nominal = statistics.median(h.width for h in band_hits(report, BAND_COVERAGE))
     calibrated = statistics.median(h.width for h in hits)
@@ -247,21 +252,21 @@ def test_vtrain_second_set(report):
 def test_llm_foundry_errors_do_not_run_with_the_model_width(report):
     # The mechanism behind the GEMM shape term (cost_models/stage.py gemm_shape_factor): with the GEMM rate set by
     # the FC1 GEMM's FLOPs alone, llm-foundry's FSDP rows (one source, one framework, widths 768-8192), held out,
-    # ran from -16.6% at h = 768 to +10.5% at h = 8192 (mean signed error per width; -11.5% over h <= 1024 against
-    # +11.5% over h >= 7168). With the term (this grid): +3.4% at 768, +5.7% at 8192, +6.9% against +6.8%; the
-    # per-width means span 2.0% to 10.6%. What is left is a common offset of the held-out fold, not a trend.
-    # Not a blind test of the term: its form was chosen after seeing this trend (and vTrain's per-model bias);
-    # these rows are held out only from its fitted value (the llm-foundry fold chose it on the other sources).
+    # ran with the model's width. Measured per GPU generation, as the least-squares slope of the held-out error
+    # against log2(h) (this grid): with the term -1.3% per doubling on A100 (139 rows) and +3.6% on H100 (77 rows);
+    # without it (gemm_half_efficiency_dim 0 in the same grid) +4.6% and +9.0%. Per generation, since the two
+    # carry different offsets (the H100 rows run at the fitted FSDP/Hopper factor) and A100 alone has the narrow
+    # models: pooled, a change of that factor reads as a width trend. Not a blind test of the term: its form was
+    # chosen after seeing this trend (and vTrain's per-model bias); these rows are held out only from its fitted
+    # value (the llm-foundry fold chose it on the other sources).
     rows = [r for r in report.results if r.case.source.startswith("mosaicml/llm-foundry") and r.loso_error is not None]
-    by_width: dict[int, list[float]] = {}
-    for r in rows:
-        by_width.setdefault(r.case.model.hidden_size, []).append(r.loso_error)
-    assert len(by_width) >= 8 and len(rows) >= 200
-    means = {h: statistics.fmean(v) for h, v in by_width.items()}
-    narrow = statistics.fmean(e for h, v in by_width.items() if h <= 1024 for e in v)
-    wide = statistics.fmean(e for h, v in by_width.items() if h >= 7168 for e in v)
-    assert abs(wide - narrow) <= 0.05
-    assert max(means.values()) - min(means.values()) <= 0.12
+    assert len({r.case.model.hidden_size for r in rows}) >= 8 and len(rows) >= 200
+    for gen in ("ampere", "hopper"):
+        mine = [r for r in rows if r.case.gpu_generation == gen]
+        assert len(mine) >= 70, gen
+        slope = statistics.linear_regression([math.log2(r.case.model.hidden_size) for r in mine],
+                                             [r.loso_error for r in mine]).slope
+        assert abs(slope) <= 0.042, (gen, slope)
 
 
 def test_shipped_defaults_are_the_all_source_fit():
@@ -312,20 +317,20 @@ def test_megatron_deepspeed_runs_below_megatron_lm_on_a100(report):
 
 def test_published_pairs_rank_like_vtrains(report):
     # The tie tolerance comes from vTrain's layout sweeps (planner/decisions/ranking.py: 80% of 1,721 ratio errors
-    # within 23.8%, 20% within 2.2%). A second, independent estimate: pairs of published runs of one model on one
-    # cluster from one source, predicted leave-one-source-out (69 groups, 118 pairs today): 80% within 14.5% on
-    # this coarse grid and on make validate's full grid (docs/decisions.md), 20% within 1.7% (1.6% before the GEMM
-    # shape term; 2.2% before torchtitan's per-op SAC moved the fit, 1.9% before Megatron-DeepSpeed on A100 had its
-    # own factor; 2.0% before Megatron-Core/NeMo ran cuDNN attention on Hopper, 2.1% before they fused SwiGLU: both
-    # moved the DGX Cloud Llama 3.1 8B pairs). The 20% point of 118 pairs is the 24th smallest ratio error: it moves
-    # by tenths of a point when one source's rows move, and by more when the fit moves, so the two estimates are
-    # held to agree within 1.0 point (0.5, 0.6, then 0.7 before those changes: a widening each time, said here;
-    # vTrain's 2.23% is shipped, the wider of the two, so the recommendation errs towards the simpler layout).
+    # within 24.6%, 20% within 2.3%). A second, independent estimate: pairs of published runs of one model on one
+    # cluster (one GPU type and count) from one source, predicted leave-one-source-out (29 groups, 53 pairs today):
+    # 80% within 13.7% and 20% within 2.0% on this coarse grid. The grouping left out the GPU type until
+    # torchtitan's FP8 rows gathered in FP8 and moved the fit: 40 of its 69 groups were an A100 run and an H100 run
+    # of one llm-foundry shape, whose ratio error is the A100/H100 offset, not a ranking error (25.8% at the 80%
+    # point with them; 14.5% / 1.7% before, when the llm-foundry fold's FSDP/Hopper factor happened to cancel that
+    # offset). The 20% point of 53 pairs is the 11th smallest ratio error: it moves by tenths of a point when one
+    # source's rows move, so the two estimates are held to agree within 1.0 point (vTrain's is shipped, the wider of
+    # the two, so the recommendation errs towards the simpler layout).
     from planner.decisions.ranking import band_figures, error_groups, ranking_band
 
     groups = error_groups(report.results, loso=True)
     f = band_figures(groups)
-    assert len(groups) >= 60 and f["pairs"] >= 100
+    assert len(groups) >= 25 and f["pairs"] >= 50
     shipped = ranking_band()
     assert 0.10 <= f["tie_tolerance"] <= shipped.tie_tolerance
     assert f["recommend_within"] == pytest.approx(shipped.recommend_within, abs=0.010)
@@ -388,3 +393,27 @@ def test_deepspeed_zero3_of_2021_hides_no_gather():
     assert build_case(row).knobs.zero3_overlap_fraction == 0.0
     later = dict(row, framework="DeepSpeed ZeRO-3", source="a DeepSpeed benchmark of 2023")
     assert build_case(later).knobs.zero3_overlap_fraction == profile_knobs(Framework.DEEPSPEED).zero3_overlap_fraction > 0
+
+
+def test_torchtitan_fp8_rows_gather_their_parameters_as_a_torchtitan_plan_does():
+    """An FP8 torchtitan row all-gathers its FSDP parameters in FP8, as `planner estimate --framework torchtitan
+    --precision fp8` plans it (capabilities.fp8_gathers_params) and as torchtitan's own 405B run was launched
+    (train_configs/llama3_405b.toml at 3faaa1a0: enable_fsdp_float8_all_gather = true; docs/float8.md's launch line
+    passes it too). Validation gathered in BF16 before, so the planner's prediction was not the validated one: the
+    published Float8 405B row (FSDP 16 x TP 8) was predicted +9.9% slow with all-source knobs, now +0.2%
+    (docs/validation.md). llm-foundry's FP8 rows run Transformer Engine under FSDP, which gathers in BF16."""
+    from planner.bands import load_table
+    from planner.frameworks.capabilities import fp8_gathers_params
+
+    rows = {r["id"]: r for r in load_rows(VALIDATION)}
+    titan = build_case(rows["torchtitan-h100-405B-fsdp16-tp8-float8"])
+    foundry = build_case(rows["llmfoundry-h100_80gb-amp_fp8-mpt3b-s8192-g8-mbs3-gbs144"])
+    assert titan.training.fp8_recipe == "tensorwise"
+    assert titan.training.fp8_param_gather is fp8_gathers_params("torchtitan", "tensorwise") is True
+    assert foundry.training.fp8_param_gather is False
+    knobs = case_knobs(titan, load_table()["fitted_knobs"])
+    gathered = evaluate(titan, knobs)
+    bf16_gather = evaluate(replace(titan, training=titan.training.model_copy(update={"fp8_param_gather": False})),
+                           knobs)
+    assert gathered.predicted_step_seconds < bf16_gather.predicted_step_seconds
+    assert abs(gathered.error) < 0.03 < bf16_gather.error

@@ -80,14 +80,17 @@ def band_figures(groups: list[list[float]]) -> dict[str, Any]:
 
 
 def error_groups(results: Iterable[Any], *, loso: bool = False) -> list[list[float]]:
-    """Signed errors of validation CaseResults grouped by source, model, GPU count, global batch and sequence."""
+    """Signed errors of validation CaseResults grouped by source, model, GPU type and count, global batch and
+    sequence: runs of one model on one cluster, the layouts a plan ranks (an A100 run and an H100 run of the same
+    shape are not two layouts of one plan)."""
     out: dict[tuple[Any, ...], list[float]] = {}
     for r in results:
         e = r.loso_error if loso else r.error
         if e is None:
             continue
         c = r.case
-        key = (c.source, c.model.name, c.num_gpus, c.training.global_batch_size, c.training.seq_length)
+        gpu = c.cluster.gpu if isinstance(c.cluster.gpu, str) else c.cluster.gpu.model_dump_json()
+        key = (c.source, c.model.name, gpu, c.num_gpus, c.training.global_batch_size, c.training.seq_length)
         out.setdefault(key, []).append(e)
     return [g for g in out.values() if len(g) >= 2]
 
