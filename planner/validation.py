@@ -55,7 +55,8 @@ ASSUMPTIONS = [
     "torchao's. FP8 rows all-gather their parameters in FP8 where the stack does: torchtitan's (torchao tensorwise, "
     "enable_fsdp_float8_all_gather, as a torchtitan FP8 plan is exported and as its llama3_405b.toml sets it at the "
     "rows' commit 3faaa1a0) and NeMo/Megatron-Core's (fp8_param_gather, frameworks.md §4.6); llm-foundry's TE Linears "
-    "under FSDP gather in BF16. torchtitan 'selective (op)' rows run the torchtitan profile's selective, per-op SAC (cost_models/op_sac.py); "
+    "under FSDP gather in BF16. torchtitan 'selective (op)' rows run the torchtitan profile's selective, per-op SAC "
+    "(cost_models/op_sac.py); "
     "'selective (layer)' rows its layer SAC of the time (selective_ac_option '2', the default: every 2nd block fully "
     "recomputed). Megatron-LM rows of 2020-2022 use the megatron profile without the "
     "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3). "
@@ -338,14 +339,12 @@ def _model_fields(row: dict, family: str) -> dict:
     return model
 
 
-def _fp8_param_gather(row: dict, family: str, fp8_recipe: str) -> bool:
-    """Whether an FP8 row all-gathers its parameters in FP8: NeMo/Megatron-Core recipes do (frameworks.md §4.6); a
-    torchtitan row does what a torchtitan plan does (capabilities.fp8_gathers_params: tensorwise gathers in FP8, as
-    torchtitan's float8 guide launches it and its llama3_405b.toml sets, enable_fsdp_float8_all_gather = true at
-    commits 3faaa1a0 and eaea6f6a)."""
-    if family == "mcore":
-        return True
-    return _is_torchtitan(row) and fp8_gathers_params(Framework.TORCHTITAN, fp8_recipe)
+def _fp8_param_gather(family: str, fp8_recipe: str) -> bool:
+    """Whether an FP8 row all-gathers its parameters in FP8: NeMo/Megatron-Core recipes do (frameworks.md §4.6);
+    otherwise what a plan for the family's framework does (capabilities.fp8_gathers_params): torchtitan's tensorwise
+    rows gather in FP8, as torchtitan's float8 guide launches it and its llama3_405b.toml sets it
+    (enable_fsdp_float8_all_gather = true at commits 3faaa1a0 and eaea6f6a); llm-foundry's TE rows do not."""
+    return family == "mcore" or fp8_gathers_params(FAMILY_FRAMEWORK[family], fp8_recipe)
 
 
 def _precision(row: dict, family: str) -> tuple[str, str]:
@@ -353,8 +352,7 @@ def _precision(row: dict, family: str) -> tuple[str, str]:
     precision_text = (row.get("precision") or "").lower()
     precision = "fp16" if ("fp16" in precision_text and "bf16" not in precision_text) or "v100" in (row.get("gpu_type") or "").lower() else "bf16"
     # FP8 rows (modern-training.md §1.1): torchtitan's float8 of 2024-12 is torchao tensorwise; TE-based stacks
-    # (NeMo/Megatron-Core recipes of 2024, llm-foundry's TE AMP) use TE's default, delayed scaling; NeMo/Bridge's FP8
-    # recipes gather parameters in FP8 (fp8_param_gather True, frameworks.md §4.6)
+    # (NeMo/Megatron-Core recipes of 2024, llm-foundry's TE AMP) use TE's default, delayed scaling
     fp8_recipe = "tensorwise" if family == "fsdp" and _is_torchtitan(row) else "delayed"
     if "fp8" in precision_text:
         precision = "fp8"
@@ -539,7 +537,7 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     try:
         model_spec = ModelSpec.model_validate(model)
         training = TrainingSpec(global_batch_size=row["global_batch_size"], seq_length=row["seq_length"], precision=precision,
-                                fp8_recipe=fp8_recipe, fp8_param_gather=_fp8_param_gather(row, family, fp8_recipe))
+                                fp8_recipe=fp8_recipe, fp8_param_gather=_fp8_param_gather(family, fp8_recipe))
         cluster = ClusterSpec.model_validate(cluster_data)
     except Exception as exc:  # a row whose shape the specs reject
         return f"not representable: {str(exc).splitlines()[0][:120]}"

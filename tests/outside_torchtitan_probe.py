@@ -6,8 +6,8 @@ eab345c, torchtitan 9dec370, 2024-12). Memory(GiB) is torch's peak reserved, the
     PYTHONPATH=. .venv/bin/python tests/outside_torchtitan_probe.py
 
 A line per row: measured and predicted step time and memory, and their errors, with the shipped fitted knobs
-(planner/data/error_bands.json), so a row is predicted as `planner estimate --framework torchtitan` predicts it. Not modelled, so expect them off:
-torch.compile (fuses elementwise work and frees its intermediates: the compile rows run faster and 5 GiB leaner than
+(planner/data/error_bands.json), so a row is predicted as `planner estimate --framework torchtitan` predicts it.
+Not modelled, so expect them off: torch.compile (fuses elementwise work and frees its intermediates: the compile rows run faster and 5 GiB leaner than
 eager), the 500 W power limit and HBM2e (the H100 preset is the 700 W HBM3 part), AsyncTP."""
 
 from __future__ import annotations

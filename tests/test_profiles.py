@@ -283,7 +283,8 @@ def test_the_layer_rate_scales_with_its_gemms_smallest_sides():
     assert gemm_shape_factor(LLAMA3_8B, tokens=256, tp=2, half_dim=0.0) == 1.0
     hw = load_cluster("dgx-h100", nodes=1).to_cost_model("bf16")
     for s, factor in ((8192, by_hand), (256, 4 / 7)):
-        on = layer_costs(LLAMA3_8B, _training(s), hw, _TP2, Knobs(end_to_end_efficiency=0.8, gemm_half_efficiency_dim=192.0))
+        on = layer_costs(LLAMA3_8B, _training(s), hw, _TP2,
+                         Knobs(end_to_end_efficiency=0.8, gemm_half_efficiency_dim=192.0))
         off = layer_costs(LLAMA3_8B, _training(s), hw, _TP2,
                           Knobs(end_to_end_efficiency=0.8, gemm_half_efficiency_dim=0.0))
         assert on.matmul_efficiency == pytest.approx(off.matmul_efficiency * factor, rel=1e-12)

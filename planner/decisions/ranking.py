@@ -89,8 +89,8 @@ def error_groups(results: Iterable[Any], *, loso: bool = False) -> list[list[flo
         if e is None:
             continue
         c = r.case
-        gpu = c.cluster.gpu if isinstance(c.cluster.gpu, str) else c.cluster.gpu.model_dump_json()
-        key = (c.source, c.model.name, gpu, c.num_gpus, c.training.global_batch_size, c.training.seq_length)
+        key = (c.source, c.model.name, str(c.cluster.gpu), c.num_gpus, c.training.global_batch_size,
+               c.training.seq_length)
         out.setdefault(key, []).append(e)
     return [g for g in out.values() if len(g) >= 2]
 

@@ -205,7 +205,8 @@ TORCHTITAN = Capabilities(
     Framework.TORCHTITAN, schedules=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), zero_stages=(0, 2, 3),
     zero_stages_with_pp=(0, 1), offload=("none", "optimizer+params"), recompute=("none", "selective", "full"),
     sp_needs_tp="warn", sequence_parallel_default=True, uneven_split="any", per_stage_recompute="none",
-    max_virtual_stages=64, vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
+    max_virtual_stages=64,
+    vocab_rule="torchtitan does not pad the vocabulary; the planner requires tp to divide it for the sharded "
                "embedding and output",
     precisions=("bf16", "fp32", "fp8"), fp8_recipes=("rowwise", "tensorwise"), default_fp8_recipe="rowwise",
     unpredicted_schedules={"zero_bubble": TORCHTITAN_ZERO_BUBBLE}, cp_comms=("p2p",), expert_tensor_parallel=False,
