@@ -44,7 +44,10 @@ ASSUMPTIONS = [
     "Model family: Llama rows (KV heads or 'Llama' in the name) are SwiGLU/RMSNorm/untied/no-bias; MPT rows "
     "GeLU/LayerNorm/tied/no-bias with ALiBi; others GPT (GeLU, LayerNorm, tied, biases, learned positions).",
     "Attention: flash for torchtitan, llm-foundry, Megatron-Core and NeMo rows; standard (unfused softmax) for "
-    "Megatron 2020-2022, Megatron-DeepSpeed and DeepSpeed rows. Dropout on for Megatron-era GPT rows.",
+    "Megatron 2020-2022, Megatron-DeepSpeed and DeepSpeed rows. Dropout on for Megatron-era GPT rows. On Hopper "
+    "the flash kernel is the profile's: FlashAttention-2 for torchtitan and llm-foundry (torch SDPA's first "
+    "choice on sm90; flash-attn 2), cuDNN's through Transformer Engine for Megatron-Core and NeMo "
+    "(profiles.py FLASH_ATTENTION_2_HOPPER, TE_FUSED_ATTENTION_HOPPER).",
     "ZeRO: the printed stage; FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2; unprinted = 0 (plain DP), except "
     "NeMo/Megatron-Core rows (distributed optimizer = 1).",
     "Framework profile (planner/frameworks/profiles.py, the same one `estimate --framework` uses): Megatron-Core "

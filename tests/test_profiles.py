@@ -156,7 +156,7 @@ def test_transformer_engine_attention_is_stated_for_hopper_only():
         assert profile_knobs(fw, gpu_generation="hopper").attention_kernel_efficiency == 0.50
         assert profile_knobs(fw, gpu_generation="ampere").attention_kernel_efficiency == 0.0
         assert profile_knobs(fw).attention_kernel_efficiency == 0.0
-    for fw in (Framework.TORCHTITAN, Framework.DEEPSPEED, Framework.MEGATRON_DEEPSPEED, Framework.GENERIC):
+    for fw in (Framework.DEEPSPEED, Framework.MEGATRON_DEEPSPEED, Framework.GENERIC):
         assert profile_knobs(fw, gpu_generation="hopper").attention_kernel_efficiency == 0.0
     assert any(k == "attention_kernel_efficiency" for k, _, _ in profile_for("nemo").assumptions())
 
@@ -191,7 +191,7 @@ def test_a_stated_attention_kernel_runs_the_causal_half_at_its_own_rate(cp):
     at_gemm_rate = core / plain.rate_flops_per_second
     on_kernel = core * (s + 1) / (2 * s) / (hw.peak_flops_per_second * 0.5 * 0.8)
     assert plain.t_layer_forward - fused.t_layer_forward == pytest.approx(at_gemm_rate - on_kernel, rel=1e-9)
-    assert on_kernel < at_gemm_rate  # cuDNN on H100 beats the GEMM-rate convention (~0.40 of peak causal)
+    assert on_kernel < at_gemm_rate  # cuDNN on H100 beats the GEMM-rate convention (~0.35-0.40 of peak causal)
     # flash's backward recompute of Q K^T (half a core forward) moves with the kernel too
     assert fused.t_recompute_policy < plain.t_recompute_policy
     unfused_plain, _ = _h100_layer(base, flash=False, cp=cp)
@@ -209,6 +209,34 @@ def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names():
     est, found = named("dgx-h100")
     assert len(found) == 1 and found[0]["step_time_seconds_if_not"] > est.step_seconds
     assert "Transformer Engine" in found[0]["source"]
+    assert named("dgx-a100-80gb")[1] == []
+
+
+def test_pytorch_fsdp_stacks_run_flash_attention_2_on_hopper():
+    """torchtitan's SDPA picks FlashAttention-2 before cuDNN on sm90 (pytorch#141274) and llm-foundry calls
+    flash-attn 2: 0.315 of H100 peak over forward and backward on the causal FLOPs (FlashAttention-3 paper,
+    Figs. 5-6: 0.30-0.33), below the GEMM-rate convention a profile without a kernel keeps (~0.35-0.40 of peak on
+    the causal FLOPs for Llama 3 8B at 8192 tokens) and below TE's cuDNN (0.50). So a torchtitan H100 plan's
+    attention is slower than the convention, and the plan names it: without it the step would be faster. Ampere
+    keeps the convention (nothing stated, nothing named)."""
+    from planner.frameworks.profiles import FLASH_ATTENTION_2_HOPPER, TE_FUSED_ATTENTION_HOPPER
+
+    assert 0.30 <= FLASH_ATTENTION_2_HOPPER <= 0.33 < TE_FUSED_ATTENTION_HOPPER
+    assert profile_knobs("torchtitan", gpu_generation="hopper").attention_kernel_efficiency == FLASH_ATTENTION_2_HOPPER
+    assert profile_knobs("torchtitan", gpu_generation="ampere").attention_kernel_efficiency == 0.0
+    plain, hw = _h100_layer(Knobs(end_to_end_efficiency=0.8))
+    causal_share = (8192 + 1) / (2 * 8192)
+    convention = causal_share * plain.rate_flops_per_second / (hw.peak_flops_per_second * 0.8)
+    assert FLASH_ATTENTION_2_HOPPER < convention < TE_FUSED_ATTENTION_HOPPER
+    assert 0.35 <= convention <= 0.40
+
+    def named(cluster):
+        return _named_assumptions(cluster, 1, "llama3-8b", 16, 8192, "torchtitan",
+                                  "tp=1,pp=1,dp=8,zero=3,mbs=2,recompute=selective", "fused causal attention")
+
+    est, found = named("dgx-h100")
+    assert len(found) == 1 and found[0]["step_time_seconds_if_not"] < est.step_seconds
+    assert "FlashAttention-2" in found[0]["source"]
     assert named("dgx-a100-80gb")[1] == []
 
 

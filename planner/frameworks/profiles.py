@@ -206,12 +206,25 @@ _GROUPED_LINEAR = Sourced(MEGATRON_EXPERT_KERNEL_GFLOP, "per-expert GEMM/cast ke
 # (Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, Figs. 5-6): causal forward 484 / 518 / 529 TFLOPs/s and
 # backward 465 / 499 / 518 at s = 2k / 4k / 8k; with the backward's 2.5x FLOPs that is 470 / 504 / 521 TFLOPs/s
 # over forward + backward, 0.48-0.53 of the 989 peak. FlashAttention-2 on the same figures: 0.30-0.33 (the
-# full-s^2-at-GEMM-rate convention the other profiles keep comes to ~0.40). Blackwell: no published figure, none
-# stated.
+# full-s^2-at-GEMM-rate convention of a profile that states no kernel comes to ~0.35-0.40). Blackwell: no
+# published figure, none stated.
 TE_FUSED_ATTENTION_HOPPER = 0.50
 _TE_FUSED_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "Transformer Engine prefers cuDNN fused attention "
                                          "on Hopper (get_attention_backend, TE@a0b36d0c); cuDNN fwd+bwd at head dim "
                                          "128, s 2k-8k: 0.48-0.53 of peak (FlashAttention-3 paper, Figs. 5-6)")}
+
+# The PyTorch FSDP stacks run FlashAttention-2 on Hopper: torch's scaled_dot_product_attention (torchtitan) puts its
+# FLASH_ATTENTION backend, FlashAttention-2's kernels, ahead of cuDNN on sm90 ("Since we deprioritized cuDNN SDPA",
+# pytorch/pytorch#141274, 2024-11; default SDPA at 329 TFLOPs/s where cuDNN reaches 631 on H100, pytorch#142132),
+# and llm-foundry's attn_impl 'flash' calls the flash-attn 2 package. FlashAttention-2, causal, head dim 128, on
+# H100 SXM5: 0.30-0.33 of peak over forward and backward (FlashAttention-3 paper, Figs. 5-6; "FlashAttention-2
+# achieving only 35% utilization on the H100", its abstract). Ampere: the full-s^2-at-GEMM-rate convention, on
+# which the A100 rows were fitted, is kept [U: torch 2.5.0 (2024-10) preferred cuDNN on H100; which kernel the
+# nightly of torchtitan's 2024-08 rows ran is not printed]
+FLASH_ATTENTION_2_HOPPER = 0.315
+_FLASH_ATTENTION_2 = {"hopper": Sourced(FLASH_ATTENTION_2_HOPPER, "torch SDPA picks FlashAttention-2 before cuDNN on "
+                                        "Hopper (pytorch#141274); FlashAttention-2 fwd+bwd, causal, head dim 128: "
+                                        "0.30-0.33 of H100 peak (FlashAttention-3 paper, Figs. 5-6)")}
 
 _MEGATRON_RECIPE = MemoryRecipe(
     "Megatron bf16 + fp32 main grads + distributed optimizer", 2, 4, 12, 2, "layer",
@@ -362,7 +375,8 @@ PROFILES: dict[Framework, Profile] = {
         "max_reserved GiB (DeviceMemoryMonitor, frameworks.md §1.6)",
         {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)},
         sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
-        fp8_torchao_linear=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS)),
+        fp8_torchao_linear=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS),
+        attention_kernel=_FLASH_ATTENTION_2),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
         "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",
@@ -439,7 +453,7 @@ class Assumption:
 
 
 # what each knob is set to when the assumption does not hold: overlap -> none hidden; the fused attention kernel ->
-# not stated (the core at its full-s^2 FLOPs and the GEMM rate, about FlashAttention-2's speed on H100)
+# not stated (the core at its full-s^2 FLOPs and the GEMM rate, ~0.35-0.40 of peak on the causal FLOPs on H100)
 _OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_overlap_fraction": 0.0,
              "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0}
 
