@@ -28,7 +28,7 @@ from cost_models.stage import stage_split
 from planner.bands import DOES_NOT_FIT, cluster_generation, fit_verdict_of_result
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities, fp8_gathers_params
-from planner.frameworks.profiles import profile_for
+from planner.frameworks.profiles import FLASH_ATTENTION_2_HOPPER, profile_for
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.problem import Problem
 from planner.rules import layout_violations
@@ -45,9 +45,16 @@ ASSUMPTIONS = [
     "GeLU/LayerNorm/tied/no-bias with ALiBi; others GPT (GeLU, LayerNorm, tied, biases, learned positions).",
     "Attention: flash for torchtitan, llm-foundry, Megatron-Core and NeMo rows; standard (unfused softmax) for "
     "Megatron 2020-2022, Megatron-DeepSpeed and DeepSpeed rows. Dropout on for Megatron-era GPT rows. On Hopper "
-    "the flash kernel is the profile's: FlashAttention-2 for torchtitan and llm-foundry (torch SDPA's first "
-    "choice on sm90; flash-attn 2), cuDNN's through Transformer Engine for Megatron-Core and NeMo "
-    "(profiles.py FLASH_ATTENTION_2_HOPPER, TE_FUSED_ATTENTION_HOPPER).",
+    "Megatron-Core and NeMo rows run cuDNN's fused attention through Transformer Engine (profiles.py "
+    "TE_FUSED_ATTENTION_HOPPER); torchtitan's of 2025 FlashAttention-2 (torch SDPA's order, then torchtitan's, put "
+    "it first on sm90; profiles.py FLASH_ATTENTION_2_HOPPER), of 2024 the GEMM-rate convention (torch 2.4 took "
+    "FlashAttention-2, 2.5.0 cuDNN; the rows print no torch), later ones cuDNN as torchtitan now asks "
+    "(validation.py TORCHTITAN_FLASH_ATTENTION_2_YEAR). llm-foundry's rows ran its own Triton flash attention: "
+    "attn_impl 'triton', the "
+    "default of scripts/train/benchmarking/submit_benchmarks.py when its H100 tables were added (b2a43a14, "
+    "2023-10-19), whose sweep.sh passes no --attn_impl; pre-MLIR Triton (setup.py: triton-pre-mlir, branch "
+    "triton_pre_mlir_sm90), with no published H100 figure, so they keep the full-s^2 GEMM-rate convention [U: the "
+    "2024-01 large-scale H100 sweep, s = 2048, passes 'flash' for some models].",
     "ZeRO: the printed stage; FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2; unprinted = 0 (plain DP), except "
     "NeMo/Megatron-Core rows (distributed optimizer = 1).",
     "Framework profile (planner/frameworks/profiles.py, the same one `estimate --framework` uses): Megatron-Core "
@@ -395,6 +402,29 @@ def _is_torchtitan(row: dict) -> bool:
     return "torchtitan" in str(row.get("framework") or "").lower()
 
 
+TORCHTITAN_FLASH_ATTENTION_2_YEAR = 2025
+"""The year whose torchtitan runs took FlashAttention-2 on Hopper; later runs take cuDNN's attention, as the
+torchtitan profile does (torchtitan puts CUDNN_ATTENTION first from 2025-10-09, #1776; profiles.py). Its runs of
+2025 took FlashAttention-2 (FLASH_ATTENTION first on Hopper from #1196, 2025-05; before, torch's own order,
+FlashAttention-2 first on sm90 since pytorch#141274, 2024-11) [U: a run of 2025-10..12]. Its runs of 2024 are
+not known: torch 2.4 and earlier took FlashAttention-2, torch 2.5.0 and the nightlies before it (from the second
+landing of pytorch#125343, after 2024-06-27) cuDNN, and torchtitan's 2024-08 rows do not print their torch; they
+keep the GEMM-rate convention, which lies between the two (~0.35-0.40 of H100 peak on the causal FLOPs)."""
+
+
+def fsdp_attention_kernel(row: dict, profile_value: float) -> float:
+    """The fused attention kernel's efficiency a PyTorch FSDP row ran at (Knobs.attention_kernel_efficiency; 0: the
+    GEMM-rate convention), given its profile's value for its GPU (0 off Hopper). llm-foundry's rows ran its own
+    Triton flash attention (ASSUMPTIONS): the convention. torchtitan's by their year
+    (TORCHTITAN_FLASH_ATTENTION_2_YEAR); a row without a year takes the profile's, the kernel torchtitan runs now."""
+    if profile_value <= 0 or _is_llm_foundry(row):
+        return 0.0
+    year = _row_year(row)
+    if not _is_torchtitan(row) or year is None or year > TORCHTITAN_FLASH_ATTENTION_2_YEAR:
+        return profile_value
+    return FLASH_ATTENTION_2_HOPPER if year == TORCHTITAN_FLASH_ATTENTION_2_YEAR else 0.0
+
+
 def _row_year(row: dict) -> int | None:
     """The year a row's software or source is dated (the framework field first, then the source); arXiv ids such
     as 2005.14165 are not years."""
@@ -551,6 +581,9 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
     if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear (ASSUMPTIONS)
         knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT, fp8_torchao_linear=False)
+    if family == "fsdp":
+        kernel = fsdp_attention_kernel(row, knobs.attention_kernel_efficiency)
+        knobs = replace(knobs, attention_kernel_efficiency=kernel)
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
     if measured is None and memory_only and mem:

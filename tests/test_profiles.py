@@ -212,17 +212,20 @@ def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names():
     assert named("dgx-a100-80gb")[1] == []
 
 
-def test_pytorch_fsdp_stacks_run_flash_attention_2_on_hopper():
-    """torchtitan's SDPA picks FlashAttention-2 before cuDNN on sm90 (pytorch#141274) and llm-foundry calls
-    flash-attn 2: 0.315 of H100 peak over forward and backward on the causal FLOPs (FlashAttention-3 paper,
-    Figs. 5-6: 0.30-0.33), below the GEMM-rate convention a profile without a kernel keeps (~0.35-0.40 of peak on
-    the causal FLOPs for Llama 3 8B at 8192 tokens) and below TE's cuDNN (0.50). So a torchtitan H100 plan's
-    attention is slower than the convention, and the plan names it: without it the step would be faster. Ampere
-    keeps the convention (nothing stated, nothing named)."""
+def test_torchtitan_asks_for_cudnn_attention_and_its_older_runs_for_flash_attention_2():
+    """torchtitan runs SDPA under sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, ...], set_priority=True) since
+    torchtitan#1776 (2025-10): on Hopper, cuDNN's fused attention, the kernel Transformer Engine runs (0.50 of peak).
+    Its runs of 2025 took FlashAttention-2 first (torchtitan#1196; torch's own order from pytorch#141274): 0.315
+    (FlashAttention-3 paper, Figs. 5-6: 0.30-0.33); those of 2024 (torch 2.4 FlashAttention-2, 2.5.0 cuDNN, torch not
+    printed) keep the GEMM-rate convention, which lies between the two (~0.35-0.40 of peak on the causal FLOPs for
+    Llama 3 8B at 8192 tokens); llm-foundry's rows ran its own Triton kernel and keep it too. A torchtitan H100
+    plan names the kernel: without it the step would be slower. Ampere: nothing stated, nothing named."""
     from planner.frameworks.profiles import FLASH_ATTENTION_2_HOPPER, TE_FUSED_ATTENTION_HOPPER
+    from planner.validation import fsdp_attention_kernel
 
     assert 0.30 <= FLASH_ATTENTION_2_HOPPER <= 0.33 < TE_FUSED_ATTENTION_HOPPER
-    assert profile_knobs("torchtitan", gpu_generation="hopper").attention_kernel_efficiency == FLASH_ATTENTION_2_HOPPER
+    hopper = profile_knobs("torchtitan", gpu_generation="hopper").attention_kernel_efficiency
+    assert hopper == TE_FUSED_ATTENTION_HOPPER
     assert profile_knobs("torchtitan", gpu_generation="ampere").attention_kernel_efficiency == 0.0
     plain, hw = _h100_layer(Knobs(end_to_end_efficiency=0.8))
     causal_share = (8192 + 1) / (2 * 8192)
@@ -230,13 +233,25 @@ def test_pytorch_fsdp_stacks_run_flash_attention_2_on_hopper():
     assert FLASH_ATTENTION_2_HOPPER < convention < TE_FUSED_ATTENTION_HOPPER
     assert 0.35 <= convention <= 0.40
 
+    def row(framework, source):
+        return {"framework": framework, "source": source}
+
+    titan = "torchtitan (FSDP2)"
+    assert fsdp_attention_kernel(row(titan, "docs/performance.md (commit eaea6f6a, 2025-02-02)"), hopper) \
+        == FLASH_ATTENTION_2_HOPPER
+    assert fsdp_attention_kernel(row(titan, "docs/performance.md (commit 3faaa1a0, 2024-08-23)"), hopper) == 0.0
+    assert fsdp_attention_kernel(row(titan, "a run of 2026-03"), hopper) == hopper
+    assert fsdp_attention_kernel(row(titan, "a run with no date"), hopper) == hopper
+    assert fsdp_attention_kernel(row(titan, "a run of 2025-02"), 0.0) == 0.0  # off Hopper
+    assert fsdp_attention_kernel(row("llm-foundry/Composer FSDP", "README (2024-04-22)"), hopper) == 0.0
+
     def named(cluster):
         return _named_assumptions(cluster, 1, "llama3-8b", 16, 8192, "torchtitan",
                                   "tp=1,pp=1,dp=8,zero=3,mbs=2,recompute=selective", "fused causal attention")
 
     est, found = named("dgx-h100")
-    assert len(found) == 1 and found[0]["step_time_seconds_if_not"] < est.step_seconds
-    assert "FlashAttention-2" in found[0]["source"]
+    assert len(found) == 1 and found[0]["step_time_seconds_if_not"] > est.step_seconds
+    assert "torchtitan#1776" in found[0]["source"]
     assert named("dgx-a100-80gb")[1] == []
 
 

@@ -51,11 +51,8 @@ def test_loso_targets_of_issue_10(report):
     assert s["rows_evaluated"] >= 250
     # issue #10: LOSO median <= 10% and 90th percentile <= 25%, both met since the 2020-21 Megatron-LM README rows
     # run with the recompute their printed TFLOP/s count (full, Narayanan Eq. 3) and 2020's whole batch per replica,
-    # and DeepSpeed's ZeRO-3 of 2021 hides no gather (validation.py ASSUMPTIONS): make validate's full grid 6.7% /
-    # 19.4% (docs/validation.md), this grid 6.6% / 19.4% (6.1% / 17.4% and 5.9% / 17.4% before torchtitan and
-    # llm-foundry ran FlashAttention-2 on Hopper, profiles.py FLASH_ATTENTION_2_HOPPER: in sample 5.7% / 17.4% ->
-    # 5.6% / 16.2%, but the llm-foundry fold's FSDP/Hopper factor, chosen on torchtitan's three H100 rows alone, went
-    # 0.925 -> 1.0; 7.2% / 18.6% and 6.8% / 18.6% before torchtitan's FP8 rows
+    # and DeepSpeed's ZeRO-3 of 2021 hides no gather (validation.py ASSUMPTIONS): make validate's full grid 6.1% /
+    # 17.4% (docs/validation.md), this grid 5.9% / 17.4% (7.2% / 18.6% and 6.8% / 18.6% before torchtitan's FP8 rows
     # gathered their parameters in FP8 as a torchtitan plan does, which moved the fit and the llm-foundry fold's
     # FSDP/Hopper factor; 7.2% / 20.5% and 6.5% / 20.6% before the GEMM shape term,
     # stage.py gemm_shape_factor, whose grid this one now holds; 7.8% / 19.3% and 7.3% / 19.5% before torchtitan's
@@ -65,8 +62,8 @@ def test_loso_targets_of_issue_10(report):
     # TE's cuDNN attention on Hopper, profiles.py TE_FUSED_ATTENTION_HOPPER; 8.0% / 21.5% before those profiles
     # kept fused SwiGLU's 6 s b f bytes); 9.4% / 26.0% before the README rows' rules. The bounds are those figures
     # plus about half a point, to catch a regression.
-    assert s["loso_median_abs_error"] <= 0.070
-    assert s["loso_p90_abs_error"] <= 0.200
+    assert s["loso_median_abs_error"] <= 0.065
+    assert s["loso_p90_abs_error"] <= 0.180
     assert s["false_out_of_memory"] == 0  # every published run fit in memory
     # held-out figures cannot beat the in-sample ones by construction of the folds
     assert s["loso_median_abs_error"] >= s["fitted_on_all_median_abs_error"] - 1e-9
@@ -109,7 +106,7 @@ def test_band_coverage_near_80_percent(report):
     # under 70% (63.1% on this grid and on the full grid at the 92% level; 64.0% / 64.3% before the FP8-gather fit
     # moved; 58.5% / 63.6% before the GEMM shape
     # term, 60.8% / 63.9% before torchtitan's per-op SAC, 67.5% / 70.5% before Megatron-DeepSpeed's kernel factor).
-    # It is 2.7x the nominal width (23.0%; 23.4% before FlashAttention-2 on Hopper): with the Megatron-LM README rows' residuals tight, the central 80% of
+    # It is 2.7x the nominal width (23.4%): with the Megatron-LM README rows' residuals tight, the central 80% of
     # most regimes narrowed, and coverage comes from the tails (ZeRO-3 baselines, llm-foundry on H100)
     nominal = statistics.median(h.width for h in band_hits(report, BAND_COVERAGE))
     calibrated = statistics.median(h.width for h in hits)
@@ -256,8 +253,7 @@ def test_llm_foundry_errors_do_not_run_with_the_model_width(report):
     # The mechanism behind the GEMM shape term (cost_models/stage.py gemm_shape_factor): with the GEMM rate set by
     # the FC1 GEMM's FLOPs alone, llm-foundry's FSDP rows (one source, one framework, widths 768-8192), held out,
     # ran with the model's width. Measured per GPU generation, as the least-squares slope of the held-out error
-    # against log2(h) (this grid): with the term -1.2% per doubling on A100 (139 rows) and +2.5% on H100 (77 rows;
-    # +3.6% before they ran FlashAttention-2, profiles.py FLASH_ATTENTION_2_HOPPER);
+    # against log2(h) (this grid): with the term -1.3% per doubling on A100 (139 rows) and +3.6% on H100 (77 rows);
     # without it (gemm_half_efficiency_dim 0 in the same grid) +4.6% and +9.0%. Per generation, since the two
     # carry different offsets (the H100 rows run at the fitted FSDP/Hopper factor) and A100 alone has the narrow
     # models: pooled, a change of that factor reads as a width trend. Not a blind test of the term: its form was

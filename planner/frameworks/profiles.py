@@ -213,18 +213,21 @@ _TE_FUSED_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "Transformer
                                          "on Hopper (get_attention_backend, TE@a0b36d0c); cuDNN fwd+bwd at head dim "
                                          "128, s 2k-8k: 0.48-0.53 of peak (FlashAttention-3 paper, Figs. 5-6)")}
 
-# The PyTorch FSDP stacks run FlashAttention-2 on Hopper: torch's scaled_dot_product_attention (torchtitan) puts its
-# FLASH_ATTENTION backend, FlashAttention-2's kernels, ahead of cuDNN on sm90 ("Since we deprioritized cuDNN SDPA",
-# pytorch/pytorch#141274, 2024-11; default SDPA at 329 TFLOPs/s where cuDNN reaches 631 on H100, pytorch#142132),
-# and llm-foundry's attn_impl 'flash' calls the flash-attn 2 package. FlashAttention-2, causal, head dim 128, on
+# torchtitan asks for cuDNN's fused attention first: its ScaledDotProductAttention runs F.scaled_dot_product_attention
+# under sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, ...], set_priority=True) on every GPU since pytorch/torchtitan
+# #1776 (6a3a9da9, 2025-10-09; torchtitan/models/common/attention.py at b5bcd76c): the same cuDNN kernel, at the same
+# published 0.48-0.53 of H100 peak, as Transformer Engine's. Before, torchtitan took FLASH_ATTENTION first on
+# Hopper (#1196, 3b85aa31, 2025-05-14) or torch's own order, which put FlashAttention-2 before cuDNN on sm90 from
+# 2024-11 ("Since we deprioritized cuDNN SDPA", pytorch/pytorch#141274; default SDPA 329 TFLOPs/s where cuDNN
+# reaches 631 on H100, pytorch#142132) and in torch 2.4 and earlier. FlashAttention-2, causal, head dim 128, on
 # H100 SXM5: 0.30-0.33 of peak over forward and backward (FlashAttention-3 paper, Figs. 5-6; "FlashAttention-2
-# achieving only 35% utilization on the H100", its abstract). Ampere: the full-s^2-at-GEMM-rate convention, on
-# which the A100 rows were fitted, is kept [U: torch 2.5.0 (2024-10) preferred cuDNN on H100; which kernel the
-# nightly of torchtitan's 2024-08 rows ran is not printed]
+# achieving only 35% utilization on the H100", its abstract): what validation states for torchtitan's runs of
+# 2025 (validation.py torchtitan_attention_kernel).
 FLASH_ATTENTION_2_HOPPER = 0.315
-_FLASH_ATTENTION_2 = {"hopper": Sourced(FLASH_ATTENTION_2_HOPPER, "torch SDPA picks FlashAttention-2 before cuDNN on "
-                                        "Hopper (pytorch#141274); FlashAttention-2 fwd+bwd, causal, head dim 128: "
-                                        "0.30-0.33 of H100 peak (FlashAttention-3 paper, Figs. 5-6)")}
+_TORCHTITAN_CUDNN_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "torchtitan runs SDPA with cuDNN first "
+                                                 "(sdpa_kernel set_priority, torchtitan#1776, 2025-10); cuDNN fwd+bwd at "
+                                                 "head dim 128, s 2k-8k: 0.48-0.53 of peak (FlashAttention-3 paper, "
+                                                 "Figs. 5-6)")}
 
 _MEGATRON_RECIPE = MemoryRecipe(
     "Megatron bf16 + fp32 main grads + distributed optimizer", 2, 4, 12, 2, "layer",
@@ -376,7 +379,7 @@ PROFILES: dict[Framework, Profile] = {
         {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)},
         sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
         fp8_torchao_linear=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS),
-        attention_kernel=_FLASH_ATTENTION_2),
+        attention_kernel=_TORCHTITAN_CUDNN_ATTENTION),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
         "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",
