@@ -50,11 +50,10 @@ ASSUMPTIONS = [
     "it first on sm90; profiles.py FLASH_ATTENTION_2_HOPPER), of 2024 the GEMM-rate convention (torch 2.4 took "
     "FlashAttention-2, 2.5.0 cuDNN; the rows print no torch), later ones cuDNN as torchtitan now asks "
     "(validation.py TORCHTITAN_FLASH_ATTENTION_2_YEAR). llm-foundry's rows ran its own Triton flash attention: "
-    "attn_impl 'triton', the "
-    "default of scripts/train/benchmarking/submit_benchmarks.py when its H100 tables were added (b2a43a14, "
-    "2023-10-19), whose sweep.sh passes no --attn_impl; pre-MLIR Triton (setup.py: triton-pre-mlir, branch "
-    "triton_pre_mlir_sm90), with no published H100 figure, so they keep the full-s^2 GEMM-rate convention [U: the "
-    "2024-01 large-scale H100 sweep, s = 2048, passes 'flash' for some models].",
+    "attn_impl 'triton', the default of scripts/train/benchmarking/submit_benchmarks.py when its H100 tables were "
+    "added (b2a43a14, 2023-10-19), whose sweep.sh passes no --attn_impl; pre-MLIR Triton (setup.py: "
+    "triton-pre-mlir, branch triton_pre_mlir_sm90), with no published H100 figure, so they keep the full-s^2 "
+    "GEMM-rate convention [U: the 2024-01 large-scale H100 sweep, s = 2048, passes 'flash' for some models].",
     "ZeRO: the printed stage; FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2; unprinted = 0 (plain DP), except "
     "NeMo/Megatron-Core rows (distributed optimizer = 1).",
     "Framework profile (planner/frameworks/profiles.py, the same one `estimate --framework` uses): Megatron-Core "

@@ -10,8 +10,9 @@ A line per row: measured and predicted step time and memory, and their errors, w
 except for its attention kernel: the rows are dated 2025 (the doc's commit) and their torch nightly of 2024-12 comes
 after pytorch#141274, which put FlashAttention-2 before cuDNN on sm90, so they run FlashAttention-2
 (validation.fsdp_attention_kernel), where torchtitan now asks for cuDNN's kernel first (profiles.py).
-Not modelled, so expect them off: torch.compile (fuses elementwise work and frees its intermediates: the compile rows run faster and 5 GiB leaner than
-eager), the 500 W power limit and HBM2e (the H100 preset is the 700 W HBM3 part), AsyncTP."""
+Not modelled, so expect them off: torch.compile (fuses elementwise work and frees its intermediates: the compile
+rows run faster and 5 GiB leaner than eager), the 500 W power limit and HBM2e (the H100 preset is the 700 W HBM3
+part), AsyncTP."""
 
 from __future__ import annotations
 

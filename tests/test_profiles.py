@@ -199,16 +199,21 @@ def test_a_stated_attention_kernel_runs_the_causal_half_at_its_own_rate(cp):
     assert unfused_plain == unfused_stated
 
 
-def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names():
-    """Llama 3.1 8B at 8192 tokens on DGX H100 under NeMo: TE's cuDNN attention is a named assumption, with the
-    step time it would take at the GEMM-rate convention (slower); on DGX A100 nothing is stated, nothing named."""
+@pytest.mark.parametrize("framework, batch, layout_text, source", [
+    ("nemo", 128, "tp=1,pp=1,dp=4,cp=2,zero=1,mbs=1,recompute=full", "Transformer Engine"),
+    ("torchtitan", 16, "tp=1,pp=1,dp=8,zero=3,mbs=2,recompute=selective", "torchtitan#1776"),
+])
+def test_the_attention_kernel_is_an_assumption_a_hopper_plan_names(framework, batch, layout_text, source):
+    """Llama 3.1 8B at 8192 tokens on DGX H100 under NeMo (TE) or torchtitan (SDPA, cuDNN first): cuDNN's attention
+    is a named assumption, with the step time it would take at the GEMM-rate convention (slower); on DGX A100 nothing
+    is stated, nothing named."""
     def named(cluster):
-        return _named_assumptions(cluster, 1, "llama3-8b", 128, 8192, "nemo",
-                                  "tp=1,pp=1,dp=4,cp=2,zero=1,mbs=1,recompute=full", "fused causal attention")
+        return _named_assumptions(cluster, 1, "llama3-8b", batch, 8192, framework, layout_text,
+                                  "fused causal attention")
 
     est, found = named("dgx-h100")
     assert len(found) == 1 and found[0]["step_time_seconds_if_not"] > est.step_seconds
-    assert "Transformer Engine" in found[0]["source"]
+    assert source in found[0]["source"]
     assert named("dgx-a100-80gb")[1] == []
 
 
@@ -218,8 +223,8 @@ def test_torchtitan_asks_for_cudnn_attention_and_its_older_runs_for_flash_attent
     Its runs of 2025 took FlashAttention-2 first (torchtitan#1196; torch's own order from pytorch#141274): 0.315
     (FlashAttention-3 paper, Figs. 5-6: 0.30-0.33); those of 2024 (torch 2.4 FlashAttention-2, 2.5.0 cuDNN, torch not
     printed) keep the GEMM-rate convention, which lies between the two (~0.35-0.40 of peak on the causal FLOPs for
-    Llama 3 8B at 8192 tokens); llm-foundry's rows ran its own Triton kernel and keep it too. A torchtitan H100
-    plan names the kernel: without it the step would be slower. Ampere: nothing stated, nothing named."""
+    Llama 3 8B at 8192 tokens); llm-foundry's rows ran its own Triton kernel and keep it too. Ampere: nothing
+    stated (a plan names it: test_the_attention_kernel_is_an_assumption_a_hopper_plan_names)."""
     from planner.frameworks.profiles import FLASH_ATTENTION_2_HOPPER, TE_FUSED_ATTENTION_HOPPER
     from planner.validation import fsdp_attention_kernel
 
@@ -244,15 +249,6 @@ def test_torchtitan_asks_for_cudnn_attention_and_its_older_runs_for_flash_attent
     assert fsdp_attention_kernel(row(titan, "a run with no date"), hopper) == hopper
     assert fsdp_attention_kernel(row(titan, "a run of 2025-02"), 0.0) == 0.0  # off Hopper
     assert fsdp_attention_kernel(row("llm-foundry/Composer FSDP", "README (2024-04-22)"), hopper) == 0.0
-
-    def named(cluster):
-        return _named_assumptions(cluster, 1, "llama3-8b", 16, 8192, "torchtitan",
-                                  "tp=1,pp=1,dp=8,zero=3,mbs=2,recompute=selective", "fused causal attention")
-
-    est, found = named("dgx-h100")
-    assert len(found) == 1 and found[0]["step_time_seconds_if_not"] > est.step_seconds
-    assert "torchtitan#1776" in found[0]["source"]
-    assert named("dgx-a100-80gb")[1] == []
 
 
 def _named_assumptions(cluster, nodes, model, batch, seq, framework, layout_text, phrase):

@@ -209,9 +209,9 @@ _GROUPED_LINEAR = Sourced(MEGATRON_EXPERT_KERNEL_GFLOP, "per-expert GEMM/cast ke
 # full-s^2-at-GEMM-rate convention of a profile that states no kernel comes to ~0.35-0.40). Blackwell: no
 # published figure, none stated.
 TE_FUSED_ATTENTION_HOPPER = 0.50
+_CUDNN_HOPPER_FIGURE = "cuDNN fwd+bwd at head dim 128, s 2k-8k: 0.48-0.53 of peak (FlashAttention-3 paper, Figs. 5-6)"
 _TE_FUSED_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "Transformer Engine prefers cuDNN fused attention "
-                                         "on Hopper (get_attention_backend, TE@a0b36d0c); cuDNN fwd+bwd at head dim "
-                                         "128, s 2k-8k: 0.48-0.53 of peak (FlashAttention-3 paper, Figs. 5-6)")}
+                                         f"on Hopper (get_attention_backend, TE@a0b36d0c); {_CUDNN_HOPPER_FIGURE}")}
 
 # torchtitan asks for cuDNN's fused attention first: its ScaledDotProductAttention runs F.scaled_dot_product_attention
 # under sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, ...], set_priority=True) on every GPU since pytorch/torchtitan
@@ -222,12 +222,11 @@ _TE_FUSED_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "Transformer
 # reaches 631 on H100, pytorch#142132) and in torch 2.4 and earlier. FlashAttention-2, causal, head dim 128, on
 # H100 SXM5: 0.30-0.33 of peak over forward and backward (FlashAttention-3 paper, Figs. 5-6; "FlashAttention-2
 # achieving only 35% utilization on the H100", its abstract): what validation states for torchtitan's runs of
-# 2025 (validation.py torchtitan_attention_kernel).
+# 2025 (validation.py fsdp_attention_kernel).
 FLASH_ATTENTION_2_HOPPER = 0.315
 _TORCHTITAN_CUDNN_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "torchtitan runs SDPA with cuDNN first "
-                                                 "(sdpa_kernel set_priority, torchtitan#1776, 2025-10); cuDNN fwd+bwd at "
-                                                 "head dim 128, s 2k-8k: 0.48-0.53 of peak (FlashAttention-3 paper, "
-                                                 "Figs. 5-6)")}
+                                                 "(sdpa_kernel set_priority, torchtitan#1776, 2025-10); "
+                                                 f"{_CUDNN_HOPPER_FIGURE}")}
 
 _MEGATRON_RECIPE = MemoryRecipe(
     "Megatron bf16 + fp32 main grads + distributed optimizer", 2, 4, 12, 2, "layer",
