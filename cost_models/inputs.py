@@ -147,6 +147,10 @@ class Transformer:
     sliding_window_layers: int = 0  # how many layers use the window (Gemma-2: every other one)
     moe: MoE | None = None
     mla: MLA | None = None
+    # Nemotron-4's relu(x)^2 in a non-gated MLP: the same GEMMs as GeLU's and, like it, two f-wide tensors kept per
+    # token (relu's output, which pow saves too, and FC2's input: memory.mlp_intermediate_coefficient's 4); the cost
+    # model costs it as GeLU, the benchmark's model runs it
+    squared_relu: bool = False
 
     @property
     def head_dim(self) -> int:

@@ -42,7 +42,10 @@ ASSUMPTIONS = [
     "Network when not printed: DGX A100 8 x HDR 200 Gb/s, DGX H100 8 x NDR 400 Gb/s, DGX-2 8 x EDR 100 Gb/s, "
     "Jean Zay 4 x Omni-Path 100 Gb/s [U].",
     "Model family: Llama rows (KV heads or 'Llama' in the name) are SwiGLU/RMSNorm/untied/no-bias; MPT rows "
-    "GeLU/LayerNorm/tied/no-bias with ALiBi; others GPT (GeLU, LayerNorm, tied, biases, learned positions).",
+    "GeLU/LayerNorm/tied/no-bias with ALiBi; others GPT (GeLU, LayerNorm, tied, biases, learned positions). Where "
+    "this rule's parameter count misses the printed params_b by more than 20% and the other MLP gating's is within "
+    "5%, the row ran the other gating (Nemotron-4: GQA with a non-gated squared-ReLU MLP; "
+    "mlp_gating_by_printed_size).",
     "Attention: flash for torchtitan, llm-foundry, Megatron-Core and NeMo rows; standard (unfused softmax) for "
     "Megatron 2020-2022, Megatron-DeepSpeed and DeepSpeed rows. Dropout on for Megatron-era GPT rows. On Hopper "
     "Megatron-Core and NeMo rows run cuDNN's fused attention through Transformer Engine (profiles.py "
@@ -348,6 +351,36 @@ def _model_fields(row: dict, family: str) -> dict:
     return model
 
 
+GATING_RULE_MISS = 0.20  # the name/head-count rule's parameter count this far from the printed size ...
+GATING_OTHER_MATCH = 0.05  # ... and the other MLP gating's this close: the other gating is what the row trained
+
+
+def mlp_gating_by_printed_size(row: dict, model: dict) -> tuple[dict, str | None]:
+    """(model fields, the rule's note or None): the MLP gating the row's printed parameter count (params_b) says,
+    where the name/head-count rule of _model_fields contradicts it. GQA does not imply SwiGLU: Nemotron-4 15B and
+    340B are GQA (8 KV heads) with a non-gated squared-ReLU MLP of 4h (arXiv:2402.16819 §2, 2406.11704 §2.1), which
+    the rule takes for Llama's SwiGLU: +31% and +38% parameters, so false out-of-memory verdicts and recompute that
+    never ran. The thresholds leave alone rows whose printed size differs for other reasons (llm-foundry's short
+    MPT rows count learned positions of long sequences: -16% and -29% under the rule, and SwiGLU is no closer)."""
+    printed = _num(row.get("params_b"))
+    if not printed:
+        return model, None
+
+    def miss(mlp: str) -> float:
+        try:
+            total = ModelSpec.model_validate(dict(model, mlp=mlp)).parameter_counts()["total"]
+        except ValueError:
+            return math.inf
+        return abs(total / (printed * 1e9) - 1)
+
+    other = "gelu" if model["mlp"] != "gelu" else "swiglu"
+    if miss(model["mlp"]) <= GATING_RULE_MISS or miss(other) > GATING_OTHER_MATCH:
+        return model, None
+    kind = "non-gated (2 matrices of h x ffn)" if other == "gelu" else "gated (SwiGLU, 3 matrices)"
+    return dict(model, mlp=other), (f"mlp={other}: a {kind} MLP matches the printed {printed:g}B parameters; the "
+                                    f"name/head-count rule's {model['mlp']} misses them by {miss(model['mlp']):.0%}")
+
+
 def _fp8_param_gather(family: str, fp8_recipe: str) -> bool:
     """Whether an FP8 row all-gathers its parameters in FP8: NeMo/Megatron-Core recipes do (frameworks.md §4.6);
     otherwise what a plan for the family's framework does (capabilities.fp8_gathers_params): torchtitan's tensorwise
@@ -564,7 +597,7 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
         return cl
     base, cluster_data = cl
     family = _framework_family(row)
-    model = _model_fields(row, family)
+    model, gating_note = mlp_gating_by_printed_size(row, _model_fields(row, family))
     precision, fp8_recipe = _precision(row, family)
     try:
         model_spec = ModelSpec.model_validate(model)
@@ -591,6 +624,8 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
         return basis
     choices = recompute_choices(row, family, _flops_count_recompute(row, model_spec, training, n, measured))
     searched, inferred, options = _searched_fields(row, fields, choices)
+    if gating_note:
+        inferred.append(gating_note)
     return Case(row["id"], row.get("source", "")[:60], model_spec, training, cluster, fields, knobs, measured, basis,
                 mem, searched, family=family, recompute_choices=options, inferred=inferred)
 

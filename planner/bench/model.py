@@ -129,6 +129,7 @@ class MLP(nn.Module):
         super().__init__()
         h, f = shape.hidden_size, shape.ffn_hidden_size
         self.swiglu = shape.swiglu
+        self.squared_relu = shape.squared_relu
         self.w1 = nn.Linear(h, f, bias=shape.bias)
         self.w2 = nn.Linear(f, h, bias=shape.bias)
         if self.swiglu:
@@ -137,6 +138,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.squared_relu:
+            return self.w2(F.relu(self.w1(x)).square())
         return self.w2(F.gelu(self.w1(x)))
 
 

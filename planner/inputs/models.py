@@ -56,7 +56,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 
 HF_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
-               "gemma3_text", "phi3", "olmo", "falcon", "deepseek_v2", "deepseek_v3", "gpt2", "gpt_neox")
+               "gemma3_text", "phi3", "olmo", "falcon", "deepseek_v2", "deepseek_v3", "gpt2", "gpt_neox", "nemotron")
 
 # model_type -> what the cost model lacks for it (the rejection names it and points to a hand-written spec)
 HF_UNSUPPORTED = {
@@ -327,9 +327,18 @@ def _gpt_neox(c):
     return {**_decoder(c, mlp="gelu", norm="layernorm"), "bias": True, "attention_bias": False}
 
 
+def _nemotron(c):
+    """Nemotron-4 / Minitron (transformers NemotronForCausalLM): GQA, a non-gated squared-ReLU MLP, LayerNorm1P
+    (LayerNorm's parameters, 1 + gamma), partial RoPE, no biases, untied embeddings."""
+    act = c.raw.get("hidden_act", "relu2")
+    if act != "relu2":
+        c._bad("hidden_act", act, "relu2 (Nemotron's squared ReLU; another activation: " + _HAND_SPEC + ")")
+    return _decoder(c, mlp="relu2", norm="layernorm")
+
+
 _HF_READERS = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2, "qwen2_moe": _qwen2_moe,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3_text,
     "phi3": _phi3, "olmo": _olmo, "falcon": _falcon, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
-    "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "nemotron": _nemotron,
 }

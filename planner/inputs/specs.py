@@ -71,6 +71,9 @@ class MLASpec(_Frozen):
         return cm.MLA(**self.model_dump())
 
 
+GATED_MLPS = ("swiglu", "geglu")  # a gate and an up projection: 3 matrices, the rest 2
+
+
 class ModelSpec(_Frozen):
     """A decoder-only transformer. Parameter counts are derived, never typed in."""
 
@@ -82,7 +85,8 @@ class ModelSpec(_Frozen):
     num_kv_heads: int | None = Field(default=None, ge=1, le=lim.MAX_HEADS)
     head_dim: int | None = Field(default=None, ge=1, le=lim.MAX_HIDDEN, description="when heads x head_dim != hidden_size")
     ffn_hidden_size: int | None = Field(default=None, ge=1, le=4 * lim.MAX_HIDDEN)
-    mlp: Literal["gelu", "swiglu", "geglu"] = "gelu"
+    mlp: Literal["gelu", "swiglu", "geglu", "relu2"] = Field(
+        default="gelu", description="gelu / relu2 (squared ReLU, Nemotron-4): 2 matrices; swiglu / geglu: gated, 3")
     vocab_size: int = Field(ge=1, le=lim.MAX_VOCAB)
     tied_embeddings: bool = True
     norm: Literal["layernorm", "rmsnorm", "nonparametric"] = "layernorm"
@@ -113,7 +117,7 @@ class ModelSpec(_Frozen):
             problems.append(
                 f"num_kv_heads: {kv} -> must divide num_attention_heads ({self.num_attention_heads})"
             )
-        if self.mlp != "gelu" and self.ffn_hidden_size is None:
+        if self.mlp in GATED_MLPS and self.ffn_hidden_size is None:
             problems.append(f"ffn_hidden_size: missing -> required for a {self.mlp} MLP (no 4h default)")
         if self.moe is not None and self.moe.num_dense_layers >= self.num_layers:
             problems.append(f"moe.num_dense_layers: {self.moe.num_dense_layers} -> must be below num_layers "
@@ -142,7 +146,8 @@ class ModelSpec(_Frozen):
             num_kv_heads=self.kv_heads,
             ffn_hidden_size=self.ffn,
             vocab_size=self.vocab_size,
-            swiglu=self.mlp != "gelu",
+            swiglu=self.mlp in GATED_MLPS,
+            squared_relu=self.mlp == "relu2",
             tied_embeddings=self.tied_embeddings,
             rms_norm=self.norm == "rmsnorm",
             flash_attention=self.attention == "flash",

@@ -271,6 +271,8 @@ def _megatron_model_args(model: ModelSpec, training: TrainingSpec) -> list[tuple
         args += [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]
     if model.mlp == "swiglu":
         args.append(("--swiglu", None))
+    elif model.mlp == "relu2":
+        args.append(("--squared-relu", None))
     if model.norm == "rmsnorm":
         args.append(("--normalization", "RMSNorm"))
     if model.position_embedding == "rope":

@@ -567,7 +567,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     for name in ints:
         p.add_argument(name, type=int)
     for name in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
-                 "--bf16", "--fp16", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                 "--bf16", "--fp16", "--swiglu", "--squared-relu", "--untie-embeddings-and-output-weights",
+                 "--disable-bias-linear",
                  "--group-query-attention", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
                  "--recompute-activations", "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel",
                  "--enable-zbh1-pipeline", "--cpu-optimizer", "--no-gradient-accumulation-fusion",

@@ -1,0 +1,93 @@
+"""Outside check on NeMo's H100 recipe runs that ../shared/validation does not hold (not collected by pytest; no knob
+was fitted on these rows): NVIDIA/dgxc-benchmarking at v25.02 (commit 8f5cbb3799, NeMo 24.12 containers, DGX H100),
+llama3.1/README_70b.md, nemotron/README_15b.md and nemotron/README_340b.md, 'Expected Performance' tables, the
+smallest and the largest scale of each. The same release's Llama 3.1 8B and GPT-3 175B tables are in the published
+set (source 'NVIDIA/dgxc-benchmarking ... (v25.02, commit 8f5cbb3799)'), so these rows are outside the rows the knobs
+were fitted on but not outside the publisher.
+
+    PYTHONPATH=. .venv/bin/python tests/outside_nemo_probe.py
+
+A line per row: measured and predicted step time and its error, with the shipped fitted knobs
+(planner/data/error_bands.json), each row built as the published set's NeMo recipe rows are (validation.build_case:
+recompute searched, since the tables print none; DP = GPUs / (TP x PP x CP); ZeRO-1, the distributed optimizer).
+Stated approximation: Nemotron-4's squared-ReLU MLP runs as a non-gated GeLU MLP (same GEMMs, 2 matrices of
+h x 4h); its other fields from the Nemotron-4 papers (arXiv:2402.16819, 2406.11704): GQA with 8 KV heads, RoPE,
+no biases, untied embeddings, vocabulary 256000, sequence 4096."""
+
+from __future__ import annotations
+
+import statistics
+
+from planner.bands import load_table
+from planner.validation import build_case, case_knobs, evaluate
+
+SOURCE = "NVIDIA/dgxc-benchmarking {path} (v25.02, commit 8f5cbb3799)"
+BRIDGE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md (25.11 NeMo container, DGX-H100, FP8-CS; "
+          "step = GBS x seq / (tokens/s/GPU x GPUs))")
+MODELS = {  # layers, hidden, heads, KV heads, FFN, vocab, seq, printed params (B), MLP (what ran), path
+    "Llama 3.1 70B": (80, 8192, 64, 8, 28672, 128256, 8192, 70.6, "swiglu", "llama3.1/README_70b.md"),
+    "Nemotron-4 15B": (32, 6144, 48, 8, 24576, 256000, 4096, 15.6, "gelu", "nemotron/README_15b.md"),
+    "Nemotron-4 340B": (96, 18432, 96, 8, 73728, 256000, 4096, 341.0, "gelu", "nemotron/README_340b.md"),
+    "Llama 3.1 405B": (126, 16384, 128, 8, 53248, 128256, 8192, 405.9, "swiglu", ""),
+}
+ROWS = [  # model, GPUs, GBS, tp, pp, cp, vp, mbs, precision, step seconds (, source when not dgxc)
+    ("Llama 3.1 70B", 64, 128, 4, 4, 2, 5, 1, "BF16", 14.61),
+    ("Llama 3.1 70B", 2048, 4096, 4, 4, 2, 5, 1, "BF16", 14.84),
+    ("Llama 3.1 70B", 64, 128, 4, 4, 2, 5, 1, "FP8", 10.46),
+    ("Llama 3.1 70B", 2048, 4096, 4, 4, 2, 5, 1, "FP8", 10.99),
+    ("Nemotron-4 15B", 16, 64, 4, 1, 1, None, 4, "BF16", 2.812),
+    ("Nemotron-4 15B", 2048, 8192, 4, 1, 1, None, 4, "BF16", 2.887),
+    ("Nemotron-4 15B", 16, 64, 4, 1, 1, None, 4, "FP8", 2.039),
+    ("Nemotron-4 15B", 2048, 8192, 4, 1, 1, None, 4, "FP8", 2.12),
+    ("Nemotron-4 340B", 128, 32, 8, 8, 1, 12, 1, "BF16", 4.61),
+    ("Nemotron-4 340B", 2048, 512, 8, 8, 1, 12, 1, "BF16", 4.84),
+    ("Nemotron-4 340B", 128, 32, 8, 8, 1, 12, 1, "FP8", 3.16),
+    ("Nemotron-4 340B", 2048, 512, 8, 8, 1, 12, 1, "FP8", 3.49),
+    ("Llama 3.1 70B", 64, 128, 4, 8, 1, 5, 1, "FP8", 128 * 8192 / (1602 * 64), BRIDGE),
+    ("Llama 3.1 405B", 1024, 512, 8, 8, 2, 8, 1, "FP8", 512 * 8192 / (292 * 1024), BRIDGE),
+]
+
+
+def row(model, n, gbs, tp, pp, cp, vp, mbs, precision, step, source=None) -> dict:
+    layers, h, heads, kv, ffn, vocab, seq, params, mlp, path = MODELS[model]
+    return {
+        "id": f"{'bridge' if source else 'dgxc'}-{model.split()[0].lower()}-{model.split()[-1]}-{precision.lower()}-{n}gpu",
+        "record_type": "throughput_run", "source": source or SOURCE.format(path=path),
+        "source_locator": "Expected Performance table", "model_name": model, "model_family": model.split()[0],
+        "architecture": "dense", "params_b": params, "num_layers": layers, "hidden_size": h,
+        "num_attention_heads": heads, "num_kv_heads": kv, "ffn_hidden_size": ffn, "vocab_size": vocab,
+        "seq_length": seq, "gpu_type": "H100 80GB SXM (DGX-H100)", "gpu_memory_gb": 80, "total_gpus": n,
+        "gpus_per_node": 8, "tp": tp, "pp": pp, "dp": n // (tp * pp * cp), "vpp": vp, "cp": cp, "zero_stage": 1,
+        "micro_batch_size": mbs, "global_batch_size": gbs, "activation_recomputation": None,
+        "sequence_parallel": tp > 1, "precision": precision, "framework": "NeMo/Megatron-Core (recipe)",
+        "iteration_time_s": step,
+    }
+
+
+def main() -> None:
+    fitted = load_table()["fitted_knobs"]  # the shipped knobs, as `planner estimate` runs (validation fits them)
+    print(f"{'row':34} {'layout':58} {'step s meas/pred':>18} {'err':>7}")
+    errors = []
+    for spec in ROWS:
+        r = row(*spec)
+        case = build_case(r)
+        if isinstance(case, str):
+            print(f"{r['id']:34} skipped: {case}")
+            continue
+        res = evaluate(case, case_knobs(case, fitted))
+        if res.predicted_step_seconds is None or res.error is None:
+            print(f"{r['id']:34} not estimated: {res.note}")
+            continue
+        errors.append(res.error)
+        lay = res.layout
+        text = (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} cp{lay.cp} vp{lay.virtual_stages} mbs{lay.micro_batch_size} "
+                f"{lay.recompute}") if lay else ""
+        print(f"{r['id']:34} {text:58} {case.measured_step_seconds:8.2f}/{res.predicted_step_seconds:<8.2f} "
+              f"{res.error:+7.1%}{'' if res.fits else '  (judged OOM)'}")
+    if errors:
+        print(f"median |error| {statistics.median(abs(e) for e in errors):.1%}, mean signed "
+              f"{statistics.fmean(errors):+.1%} over {len(errors)} rows")
+
+
+if __name__ == "__main__":
+    main()
