@@ -1,15 +1,20 @@
-"""Outside check on NeMo's H100 recipe runs that ../shared/validation does not hold (not collected by pytest; no knob
-was fitted on these rows): NVIDIA/dgxc-benchmarking at v25.02 (commit 8f5cbb3799, NeMo 24.12 containers, DGX H100),
-llama3.1/README_70b.md, nemotron/README_15b.md and nemotron/README_340b.md, 'Expected Performance' tables, the
-smallest and the largest scale of each. The same release's Llama 3.1 8B and GPT-3 175B tables are in the published
-set (source 'NVIDIA/dgxc-benchmarking ... (v25.02, commit 8f5cbb3799)'), so these rows are outside the rows the knobs
-were fitted on but not outside the publisher.
+"""Outside check on NVIDIA's DGX H100 recipe runs that ../shared/validation does not hold (not collected by pytest;
+no knob was fitted on these rows): NVIDIA/dgxc-benchmarking at v25.02 (commit 8f5cbb3799, DGX H100),
+llama3.1/README_70b.md, nemotron/README_15b.md and nemotron/README_340b.md (NeMo 24.09-24.12) and
+maxtext/README_70b.md (MaxText, JAX: FSDP within 16 nodes, DP across, remat_policy save_qkv_proj, cuDNN flash
+attention; maxtext/configure.sh), 'Expected Performance' tables, the smallest and the largest scale of each; and
+Megatron-Bridge's 25.11 DGX-H100 table. The same dgxc release's Llama 3.1 8B and GPT-3 175B tables are in the
+published set (source 'NVIDIA/dgxc-benchmarking ... (v25.02, commit 8f5cbb3799)'), so these rows are outside the rows
+the knobs were fitted on but not outside the publisher.
 
-    PYTHONPATH=. .venv/bin/python tests/outside_nemo_probe.py
+    PYTHONPATH=. .venv/bin/python tests/outside_recipes_probe.py
 
 A line per row: measured and predicted step time and its error, with the shipped fitted knobs
-(planner/data/error_bands.json), each row built as the published set's NeMo recipe rows are (validation.build_case:
-recompute searched, since the tables print none; DP = GPUs / (TP x PP x CP); ZeRO-1, the distributed optimizer).
+(planner/data/error_bands.json), each row built as the published set's rows are (validation.build_case). NeMo rows:
+recompute searched, since the tables print none; DP = GPUs / (TP x PP x CP); ZeRO-1, the distributed optimizer.
+MaxText rows: the fsdp family (FAMILY_NAMES: JAX trainers), ZeRO-3 over every GPU (the planner has no hybrid
+shard: at 2048 GPUs MaxText shards over 128 and replicates 16 times), full recompute for save_qkv_proj (it keeps
+the Q/K/V projections, the planner's full recomputes them too: a few percent of the layer's FLOPs).
 Stated approximation: Nemotron-4's squared-ReLU MLP runs as a non-gated GeLU MLP (same GEMMs, 2 matrices of
 h x 4h); its other fields from the Nemotron-4 papers (arXiv:2402.16819, 2406.11704): GQA with 8 KV heads, RoPE,
 no biases, untied embeddings, vocabulary 256000, sequence 4096."""
@@ -29,7 +34,11 @@ MODELS = {  # layers, hidden, heads, KV heads, FFN, vocab, seq, printed params (
     "Nemotron-4 15B": (32, 6144, 48, 8, 24576, 256000, 4096, 15.6, "gelu", "nemotron/README_15b.md"),
     "Nemotron-4 340B": (96, 18432, 96, 8, 73728, 256000, 4096, 341.0, "gelu", "nemotron/README_340b.md"),
     "Llama 3.1 405B": (126, 16384, 128, 8, 53248, 128256, 8192, 405.9, "swiglu", ""),
+    "Llama 3 70B": (80, 8192, 64, 8, 28672, 128256, 8192, 70.6, "swiglu", "maxtext/README_70b.md"),
 }
+MAXTEXT = [  # GPUs, precision, step seconds (per-device batch 2, GBS = 2 x GPUs)
+    (128, "BF16", 15.563), (2048, "BF16", 15.898), (128, "FP8", 9.074), (2048, "FP8", 9.339),
+]
 ROWS = [  # model, GPUs, GBS, tp, pp, cp, vp, mbs, precision, step seconds (, source when not dgxc)
     ("Llama 3.1 70B", 64, 128, 4, 4, 2, 5, 1, "BF16", 14.61),
     ("Llama 3.1 70B", 2048, 4096, 4, 4, 2, 5, 1, "BF16", 14.84),
@@ -64,12 +73,18 @@ def row(model, n, gbs, tp, pp, cp, vp, mbs, precision, step, source=None) -> dic
     }
 
 
+def maxtext_row(n, precision, step) -> dict:
+    r = row("Llama 3 70B", n, 2 * n, 1, 1, 1, None, 2, precision, step)
+    r.update(id=f"maxtext-llama3-70B-{precision.lower()}-{n}gpu", framework="MaxText (JAX)", zero_stage=3, fsdp=True,
+             vpp=None, sequence_parallel=False, activation_recomputation="full (remat_policy save_qkv_proj)")
+    return r
+
+
 def main() -> None:
     fitted = load_table()["fitted_knobs"]  # the shipped knobs, as `planner estimate` runs (validation fits them)
     print(f"{'row':34} {'layout':58} {'step s meas/pred':>18} {'err':>7}")
-    errors = []
-    for spec in ROWS:
-        r = row(*spec)
+    errors: dict[str, list[float]] = {}
+    for r in [row(*spec) for spec in ROWS] + [maxtext_row(*spec) for spec in MAXTEXT]:
         case = build_case(r)
         if isinstance(case, str):
             print(f"{r['id']:34} skipped: {case}")
@@ -78,15 +93,15 @@ def main() -> None:
         if res.predicted_step_seconds is None or res.error is None:
             print(f"{r['id']:34} not estimated: {res.note}")
             continue
-        errors.append(res.error)
+        errors.setdefault("MaxText" if r["id"].startswith("maxtext") else "NeMo", []).append(res.error)
         lay = res.layout
         text = (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} cp{lay.cp} vp{lay.virtual_stages} mbs{lay.micro_batch_size} "
                 f"{lay.recompute}") if lay else ""
         print(f"{r['id']:34} {text:58} {case.measured_step_seconds:8.2f}/{res.predicted_step_seconds:<8.2f} "
               f"{res.error:+7.1%}{'' if res.fits else '  (judged OOM)'}")
-    if errors:
-        print(f"median |error| {statistics.median(abs(e) for e in errors):.1%}, mean signed "
-              f"{statistics.fmean(errors):+.1%} over {len(errors)} rows")
+    for stack, errs in errors.items():
+        print(f"{stack}: median |error| {statistics.median(abs(e) for e in errs):.1%}, mean signed "
+              f"{statistics.fmean(errs):+.1%} over {len(errs)} rows")
 
 
 if __name__ == "__main__":
