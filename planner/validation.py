@@ -29,7 +29,7 @@ from planner.bands import DOES_NOT_FIT, cluster_generation, fit_verdict_of_resul
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities, fp8_gathers_params
 from planner.frameworks.profiles import FLASH_ATTENTION_2_HOPPER, profile_for
-from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
+from planner.inputs.specs import GATED_MLPS, LayoutSpec, ModelSpec, TrainingSpec
 from planner.problem import Problem
 from planner.rules import layout_violations
 
@@ -41,7 +41,8 @@ ASSUMPTIONS = [
     "10% away from its preset's runs on the stated size, read as 10^9 bytes.",
     "Network when not printed: DGX A100 8 x HDR 200 Gb/s, DGX H100 8 x NDR 400 Gb/s, DGX-2 8 x EDR 100 Gb/s, "
     "Jean Zay 4 x Omni-Path 100 Gb/s [U].",
-    "Model family: Llama rows (KV heads or 'Llama' in the name) are SwiGLU/RMSNorm/untied/no-bias; MPT rows "
+    "Model family: Llama rows (KV heads or 'Llama' in the name) are SwiGLU/RMSNorm/untied/no-bias; Nemotron-4 and "
+    "Minitron rows (by name, not Llama-Nemotron) squared-ReLU (2 matrices)/LayerNorm/untied/no-bias; MPT rows "
     "GeLU/LayerNorm/tied/no-bias with ALiBi; others GPT (GeLU, LayerNorm, tied, biases, learned positions). Where "
     "this rule's parameter count misses the printed params_b by more than 20% and the other MLP gating's is within "
     "5%, the row ran the other gating (Nemotron-4: GQA with a non-gated squared-ReLU MLP; "
@@ -330,7 +331,10 @@ def _model_fields(row: dict, family: str) -> dict:
     name = (row.get("model_name") or "") + " " + (row.get("model_family") or "")
     heads = row["num_attention_heads"]
     kv = row.get("num_kv_heads") or heads
-    llama = "llama" in name.lower() or kv != heads
+    # Nemotron-4 and its Minitron prunes are GQA with a non-gated squared-ReLU MLP (arXiv:2402.16819 §2), not
+    # Llama's SwiGLU; Llama-3.1-Nemotron models are Llamas (mlp_gating_by_printed_size also catches unnamed ones)
+    nemotron4 = any(k in name.lower() for k in ("nemotron-4", "nemotron4", "minitron")) and "llama" not in name.lower()
+    llama = ("llama" in name.lower() or kv != heads) and not nemotron4
     mpt = "mpt" in name.lower()
     flash = family in ("fsdp", "mcore")
     model = {
@@ -341,6 +345,8 @@ def _model_fields(row: dict, family: str) -> dict:
     }
     if llama:
         model.update(mlp="swiglu", norm="rmsnorm", tied_embeddings=False, bias=False, position_embedding="rope")
+    elif nemotron4:  # squared ReLU runs as the 2-matrix GeLU MLP it costs as (specs.py: relu2)
+        model.update(mlp="relu2", norm="layernorm", tied_embeddings=False, bias=False, position_embedding="rope")
     elif mpt:
         model.update(mlp="gelu", norm="layernorm", tied_embeddings=True, bias=False, position_embedding="alibi")
     else:
@@ -373,7 +379,7 @@ def mlp_gating_by_printed_size(row: dict, model: dict) -> tuple[dict, str | None
             return math.inf
         return abs(total / (printed * 1e9) - 1)
 
-    other = "gelu" if model["mlp"] != "gelu" else "swiglu"
+    other = "gelu" if model["mlp"] in GATED_MLPS else "swiglu"
     if miss(model["mlp"]) <= GATING_RULE_MISS or miss(other) > GATING_OTHER_MATCH:
         return model, None
     kind = "non-gated (2 matrices of h x ffn)" if other == "gelu" else "gated (SwiGLU, 3 matrices)"

@@ -129,3 +129,14 @@ def test_the_gating_rule_leaves_every_published_row_as_the_name_rule_reads_it():
     total = ModelSpec.model_validate(model).parameter_counts()["total"]
     assert mlp_gating_by_printed_size({"params_b": total / 1e9}, model) == (model, None)
 
+
+
+@pytest.mark.parametrize("name,mlp", [("Nemotron-4 340B", "relu2"), ("Minitron 8B", "relu2"),
+                                      ("Llama-3.1-Nemotron-70B", "swiglu"), ("Llama 3.1 70B", "swiglu")])
+def test_nemotron_rows_by_name_without_a_printed_size(name, mlp):
+    """A Nemotron-4 row that prints no size is read by its name; a Llama-Nemotron (a Llama fine-tune) stays SwiGLU."""
+    case = build_case(_nemotron_row(model_name=name, params_b=None))
+    assert not isinstance(case, str) and case.model.mlp == mlp
+    if mlp == "relu2":
+        assert case.model.norm == "layernorm" and not case.model.tied_embeddings
+        assert case.model.parameter_counts()["total"] == pytest.approx(15.6e9, rel=0.01)
