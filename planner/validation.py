@@ -345,7 +345,7 @@ def _model_fields(row: dict, family: str) -> dict:
     }
     if llama:
         model.update(mlp="swiglu", norm="rmsnorm", tied_embeddings=False, bias=False, position_embedding="rope")
-    elif nemotron4:  # squared ReLU runs as the 2-matrix GeLU MLP it costs as (specs.py: relu2)
+    elif nemotron4:  # specs.py relu2: 2 matrices, costed as GeLU
         model.update(mlp="relu2", norm="layernorm", tied_embeddings=False, bias=False, position_embedding="rope")
     elif mpt:
         model.update(mlp="gelu", norm="layernorm", tied_embeddings=True, bias=False, position_embedding="alibi")
@@ -380,11 +380,12 @@ def mlp_gating_by_printed_size(row: dict, model: dict) -> tuple[dict, str | None
         return abs(total / (printed * 1e9) - 1)
 
     other = "gelu" if model["mlp"] in GATED_MLPS else "swiglu"
-    if miss(model["mlp"]) <= GATING_RULE_MISS or miss(other) > GATING_OTHER_MATCH:
+    rule_miss = miss(model["mlp"])
+    if rule_miss <= GATING_RULE_MISS or miss(other) > GATING_OTHER_MATCH:
         return model, None
     kind = "non-gated (2 matrices of h x ffn)" if other == "gelu" else "gated (SwiGLU, 3 matrices)"
     return dict(model, mlp=other), (f"mlp={other}: a {kind} MLP matches the printed {printed:g}B parameters; the "
-                                    f"name/head-count rule's {model['mlp']} misses them by {miss(model['mlp']):.0%}")
+                                    f"name/head-count rule's {model['mlp']} misses them by {rule_miss:.0%}")
 
 
 def _fp8_param_gather(family: str, fp8_recipe: str) -> bool:
