@@ -172,6 +172,9 @@ class Training:
     grad_bytes: float  # gradient buffer element (4 with fp32 main grads, Megatron's default for bf16)
     optimizer_bytes: float  # per parameter: fp32 master copy (if any) + optimizer moments
     grad_reduce_bytes: int  # element size of the DP gradient reduction
+    # bytes per parameter that lower-precision master weights and moments save against fp32 ones (already taken off
+    # optimizer_bytes); the optimizer step reads and writes each state once, so it moves twice this much less
+    optimizer_state_saved_bytes: float = 0.0
     fp8_recipe: str | None = None  # FP8 GEMMs (cost_models/fp8.py FP8_RECIPES); None: all GEMMs in bf16/fp16
     fp8_param_gather: bool = False  # FP8 primary weights / FP8 parameter all-gather (Megatron --fp8-param-gather)
     # (param, grad, optimizer) bytes at ZeRO-0 where the framework runs another optimizer there that shards its own
@@ -220,6 +223,9 @@ class Knobs:
     # places them (param unsharded below ZeRO-3, grad below ZeRO-2, optimizer below ZeRO-1); None: the precision's
     state_bytes_per_param: tuple[float, float, float] | None = None
     zero0_state_bytes_per_param: tuple[float, float, float] | None = None  # Training.zero0_state_bytes
+    # what an fp32 master copy of a bf16 parameter costs once the optimizer's states are set below fp32: 4, or 2 where
+    # the framework's precision-aware optimizer keeps only the 16 bits the bf16 parameter lacks (Profile.master_remainders)
+    precision_aware_master_bytes: float = 4.0
     profile: str = "generic"  # the framework profile these knobs come from (planner/frameworks/profiles.py)
     memory_high_fraction: float = 0.0  # plan: a layout must fit with its peak raised by this (the error band's high end)
     matmul_half_efficiency_gflop: float = 2.0  # per-GEMM size at which efficiency is half its maximum

@@ -179,7 +179,8 @@ def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, 
     shard = layout.dp * layout.cp if layout.zero_stage >= 1 else 1
     local = max_params / shard
     if layout.offload == _OFFLOAD_NONE:
-        return local * OPTIMIZER_STEP_BYTES_PER_PARAM / hw.hbm_bytes_per_second, 0.0
+        step_bytes = OPTIMIZER_STEP_BYTES_PER_PARAM - 2 * training.optimizer_state_saved_bytes
+        return local * step_bytes / hw.hbm_bytes_per_second, 0.0
     h2d = hw.host_to_device.bandwidth_bytes_per_second
     optimizer = local * hw.gpus_per_node / CPU_ADAM_PARAMS_PER_SECOND_PER_NODE
     offload = local * (training.grad_bytes + training.param_bytes) / h2d

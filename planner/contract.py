@@ -565,6 +565,9 @@ class BenchReport(_Strict):
     dtype: str = Field(description="Compute dtype of the run (float32 or bfloat16).")
     optimizer: str = Field(description="adamw: fp32 master weights and fp32 moments (the training recipe); "
                                        "sgd: momentum, for numerics checks.")
+    exp_avg_dtype: str = Field("float32", description="AdamW's first moment as run (torch dtype name; "
+                                                      "--optimizer-states).")
+    exp_avg_sq_dtype: str = Field("float32", description="AdamW's second moment as run.")
     world_size: int
     device: str
     device_name: str | None = Field(description="The GPU's name (CUDA), null on CPU.")
@@ -584,7 +587,8 @@ class BenchReport(_Strict):
                  ranks: list[dict[str, Any]], framework: str = "generic") -> BenchReport:
         return cls(**_versions(), layout=layout, model=problem.model, cluster=problem.cluster,
                    seq_length=cfg.seq_length, steps=cfg.steps, warmup=cfg.warmup, dtype=cfg.dtype,
-                   optimizer=cfg.optimizer, world_size=len(ranks), device=ranks[0]["device"],
+                   optimizer=cfg.optimizer, exp_avg_dtype=cfg.exp_avg_dtype, exp_avg_sq_dtype=cfg.exp_avg_sq_dtype,
+                   world_size=len(ranks), device=ranks[0]["device"],
                    device_name=ranks[0].get("device_name"), torch_version=ranks[0].get("torch_version"),
                    allocator_config=ranks[0].get("allocator_config"), framework=framework, selective=cfg.selective,
                    comparison=BenchComparison.model_validate(comparison), ranks=ranks)

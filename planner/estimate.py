@@ -20,11 +20,14 @@ __all__ = ["DEFAULT_HEADROOM_GIB", "GIB", "Problem", "build_problem", "complete_
 def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size: int, seq_len: int,
                   precision: str | None = None, headroom_gib: float = DEFAULT_HEADROOM_GIB,
                   calibration: Path | None = None, framework: str | None = None,
-                  fp8_recipe: str | None = None, fp8_param_gather: bool | None = None) -> Problem:
+                  fp8_recipe: str | None = None, fp8_param_gather: bool | None = None,
+                  optimizer_states: dict[str, str] | None = None) -> Problem:
     """The problem a command describes: cluster (scaled, calibrated), model, training setup, knobs. Without a
     precision, the GPU's default (bf16, or fp16 on a GPU without bf16 such as V100; a note says so). With
     precision fp8 and no recipe, the framework's default recipe (planner/frameworks/capabilities.py), and its
-    default FP8 parameter all-gather unless `fp8_param_gather` says (a config read by `check` sets it)."""
+    default FP8 parameter all-gather unless `fp8_param_gather` says (a config read by `check` sets it).
+    optimizer_states: TrainingSpec's state dtype fields (grad_dtype, master_dtype, exp_avg_dtype, exp_avg_sq_dtype;
+    planner.inputs.layout_string.parse_optimizer_states), refused where the framework cannot keep them."""
     import sys
 
     from pydantic import ValidationError
@@ -50,9 +53,15 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
         if precision != "bf16":
             print(f"note: {gpu.name} has no bf16 tensor peak: using --precision {precision}", file=sys.stderr)
     try:
-        tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision)
+        tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision,
+                          **(optimizer_states or {}))
     except ValidationError as exc:
         raise from_pydantic(exc, source="training setup") from None
+    from planner.frameworks.capabilities import capabilities
+
+    why = capabilities(framework).state_dtype_problem(tr)
+    if why:
+        raise SpecError(f"--optimizer-states: {why}")
     from planner.frameworks.capabilities import fp8_gathers_params, fp8_recipe_for
 
     recipe = fp8_recipe_for(framework, tr.precision, fp8_recipe)

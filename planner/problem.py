@@ -42,13 +42,21 @@ class Problem:
     @cached_property
     def cm_training(self) -> Training:
         """The training's cost-model view with the framework profile's memory recipe (16-bit training whose
-        gradient dtype the user did not set; fp32 training keeps no master copy)."""
-        cm = self.training.to_cost_model()
+        gradient dtype the user did not set; fp32 training keeps no master copy), less what lower-precision optimizer
+        states save (TrainingSpec.optimizer_state_saved_bytes, with the profile's cost of an fp32 master copy
+        under its precision-aware optimizer)."""
+        tr = self.training
+        cm = tr.to_cost_model()
+        remainders = tr.low_precision_states and tr.precision in ("bf16", "fp8")
+        saved = tr.optimizer_state_saved_bytes(self.knobs.precision_aware_master_bytes if remainders else 4)
         recipe = self.knobs.state_bytes_per_param
-        if recipe is None or self.training.precision == "fp32" or self.training.grad_dtype is not None:
-            return cm
-        return replace(cm, param_bytes=recipe[0], grad_bytes=recipe[1], optimizer_bytes=recipe[2],
-                       zero0_state_bytes=self.knobs.zero0_state_bytes_per_param)
+        if recipe is None or tr.precision == "fp32" or tr.grad_dtype is not None:
+            return replace(cm, optimizer_bytes=cm.optimizer_bytes + cm.optimizer_state_saved_bytes - saved,
+                           optimizer_state_saved_bytes=saved)
+        zero0 = self.knobs.zero0_state_bytes_per_param
+        return replace(cm, param_bytes=recipe[0], grad_bytes=recipe[1], optimizer_bytes=recipe[2] - saved,
+                       optimizer_state_saved_bytes=saved,
+                       zero0_state_bytes=None if zero0 is None else (zero0[0], zero0[1], zero0[2] - saved))
 
     @cached_property
     def parameter_counts(self) -> dict[str, int]:

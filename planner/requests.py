@@ -32,13 +32,16 @@ class ProblemRequest:
     headroom_gib: float = DEFAULT_HEADROOM_GIB
     calibration: Path | None = None
     fp8_recipe: str | None = None  # None: the framework's default recipe (with precision fp8)
+    optimizer_states: str | None = None  # --optimizer-states (planner.inputs.layout_string.parse_optimizer_states)
 
     def problem(self, *, global_batch_size: int | None = None, seq_len: int | None = None,
                 framework: str | None = None) -> Problem:
         """With a framework: its execution profile (planner/frameworks/profiles.py), as `validate` uses it."""
+        from planner.inputs.layout_string import parse_optimizer_states
+
         return build_problem(self.cluster, self.nodes, self.model, global_batch_size or self.global_batch_size,
                              seq_len or self.seq_len, self.precision, self.headroom_gib, self.calibration, framework,
-                             self.fp8_recipe)
+                             self.fp8_recipe, optimizer_states=parse_optimizer_states(self.optimizer_states))
 
 
 def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None = None,
@@ -48,7 +51,7 @@ def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None
 
     problem = req.problem(framework=framework)
     lay = layout_from_arg(layout, problem)
-    fw = refuse_unrunnable(framework, lay, problem.model)
+    fw = refuse_unrunnable(framework, lay, problem.model, problem.training)
     est = estimate_layout(problem, lay, allow_tp_across_nodes=allow_tp_across_nodes)
     from planner.frameworks import Framework
 
@@ -135,7 +138,8 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
                         figures=plan.figures)
     extras.check()
     problem = with_memory_margin(req.problem(framework=plan.framework), plan.memory_margin)
-    restriction = build_restriction(plan.framework, problem.model.vocab_size, plan.fix, plan.schedules)
+    restriction = build_restriction(plan.framework, problem.model.vocab_size, plan.fix, plan.schedules,
+                                    problem.training)
     opts = PlanOptions(top_k=plan.top, objective="throughput" if plan.objective == "min-gpus" else plan.objective,
                        allow_tp_across_nodes=plan.allow_tp_across_nodes, allow_async=plan.allow_async,
                        use_solver=plan.use_solver, solver_time_limit_seconds=plan.solver_time_limit_seconds,

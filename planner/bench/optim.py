@@ -40,7 +40,8 @@ class MasterAdamW:
     """
 
     def __init__(self, params, *, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.1):
+                 weight_decay: float = 0.1, exp_avg_dtype: torch.dtype = torch.float32,
+                 exp_avg_sq_dtype: torch.dtype = torch.float32):
         self.params = list(params)
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.step_count = 0
@@ -51,8 +52,8 @@ class MasterAdamW:
             local = _local(p.data)
             master = local if local.dtype == torch.float32 else local.detach().float().clone()
             self.master.append(master)
-            self.exp_avg.append(torch.zeros_like(master, dtype=torch.float32))
-            self.exp_avg_sq.append(torch.zeros_like(master, dtype=torch.float32))
+            self.exp_avg.append(torch.zeros_like(master, dtype=exp_avg_dtype))
+            self.exp_avg_sq.append(torch.zeros_like(master, dtype=exp_avg_sq_dtype))
 
     @torch.no_grad()
     def step(self) -> None:
@@ -71,10 +72,17 @@ class MasterAdamW:
                 g = grad[lo:hi].float()
                 w = flat[lo:hi]
                 w.mul_(1 - self.lr * self.weight_decay)
-                fm[lo:hi].lerp_(g, 1 - b1)
-                fv[lo:hi].mul_(b2).addcmul_(g, g, value=1 - b2)
-                denom = (fv[lo:hi] / bias2).sqrt_().add_(self.eps)
-                w.addcdiv_(fm[lo:hi], denom, value=-step_size)
+                # moments below fp32 are updated in fp32, a chunk at a time, and stored back rounded (the
+                # precision-aware optimizer's arithmetic); fp32 ones in place
+                m32, v32 = fm[lo:hi].float(), fv[lo:hi].float()
+                m32.lerp_(g, 1 - b1)
+                v32.mul_(b2).addcmul_(g, g, value=1 - b2)
+                denom = (v32 / bias2).sqrt_().add_(self.eps)
+                w.addcdiv_(m32, denom, value=-step_size)
+                if m32.data_ptr() != fm[lo:hi].data_ptr():
+                    fm[lo:hi].copy_(m32)
+                if v32.data_ptr() != fv[lo:hi].data_ptr():
+                    fv[lo:hi].copy_(v32)
             local = _local(p.data)
             if master.data_ptr() != local.data_ptr():
                 local.copy_(master)
@@ -84,11 +92,11 @@ class MasterAdamW:
             p.grad = None
 
     def state_bytes(self) -> int:
-        """fp32 master copies (where they are copies) + both moments, on this rank."""
+        """fp32 master copies (where they are copies) + both moments at their element size, on this rank."""
         total = 0
         for p, master, m, v in zip(self.params, self.master, self.exp_avg, self.exp_avg_sq, strict=True):
             copy = master.data_ptr() != _local(p.data).data_ptr()
-            total += (master.numel() * 4 if copy else 0) + m.numel() * 4 + v.numel() * 4
+            total += (master.numel() * 4 if copy else 0) + m.numel() * m.element_size() + v.numel() * v.element_size()
         return total
 
 
@@ -105,11 +113,21 @@ def optimizer_state_bytes(opt) -> int:
                if torch.is_tensor(v) and _local(v).dim() > 0)
 
 
-def make_optimizer(name: str, params, *, lr: float, eps: float = 1e-8):
-    """`adamw` (mixed precision with fp32 masters) or `sgd` (momentum), over these (local) parameters."""
+# the moment dtypes the benchmark keeps (BenchConfig.exp_avg_dtype / exp_avg_sq_dtype: torch names); fp8 moments need
+# a per-tensor scale the benchmark does not implement
+MOMENT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def make_optimizer(name: str, params, *, lr: float, eps: float = 1e-8, exp_avg_dtype: str = "float32",
+                   exp_avg_sq_dtype: str = "float32"):
+    """`adamw` (mixed precision with fp32 masters; moments in the dtypes given) or `sgd` (momentum), over these
+    (local) parameters."""
     if name == "sgd":
+        if (exp_avg_dtype, exp_avg_sq_dtype) != ("float32", "float32"):
+            raise ValueError("optimizer: sgd keeps an fp32 momentum buffer -> moments below fp32 need adamw")
         return sgd(params, lr=lr)
     if name == "adamw":
-        return MasterAdamW(params, lr=lr, eps=eps)
+        return MasterAdamW(params, lr=lr, eps=eps, exp_avg_dtype=getattr(torch, exp_avg_dtype),
+                           exp_avg_sq_dtype=getattr(torch, exp_avg_sq_dtype))
     raise ValueError(f"optimizer: {name!r} -> allowed: adamw, sgd")
 

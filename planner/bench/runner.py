@@ -65,6 +65,8 @@ class BenchConfig:
     dtype: str = "float32"
     selective: str = CORE_ATTENTION  # what recompute 'selective' runs as (planner.bench.recompute.SELECTIVE_KINDS)
     optimizer: str = "adamw"  # adamw: fp32 master weights + fp32 moments (the real recipe); sgd: numerics tests
+    exp_avg_dtype: str = "float32"  # AdamW's moments (torch dtype names; planner.bench.optim.MOMENT_DTYPES)
+    exp_avg_sq_dtype: str = "float32"
     adam_eps: float = 1e-8
     timeout_seconds: float = 120.0
     measure_collectives: bool = True
@@ -74,6 +76,10 @@ class BenchConfig:
 
     def transformer(self) -> Transformer:
         return Transformer(**self.shape)
+
+    @property
+    def moment_dtypes(self) -> dict[str, str]:
+        return {"exp_avg_dtype": self.exp_avg_dtype, "exp_avg_sq_dtype": self.exp_avg_sq_dtype}
 
     @property
     def learning_rate(self) -> float:
@@ -270,7 +276,9 @@ class ShardedOptimizer:
     """ZeRO-1: each DP rank keeps optimizer state only for the parameters it owns (balanced by size), steps them,
     and broadcasts them to the DP group (the algorithm of torch's ZeroRedundancyOptimizer)."""
 
-    def __init__(self, params: list[nn.Parameter], *, dp_group, dp_ranks: list[int], lr: float, optimizer: str, eps: float):
+    def __init__(self, params: list[nn.Parameter], *, dp_group, dp_ranks: list[int], lr: float, optimizer: str, eps: float,
+                 moments: dict[str, str] | None = None):
+        moments = moments or {}
         self.params = params
         self.group = dp_group
         self.ranks = dp_ranks
@@ -283,7 +291,7 @@ class ShardedOptimizer:
             self.owner.append((p, dp_ranks[k]))
         self.owner.sort()
         mine = [params[i] for i, r in self.owner if r == me]
-        self.inner = make_optimizer(optimizer, mine, lr=lr, eps=eps) if mine else None
+        self.inner = make_optimizer(optimizer, mine, lr=lr, eps=eps, **moments) if mine else None
 
     def step(self):
         if self.inner is not None:
@@ -524,10 +532,11 @@ def average_gradients(params: list, dp_group, dp: int) -> None:
 def build_optimizer(cfg: BenchConfig, params: list, dp_group):
     """ZeRO-1 over DP > 1: the sharded optimizer; else one optimizer over this rank's (possibly FSDP-sharded)
     parameters."""
+    moments = cfg.moment_dtypes
     if cfg.layout.get("zero_stage", 0) == 1 and cfg.layout["dp"] > 1:
         return ShardedOptimizer(params, dp_group=dp_group, dp_ranks=dist.get_process_group_ranks(dp_group),
-                                lr=cfg.learning_rate, optimizer=cfg.optimizer, eps=cfg.adam_eps)
-    return make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, eps=cfg.adam_eps)
+                                lr=cfg.learning_rate, optimizer=cfg.optimizer, eps=cfg.adam_eps, moments=moments)
+    return make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, eps=cfg.adam_eps, **moments)
 
 
 def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> dict:
@@ -811,7 +820,8 @@ def reference_params(cfg: BenchConfig) -> dict[str, list]:
     lay = cfg.layout
     dtype = getattr(torch, cfg.dtype)
     model = StageModule(shape, cfg.seq_length, list(range(shape.num_layers)), first=True, last=True, seed=cfg.seed).to(dtype)
-    opt = make_optimizer(cfg.optimizer, list(model.parameters()), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    opt = make_optimizer(cfg.optimizer, list(model.parameters()), lr=cfg.learning_rate, eps=cfg.adam_eps,
+                         **cfg.moment_dtypes)
     dp, m_count, mbs, V = lay["dp"], lay["num_micro_batches"], lay["micro_batch_size"], shape.vocab_size
     loss_fn, _ = make_loss(1, None, V)
     for step in range(len(step_plan(cfg.warmup, cfg.steps))):

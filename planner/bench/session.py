@@ -54,22 +54,46 @@ def bench_layout(layout: LayoutSpec, model: ModelSpec) -> LayoutSpec:
     return layout
 
 
-def bench_training(layout: LayoutSpec, seq_length: int, dtype: str, optimizer: str) -> TrainingSpec:
+def bench_training(layout: LayoutSpec, seq_length: int, dtype: str, optimizer: str,
+                   moments: dict[str, str] | None = None) -> TrainingSpec:
     """What the benchmark trains: compute in `dtype`; AdamW with fp32 master weights and moments (12 B/param,
-    sharded by ZeRO-1 and FSDP2); gradients in the compute dtype under ZeRO-0/1 (the parameters' .grad) and in
-    fp32 under FSDP2 (MixedPrecisionPolicy reduce_dtype, sharded). SGD (tests) keeps one momentum buffer."""
+    sharded by ZeRO-1 and FSDP2), or moments in `moments`' dtypes (exp_avg_dtype, exp_avg_sq_dtype: bf16, fp16;
+    bench_moments); gradients in the compute dtype under ZeRO-0/1 (the parameters' .grad) and in fp32 under FSDP2
+    (MixedPrecisionPolicy reduce_dtype, sharded). SGD (tests) keeps one momentum buffer."""
     precision = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
     grad = precision if layout.zero_stage <= 1 else "fp32"
     return TrainingSpec(global_batch_size=layout.micro_batch_size * layout.num_micro_batches * layout.dp,
-                        seq_length=seq_length, precision=precision, optimizer=optimizer, grad_dtype=grad)
+                        seq_length=seq_length, precision=precision, optimizer=optimizer, grad_dtype=grad,
+                        **(moments or {}))
+
+
+def bench_moments(text: str | None, optimizer: str) -> dict[str, str]:
+    """`bench --optimizer-states`: the AdamW moments the benchmark keeps below fp32 (TrainingSpec fields). The
+    benchmark's master copy stays fp32 and its gradients follow its layout, and fp8 moments need a scale it does not
+    implement: those are refused."""
+    from cluster_specs import SpecError
+    from planner.bench.optim import MOMENT_DTYPES
+    from planner.inputs.layout_string import parse_optimizer_states
+
+    fields = parse_optimizer_states(text)
+    for key, dtype in fields.items():
+        if key not in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+            raise SpecError(f"--optimizer-states: {key} {dtype} -> the benchmark sets only the moments (exp_avg, "
+                            "exp_avg_sq, moments): its master copy is fp32 and its gradients follow the layout")
+        if dtype not in MOMENT_DTYPES:
+            raise SpecError(f"--optimizer-states: {key} {dtype} -> the benchmark keeps moments in "
+                            f"{', '.join(MOMENT_DTYPES)}")
+    if fields and optimizer != "adamw":
+        raise SpecError(f"--optimizer-states: with --optimizer {optimizer} -> moments below fp32 need adamw")
+    return {k: v for k, v in fields.items() if v != "fp32"}
 
 
 def bench_problem(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, dtype: str, knobs,
-                  optimizer: str = "adamw") -> Problem:
+                  optimizer: str = "adamw", moments: dict[str, str] | None = None) -> Problem:
     """Prediction inputs matching what the benchmark runs (bench_training), on a cluster with exactly dp*tp*pp
     GPUs (one node of that many when it fits in a node)."""
     world = layout.num_gpus
-    training = bench_training(layout, seq_length, dtype, optimizer)
+    training = bench_training(layout, seq_length, dtype, optimizer, moments)
     if world <= cluster.gpus_per_node:
         data = cluster.model_dump(mode="json")
         data.update(num_nodes=1, gpus_per_node=world)
@@ -85,13 +109,19 @@ def bench_problem(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster
 
 def make_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, *, steps: int, warmup: int, dtype: str,
                 timeout_seconds: float, collect_params: bool = False, fail_rank: int | None = None,
-                optimizer: str = "adamw", selective: str = CORE_ATTENTION) -> BenchConfig:
+                optimizer: str = "adamw", selective: str = CORE_ATTENTION,
+                moments: dict[str, str] | None = None) -> BenchConfig:
     from dataclasses import asdict
 
+    from planner.bench.optim import MOMENT_DTYPES
+
     shape = asdict(model.to_cost_model(seq_length=seq_length))
+    moments = moments or {}
     return BenchConfig(shape=shape, seq_length=seq_length, layout=layout.model_dump(mode="json"), steps=steps,
                        warmup=warmup, dtype=dtype, timeout_seconds=timeout_seconds, collect_params=collect_params,
-                       fail_rank=fail_rank, optimizer=optimizer, selective=selective)
+                       fail_rank=fail_rank, optimizer=optimizer, selective=selective,
+                       exp_avg_dtype=MOMENT_DTYPES[moments.get("exp_avg_dtype", "fp32")],
+                       exp_avg_sq_dtype=MOMENT_DTYPES[moments.get("exp_avg_sq_dtype", "fp32")])
 
 
 def run(cfg: BenchConfig, *, nproc: int | None) -> list[dict]:
@@ -227,6 +257,7 @@ class BenchOptions:
     warmup: int = 1
     dtype: str = "float32"
     optimizer: str = "adamw"
+    optimizer_states: str | None = None  # moments below fp32 (bench_moments)
     timeout_seconds: float = 120.0
     framework: str | None = None  # whose 'selective' recompute to run; None: the plan's framework, else generic
 
@@ -298,11 +329,13 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
                      vocab_size=opts.vocab_size)
     lay = bench_layout(layout, md)
     knobs = bench_knobs(knobs_kw, opts.framework)
-    problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer)
+    moments = bench_moments(opts.optimizer_states, opts.optimizer)
+    problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer, moments)
     validate_layout(lay, problem.model, problem.training, problem.cluster, allow_tp_across_nodes=True)
     cfg = make_config(md, lay, seq_length, steps=opts.steps, warmup=opts.warmup, dtype=opts.dtype,
                       timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer,
-                      selective=selective_kind(op_sac.in_effect(problem.cm_model, knobs.selective_op_sac)))
+                      selective=selective_kind(op_sac.in_effect(problem.cm_model, knobs.selective_op_sac)),
+                      moments=moments)
     reports = run(cfg, nproc=opts.nproc)
     if int(os.environ.get("RANK", "0")) != 0:
         return None
@@ -351,6 +384,7 @@ def check_bench_options(opts: BenchOptions, top: int, plan_file: Path | None) ->
         raise SpecError(f"--dtype: {opts.dtype!r} -> allowed: {', '.join(DTYPES)}")
     if opts.optimizer not in OPTIMIZERS:
         raise SpecError(f"--optimizer: {opts.optimizer!r} -> allowed: {', '.join(OPTIMIZERS)}")
+    bench_moments(opts.optimizer_states, opts.optimizer)  # refused before any rank starts
     if top < 1 or (top > 1 and plan_file is None):
         raise SpecError(f"--top: {top} -> needs a plan JSON and a value >= 1")
 

@@ -17,6 +17,7 @@ from planner.cli.options import (
     HeadroomOpt,
     JsonOpt,
     ModelOpt,
+    OptimizerStatesOpt,
     PrecisionOpt,
     SeqOpt,
     answer,
@@ -37,6 +38,7 @@ def compare(
                                                               "'dgx-a100-80gb:128,dgx-h100:64,dgx-h200:64@3.1'")],
     model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
     precision: PrecisionOpt = None, fp8_recipe: Fp8RecipeOpt = None, framework: FrameworkOpt = None,
+    optimizer_states: OptimizerStatesOpt = None,
     headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
     gpu_hour_price: Annotated[float | None, typer.Option("--gpu-hour-price", help="Price per GPU-hour for entries "
                                                                                   "without @PRICE.")] = None,
@@ -50,7 +52,7 @@ def compare(
 
     answer(compare_report(CompareRequest(
         clusters, model, global_batch_size, seq_len, precision, headroom_gib, tokens, gpu_hour_price, pue,
-        not no_solver, figure, framework, fp8_recipe)), figure, as_json)
+        not no_solver, figure, framework, fp8_recipe, optimizer_states)), figure, as_json)
 
 
 @app.command()
@@ -61,6 +63,7 @@ def scaling(
     batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Global batch sizes to sweep too, "
                                                                           "e.g. 1024,2048,4096.")] = None,
     precision: PrecisionOpt = None, fp8_recipe: Fp8RecipeOpt = None, framework: FrameworkOpt = None,
+    optimizer_states: OptimizerStatesOpt = None,
     headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
     no_solver: NoSolverOpt = False,
     figure: Annotated[Path | None, _figure_opt("curve")] = None,
@@ -71,4 +74,4 @@ def scaling(
 
     answer(scaling_report(ScalingRequest(
         cluster, model, global_batch_size, seq_len, nodes, node_counts, batch_sizes, precision, headroom_gib, tokens,
-        not no_solver, figure, framework, fp8_recipe)), figure, as_json)
+        not no_solver, figure, framework, fp8_recipe, optimizer_states)), figure, as_json)

@@ -40,6 +40,9 @@ def bench(
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     optimizer: Annotated[str, typer.Option(help="adamw (fp32 master weights and moments: the training recipe) or "
                                                 "sgd (momentum; for numerics checks).")] = "adamw",
+    optimizer_states: Annotated[str | None, typer.Option(
+        "--optimizer-states", help="AdamW's moments below fp32, e.g. 'moments=bf16' or 'exp_avg=bf16,exp_avg_sq=fp16' "
+                                   "(bf16 or fp16; the master copy stays fp32).")] = None,
     top: Annotated[int, typer.Option("--top", help="With a plan: also run the runners-up within the plan's error "
                                                    "band, up to this many layouts in all.")] = 1,
     save_calibration: Annotated[Path | None, typer.Option(
@@ -57,7 +60,8 @@ def bench(
 
     opts = BenchOptions(nproc=nproc, dp=dp, micro_batches=micro_batches, layers_per_stage=layers_per_stage,
                         hidden_size=hidden_size, vocab_size=vocab_size, steps=steps, warmup=warmup, dtype=dtype,
-                        optimizer=optimizer, timeout_seconds=timeout, framework=framework)
+                        optimizer=optimizer, optimizer_states=optimizer_states, timeout_seconds=timeout,
+                        framework=framework)
     doc = bench_document(opts, plan_file=plan_file, cluster=cluster, model=model, layout=layout, nodes=nodes,
                          seq_len=seq_len, top=top, save_calibration=save_calibration, calibration=calibration)
     if doc is None:  # not rank 0 of a torchrun job

@@ -29,6 +29,11 @@ Fp8RecipeOpt = Annotated[str | None, typer.Option(
     "--fp8-recipe", help="With --precision fp8: delayed, tensorwise (TE current scaling), blockwise, mxfp8 "
                          "(Blackwell) or rowwise (torchao); default: the framework's (Megatron-LM delayed, NeMo "
                          "tensorwise, torchtitan rowwise, otherwise tensorwise).")]
+OptimizerStatesOpt = Annotated[str | None, typer.Option(
+    "--optimizer-states", help="Optimizer states below fp32, e.g. 'moments=bf16' or 'grad=bf16,master=fp16,"
+                               "exp_avg=fp8,exp_avg_sq=bf16' (keys grad, master, exp_avg, exp_avg_sq, moments; "
+                               "dtypes fp32, bf16, fp16, fp8 for moments; Megatron's precision-aware optimizer). "
+                               "Default: fp32 master weights and moments, the framework's gradient buffer.")]
 HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
 TpAcrossOpt = Annotated[bool, typer.Option("--allow-tp-across-nodes", help="Allow TP groups larger than a node.")]
@@ -43,12 +48,12 @@ DEFAULT_HEADROOM = DEFAULT_HEADROOM_GIB  # the one default (planner.estimate), s
 
 def problem_request(cluster: str, model: str, global_batch_size: int, seq_len: int, nodes: int | None,
                     precision: str | None, headroom_gib: float, calibration: Path | None,
-                    fp8_recipe: str | None = None) -> ProblemRequest:
+                    fp8_recipe: str | None = None, optimizer_states: str | None = None) -> ProblemRequest:
     from planner.requests import ProblemRequest
 
     return ProblemRequest(cluster=cluster, model=model, global_batch_size=global_batch_size, seq_len=seq_len,
                           nodes=nodes, precision=precision, headroom_gib=headroom_gib, calibration=calibration,
-                          fp8_recipe=fp8_recipe)
+                          fp8_recipe=fp8_recipe, optimizer_states=optimizer_states)
 
 
 def stdout() -> Console:

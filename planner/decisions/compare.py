@@ -225,6 +225,7 @@ class CompareRequest:
     figure: Path | None = None
     framework: str | None = None  # only what it runs; its default FP8 recipe (planner/frameworks/capabilities.py)
     fp8_recipe: str | None = None  # with precision fp8; validated per framework as in `plan`
+    optimizer_states: str | None = None  # --optimizer-states, as in `plan`
 
 
 def compare_report(req: CompareRequest) -> DecisionReport:
@@ -233,17 +234,22 @@ def compare_report(req: CompareRequest) -> DecisionReport:
     from planner.decisions.report import check_figure, framework_restriction, header
     from planner.decisions.train import check_run_options
     from planner.estimate import build_problem
+    from planner.inputs.layout_string import parse_optimizer_states
     from planner.search import PlanOptions
 
     check_run_options(req.tokens if req.tokens is not None else DEFAULT_TOKENS, req.gpu_hour_price, req.pue)
     choices = parse_clusters(req.clusters, req.gpu_hour_price)
     check_figure(req.figure)
 
+    states = parse_optimizer_states(req.optimizer_states)
+
     def make(cluster: str, nodes: int) -> Any:
         return build_problem(cluster, nodes, req.model, req.global_batch_size, req.seq_len, req.precision,
-                             req.headroom_gib, framework=req.framework, fp8_recipe=req.fp8_recipe)
+                             req.headroom_gib, framework=req.framework, fp8_recipe=req.fp8_recipe,
+                             optimizer_states=states)
 
-    opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(req.framework, req.model))
+    opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(
+        req.framework, req.model, make(choices[0].cluster, choices[0].nodes).training))
     result = compare(choices, make, opts, tokens=req.tokens, pue=req.pue, band_for=step_time_band)
     first = result.entries[0].problem
     title = (f"{first.model.name}, batch {req.global_batch_size:,} x {req.seq_len:,} tokens, on "

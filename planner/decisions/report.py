@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from planner.frameworks.restriction import Restriction
+    from planner.inputs.specs import TrainingSpec
     from planner.search import Candidate, PlanResult
 
 
@@ -35,14 +36,16 @@ def header(kind: str) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": kind}
 
 
-def framework_restriction(framework: str | None, model: str) -> Restriction | None:
-    """--framework on compare/scaling: plan only what it runs, as `plan --framework` does; None without one."""
+def framework_restriction(framework: str | None, model: str, training: TrainingSpec | None = None
+                          ) -> Restriction | None:
+    """--framework on compare/scaling: plan only what it runs (with `training`, the ZeRO stages its optimizer states
+    run at), as `plan --framework` does; None without one."""
     if framework is None:
         return None
     from planner.frameworks.restriction import build_restriction
     from planner.inputs.models import load_model
 
-    return build_restriction(framework, load_model(model).vocab_size)
+    return build_restriction(framework, load_model(model).vocab_size, training=training)
 
 
 def parse_counts(text: str | None, option: str, limit: int = 1_000_000) -> list[int] | None:

@@ -176,6 +176,7 @@ class ScalingRequest:
     figure: Path | None = None
     framework: str | None = None  # only what it runs; its default FP8 recipe (planner/frameworks/capabilities.py)
     fp8_recipe: str | None = None  # with precision fp8; validated per framework as in `plan`
+    optimizer_states: str | None = None  # --optimizer-states, as in `plan`
 
 
 def scaling_report(req: ScalingRequest) -> DecisionReport:
@@ -184,6 +185,7 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
     from planner.decisions.report import check_figure, framework_restriction, header, parse_counts
     from planner.decisions.train import check_run_options
     from planner.estimate import build_problem
+    from planner.inputs.layout_string import parse_optimizer_states
     from planner.search import PlanOptions
 
     budget = req.tokens if req.tokens is not None else 1e12
@@ -193,11 +195,14 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
               or default_node_counts(req.nodes or load_cluster(req.cluster).num_nodes))
     batches = parse_counts(req.batch_sizes, "--batch-sizes", 10**8) or [req.global_batch_size]
 
+    states = parse_optimizer_states(req.optimizer_states)
+
     def make(nodes: int, batch: int) -> Any:
         return build_problem(req.cluster, nodes, req.model, batch, req.seq_len, req.precision, req.headroom_gib,
-                             framework=req.framework, fp8_recipe=req.fp8_recipe)
+                             framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states)
 
-    opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(req.framework, req.model))
+    opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(
+        req.framework, req.model, make(counts[0], batches[0]).training))
     curves = scaling_curves(make, opts, counts, batches)
     first = curves[0].points[0].problem
     title = (f"Scaling: {first.model.name}, {req.seq_len}-token sequences, on {first.cluster.name} "

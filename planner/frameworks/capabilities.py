@@ -13,8 +13,12 @@ core-attention recomputation); per-stage layer counts (`layers_per_stage`) and p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from planner.frameworks import Framework
+
+if TYPE_CHECKING:
+    from planner.inputs.specs import TrainingSpec
 
 ALL_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "pipedream_async")
 
@@ -49,7 +53,33 @@ class Capabilities:
     ulysses_excludes_sp: bool = False  # Ulysses (a2a) context parallelism cannot run with sequence parallelism
     expert_parallel: bool = True  # an expert-parallel degree its launch settings can set
     expert_tensor_parallel: bool = True  # an expert-tensor-parallel degree its launch settings can set
+    # the optimizer-state dtypes it runs below fp32 (TrainingSpec field -> dtypes; a field not listed: fp32 only, and
+    # grad_dtype only its precision's default) and the ZeRO stages that run them
+    state_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    state_dtype_zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     sources: dict[str, str] = field(default_factory=dict)
+
+    def state_zero_problem(self, training: TrainingSpec, zero_stage: int) -> str | None:
+        """Why this framework cannot keep `training`'s lower-precision master copy and moments at this ZeRO stage."""
+        if training.low_precision_states and zero_stage not in self.state_dtype_zero_stages:
+            return (f"zero_stage {zero_stage} with {', '.join(training.low_precision_states)} below fp32 -> "
+                    f"{self.framework.value} runs them at ZeRO {self.state_dtype_zero_stages} only "
+                    f"({self.sources.get('states', '')})")
+        return None
+
+    def state_dtype_problem(self, training: TrainingSpec) -> str | None:
+        """Why this framework cannot keep the optimizer states (master copy, moments, gradient buffer) in the dtypes
+        `training` sets, or None."""
+        given = dict(training.low_precision_states)
+        if training.grad_dtype_off_default:
+            given["grad_dtype"] = training.grad_dtype_off_default
+        for key, dtype in given.items():
+            allowed = self.state_dtypes.get(key, ())
+            if dtype not in allowed:
+                runs = f"{', '.join(allowed)} or the default" if allowed else "only the default"
+                return (f"{key} {dtype} -> {self.framework.value} keeps {runs} "
+                        f"({self.sources.get('states', 'fp32 master weights and moments')})")
+        return None
 
     def refusal(self, f: dict) -> str | None:
         """Why this framework cannot run the layout fields `f` (a LayoutSpec dump or a search base), or None."""
@@ -170,7 +200,14 @@ _MEGATRON_SOURCES = {
            "(transformer_config.py L587-600); rowwise is torchao's",
     "cp": "frameworks.md §2.8: --context-parallel-size with --cp-comm-type p2p (default), allgather, a2a, a2a+p2p",
     "ep": "frameworks.md §2.8: --expert-model-parallel-size, --expert-tensor-parallel-size",
+    "states": "Megatron-LM arguments.py L3666-3684 (d98e8a64): --use-precision-aware-optimizer with "
+              "--main-params-dtype {fp32,fp16}, --exp-avg-dtype / --exp-avg-sq-dtype {fp32,fp16,bf16,fp8}, only "
+              "with the distributed optimizer (optimizer_config.py __post_init__); --grad-reduce-in-bf16 keeps the "
+              "gradient buffer in bf16 (arguments.py L1204-1216)",
 }
+# Megatron-Core's precision-aware optimizer (TE FusedAdam): the dtypes it keeps the states in (arguments.py choices)
+MEGATRON_STATE_DTYPES = {"master_dtype": ("fp16",), "exp_avg_dtype": ("fp16", "bf16", "fp8"),
+                         "exp_avg_sq_dtype": ("fp16", "bf16", "fp8"), "grad_dtype": ("bf16", "fp32")}
 
 MEGATRON = Capabilities(
     Framework.MEGATRON, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
@@ -178,7 +215,7 @@ MEGATRON = Capabilities(
     uneven_split="first_last", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron pads the vocabulary to a multiple of 128 x tp",
     fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="delayed",
-    sources=_MEGATRON_SOURCES)
+    state_dtypes=MEGATRON_STATE_DTYPES, state_dtype_zero_stages=(1,), sources=_MEGATRON_SOURCES)
 
 NEMO = Capabilities(
     Framework.NEMO, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
@@ -186,6 +223,7 @@ NEMO = Capabilities(
     uneven_split="first_last", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron-Core pads the vocabulary to a multiple of 128 x tp",
     fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="tensorwise",
+    state_dtypes=MEGATRON_STATE_DTYPES, state_dtype_zero_stages=(1,),
     sources={**_MEGATRON_SOURCES,
              "sp": "frameworks.md §4.5: Megatron-Bridge builds the mcore config directly: SP with tp = 1 is a "
                    "ValueError",
@@ -225,9 +263,16 @@ TORCHTITAN = Capabilities(
         "split": "frameworks.md §1.4: module_fqns_per_model_part gives any split",
         "sp": "enable_sequence_parallel, default True (frameworks.md §1.2)",
         "precision": "mixed_precision_param: bfloat16 or float32 (frameworks.md §1.6)",
+        "states": "FSDP2 MixedPrecisionPolicy(bf16, fp32): the sharded fp32 parameters are the master copy and their "
+                  "fp32 gradients feed torch.optim's AdamW, whose moments take the parameters' dtype "
+                  "(frameworks.md §1.6); its config has no optimizer-state dtype",
         "fp8": "frameworks.md §1.9: torchao float8 recipe_name rowwise (main's default) or tensorwise (v0.2.2 "
                "TOML, with the FSDP float8 all-gather); MXFP8 is a separate converter the export does not write",
     })
+
+_DEEPSPEED_STATES = ("ZeRO keeps an fp32 partition of the parameters and its optimizer's fp32 moments "
+                     "(single_partition_of_fp32_groups, stage_1_and_2.py; frameworks.md §3.5); its JSON has no "
+                     "optimizer-state dtype")
 
 DEEPSPEED = Capabilities(
     Framework.DEEPSPEED, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
@@ -252,6 +297,7 @@ DEEPSPEED = Capabilities(
         "sp": "AutoTP has no Megatron-style sequence parallelism (Ulysses is context parallelism)",
         "precision": "frameworks.md §3.8: no FP8 training switch in DeepSpeed's config (FP8 comes from Transformer "
                      "Engine in model code)",
+        "states": _DEEPSPEED_STATES,
     })
 
 MEGATRON_DEEPSPEED = Capabilities(
@@ -276,13 +322,16 @@ MEGATRON_DEEPSPEED = Capabilities(
         "vocab": "Megatron's padding to 128 x tp",
         "precision": "frameworks.md §3: no FP8 recipe option is sourced for Megatron-DeepSpeed (its DeepSpeed JSON "
                      "has no FP8 switch, §3.8); plan FP8 with --framework megatron",
+        "states": _DEEPSPEED_STATES,
     })
 
 GENERIC = Capabilities(
     Framework.GENERIC, schedules=ALL_SCHEDULES, zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     offload=("none", "optimizer", "optimizer+params"), recompute=("none", "selective", "full"),
     uneven_split="any", per_stage_recompute="any", max_virtual_stages=64, pads_vocab=True,
-    vocab_rule="", sources={"schedules": "every schedule the cost models know (no framework named)",
+    vocab_rule="", state_dtypes={"master_dtype": ("bf16", "fp16"), "exp_avg_dtype": ("bf16", "fp16", "fp8"),
+                                 "exp_avg_sq_dtype": ("bf16", "fp16", "fp8"), "grad_dtype": ("fp32", "bf16", "fp16")},
+    sources={"schedules": "every schedule the cost models know (no framework named)",
                             "fp8": "every FP8 recipe the cost model knows (cost_models/fp8.py, modern-training.md "
                                    "§1.1)"})
 
@@ -308,12 +357,14 @@ def parse_framework(name: str | Framework | None) -> Framework:
         raise SpecError(f"--framework: {name!r} -> allowed: {allowed}") from None
 
 
-def refuse_unrunnable(framework: str | None, layout, model) -> str:
-    """`estimate --framework X`: a one-line error when X cannot run the layout; the framework's name otherwise."""
+def refuse_unrunnable(framework: str | None, layout, model, training: TrainingSpec | None = None) -> str:
+    """`estimate --framework X`: a one-line error when X cannot run the layout (with `training`: its optimizer states
+    at this ZeRO stage too); the framework's name otherwise."""
     from cluster_specs import SpecError
 
     caps = capabilities(framework)
-    why = caps.refusal(layout.model_dump()) or caps.vocab_problem(model.vocab_size, layout.tp)
+    why = (caps.refusal(layout.model_dump()) or caps.vocab_problem(model.vocab_size, layout.tp)
+           or (caps.state_zero_problem(training, layout.zero_stage) if training is not None else None))
     if why:
         raise SpecError(f"--layout: {why}")
     return caps.framework.value

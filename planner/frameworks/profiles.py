@@ -111,6 +111,9 @@ class Profile:
     # where FP8 Linears are torchao's Float8Linear (Knobs.fp8_torchao_linear): the high-precision input is saved and
     # the weights cast on the fly; None: Transformer Engine's (FP8-saved inputs, cached FP8 weight copies)
     fp8_torchao_linear: str | None = None
+    # what an fp32 master copy of a bf16 parameter costs once the optimizer's states are set below fp32
+    # (Knobs.precision_aware_master_bytes); None: 4
+    master_remainders: Sourced | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -153,6 +156,7 @@ class Profile:
             loss_bytes_per_logit=self.loss_bytes_per_logit.value if self.loss_bytes_per_logit else base.loss_bytes_per_logit,
             pp_receive_buffers=self.pp_receive_buffers is not None,
             fp8_torchao_linear=self.fp8_torchao_linear is not None,
+            precision_aware_master_bytes=self.master_remainders.value if self.master_remainders else 4.0,
         )
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -189,6 +193,13 @@ class Profile:
             (f"kernel_efficiency[{gen}]", f"{self.title} on {gen}: {v.value:.1%} of the end-to-end efficiency the "
              "other frameworks reach", v.source) for gen, v in self.kernel_efficiency.items()]
 
+
+# Megatron-Core's precision-aware optimizer (TE FusedAdam) keeps an fp32 master copy of a bf16 parameter as the 16 low
+# bits the parameter lacks: OptimizerConfig.store_param_remainders defaults to True (Megatron-LM@d98e8a64
+# megatron/core/optimizer/optimizer_config.py L192, passed to FusedAdam from TE 2.1, optimizer/__init__.py L587-588;
+# distrib_optimizer.py L1008: with bf16 only). Without the precision-aware optimizer the master is a full fp32 copy.
+_MASTER_REMAINDERS = Sourced(2.0, "--use-precision-aware-optimizer keeps the fp32 master of a bf16 parameter as its "
+                             "16 low bits (store_param_remainders, default True; optimizer_config.py L192, TE >= 2.1)")
 
 # Megatron-Core's GroupedMLP on TE GroupedLinear launches each local expert's GEMMs (and FP8 casts) as their own kernels
 # ("--moe-grouped-gemm: launch multiple local GEMM kernels in multiple streams", Megatron MoE README). Their fixed cost
@@ -343,7 +354,7 @@ PROFILES: dict[Framework, Profile] = {
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "allocated and reserved, MB = 2^20 B (report_memory, frameworks.md §2.5)", memory_fp16=_MEGATRON_FP16_RECIPE,
         expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU,
-        attention_kernel=_TE_FUSED_ATTENTION),
+        attention_kernel=_TE_FUSED_ATTENTION, master_remainders=_MASTER_REMAINDERS),
     Framework.NEMO: Profile(
         Framework.NEMO, "NeMo 2 / Megatron-Bridge (Megatron-Core)", _MEGATRON_RECIPE,
         "core attention only (Megatron-Core fields, frameworks.md §4.4); on an MLA model the up-projections "
@@ -360,7 +371,7 @@ PROFILES: dict[Framework, Profile] = {
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "allocated and reserved, MB (Megatron-Core report_memory)", memory_fp16=_MEGATRON_FP16_RECIPE,
         expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU_NEMO,
-        attention_kernel=_TE_FUSED_ATTENTION),
+        attention_kernel=_TE_FUSED_ATTENTION, master_remainders=_MASTER_REMAINDERS),
     Framework.TORCHTITAN: Profile(
         Framework.TORCHTITAN, "torchtitan (FSDP2, torch.distributed.pipelining)", _FSDP2_RECIPE,
         "per-op SAC: saves matmul/attention/reduce-scatter outputs, recomputes every 2nd matmul and all elementwise "

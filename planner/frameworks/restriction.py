@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from cluster_specs import SpecError
 from planner.frameworks.capabilities import Capabilities, capabilities
-from planner.inputs.specs import SCHEDULES
+from planner.inputs.specs import SCHEDULES, TrainingSpec
 
 # layout keys the search enumerates; per-stage lists come from the refinement, not the search
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "offload", "micro_batch_size", "num_micro_batches", "recompute",
@@ -28,6 +28,7 @@ class Restriction:
     vocab_size: int
     fixed: dict = field(default_factory=dict)
     schedules: tuple[str, ...] | None = None
+    training: TrainingSpec | None = None  # its optimizer states may need a ZeRO stage (Capabilities.state_zero_problem)
 
     def adjust(self, f: dict) -> dict | None:
         """The candidate fields as the framework would run them, or None when the candidate is excluded."""
@@ -48,6 +49,8 @@ class Restriction:
         if g.get("pp", 1) > 1 and schedule in self.caps.unpredicted_schedules and not asked:
             return None  # the framework runs it, the model predicts another schedule: searched only when asked
         if self.caps.refusal(g) or self.caps.vocab_problem(self.vocab_size, g.get("tp", 1)):
+            return None
+        if self.training is not None and self.caps.state_zero_problem(self.training, g.get("zero_stage", 0)):
             return None
         return g
 
@@ -79,8 +82,9 @@ def parse_schedules(text: str | None) -> tuple[str, ...] | None:
 
 
 def build_restriction(framework: str | None, vocab_size: int, fix: list[str] | None = None,
-                      schedules: str | None = None) -> Restriction:
-    """Validate the options against each other and the framework; one-line errors name the conflict."""
+                      schedules: str | None = None, training: TrainingSpec | None = None) -> Restriction:
+    """Validate the options against each other and the framework; one-line errors name the conflict. With
+    `training`, only the ZeRO stages its optimizer states run at in this framework are searched."""
     caps = capabilities(framework)
     fixed = parse_fix(fix)
     allowed = parse_schedules(schedules)
@@ -95,7 +99,8 @@ def build_restriction(framework: str | None, vocab_size: int, fix: list[str] | N
         probe["cp_comm"] = caps.planned_cp_comm  # what the search plans the pinned degree with
     if "zero_stage" in fixed and "pp" not in fixed and fixed["zero_stage"] >= 2:
         probe["pp"] = 1
-    why = caps.refusal(probe)
+    why = caps.refusal(probe) or (caps.state_zero_problem(training, fixed["zero_stage"])
+                                  if training is not None and "zero_stage" in fixed else None)
     if why:
         raise SpecError(f"--fix: {why}")
     if allowed is not None and "schedule" in fixed and fixed["schedule"] not in allowed:
@@ -104,4 +109,4 @@ def build_restriction(framework: str | None, vocab_size: int, fix: list[str] | N
         vocab = caps.vocab_problem(vocab_size, fixed["tp"])
         if vocab:
             raise SpecError(f"--fix tp={fixed['tp']}: {vocab}")
-    return Restriction(caps, vocab_size, fixed, allowed)
+    return Restriction(caps, vocab_size, fixed, allowed, training)

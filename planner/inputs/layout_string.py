@@ -58,3 +58,28 @@ def parse_layout_string(text: str, source: str = "--layout") -> dict:
     if problems:
         raise SpecError(problems, source=source)
     return fields
+
+
+# `--optimizer-states` keys -> TrainingSpec fields; `moments` sets both Adam moments
+STATE_KEYS = {"grad": ("grad_dtype",), "master": ("master_dtype",), "exp_avg": ("exp_avg_dtype",),
+              "exp_avg_sq": ("exp_avg_sq_dtype",), "moments": ("exp_avg_dtype", "exp_avg_sq_dtype")}
+
+
+def parse_optimizer_states(text: str | None, source: str = "--optimizer-states") -> dict[str, str]:
+    """`--optimizer-states "grad=bf16,master=fp32,moments=bf16"` -> TrainingSpec dtype fields (the values are checked
+    by TrainingSpec, which names the field and the allowed dtypes)."""
+    fields: dict[str, str] = {}
+    problems = []
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, _, value = (x.strip() for x in part.partition("="))
+        names = STATE_KEYS.get(key.lower())
+        if not value or names is None:
+            problems.append(f"{part!r} -> expected key=dtype with key one of {', '.join(STATE_KEYS)}")
+            continue
+        for name in names:
+            if name in fields:
+                problems.append(f"{key}: {name} given twice -> give each state once")
+            fields[name] = value.lower()
+    if problems:
+        raise SpecError(problems, source=source)
+    return fields

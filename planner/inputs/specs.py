@@ -172,6 +172,8 @@ class ModelSpec(_Frozen):
 
 
 PRECISION_BYTES = {p.value: p.bytes for p in Precision}
+# an optimizer state's element (fp8: one byte plus a per-tensor fp32 scale, Megatron-LM --exp-avg-dtype fp8)
+STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")  # cost_models/fp8.py
 
 
@@ -194,18 +196,65 @@ class TrainingSpec(_Frozen):
         "(ZeRO paper, 16 B/param)",
     )
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    # lower-precision optimizer states (Megatron-Core's precision-aware optimizer --main-params-dtype, --exp-avg-dtype,
+    # --exp-avg-sq-dtype; apex DistributedFusedAdam dtype; DeepSeek-V3's bf16 moments, modern-training.md §1.3)
+    master_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        default=None, description="the optimizer's master copy of the weights (mixed precision); default fp32")
+    exp_avg_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = Field(
+        default=None, description="Adam's first moment (SGD's momentum); default fp32; fp8 is 1 byte")
+    exp_avg_sq_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = Field(
+        default=None, description="Adam's second moment; default fp32; fp8 is 1 byte")
+
+    @model_validator(mode="after")
+    def _states(self) -> TrainingSpec:
+        if self.master_dtype not in (None, "fp32") and self.precision == "fp32":
+            raise ValueError(f"master_dtype: {self.master_dtype} -> fp32 training keeps no master copy; leave it unset")
+        if self.grad_dtype == "bf16" and self.precision == "fp16":
+            raise ValueError("grad_dtype: bf16 with precision fp16 -> fp16 training keeps its gradients in fp16 or fp32")
+        if self.exp_avg_sq_dtype not in (None, "fp32") and self.optimizer == "sgd":
+            raise ValueError(f"exp_avg_sq_dtype: {self.exp_avg_sq_dtype} -> SGD keeps no second moment; leave it unset")
+        return self
+
+    @property
+    def default_grad_dtype(self) -> str:
+        """Mixed precision's gradient buffer: fp32 main gradients for bf16 and fp8 (Megatron's, FSDP2's), the
+        parameter's dtype for fp16 and fp32 (ZeRO paper)."""
+        return "fp32" if self.precision in ("bf16", "fp8") else self.precision
 
     @property
     def grad_bytes(self) -> int:
-        dtype = self.grad_dtype or ("fp32" if self.precision in ("bf16", "fp8") else self.precision)
-        return PRECISION_BYTES[dtype]
+        return PRECISION_BYTES[self.grad_dtype or self.default_grad_dtype]
 
     @property
-    def optimizer_bytes_per_param(self) -> int:
-        """fp32 master copy (mixed precision only) + moments: Adam 8, SGD-momentum 4 (ZeRO paper §3.1, K=12)."""
+    def low_precision_states(self) -> dict[str, str]:
+        """The optimizer's states (master copy, moments) set below fp32: field -> dtype."""
+        given = {"master_dtype": self.master_dtype, "exp_avg_dtype": self.exp_avg_dtype,
+                 "exp_avg_sq_dtype": self.exp_avg_sq_dtype}
+        return {k: v for k, v in given.items() if v not in (None, "fp32")}
+
+    @property
+    def grad_dtype_off_default(self) -> str | None:
+        """The gradient buffer's dtype where it is set off the default (default_grad_dtype), else None."""
+        return self.grad_dtype if self.grad_dtype not in (None, self.default_grad_dtype) else None
+
+    def optimizer_state_saved_bytes(self, fp32_master_bytes: float = 4) -> float:
+        """Bytes per parameter the master copy and moments save against fp32 ones (0 by default). fp32_master_bytes:
+        what an fp32 master costs where it is kept (4; 2 where the framework keeps only the 16 bits a bf16
+        parameter lacks, Profile.master_remainders)."""
+        if self.precision == "fp32":
+            master = 0.0
+        else:
+            master = 4 - (fp32_master_bytes if self.master_dtype in (None, "fp32") else STATE_BYTES[self.master_dtype])
+        moments = [self.exp_avg_dtype] + ([self.exp_avg_sq_dtype] if self.optimizer in ("adam", "adamw") else [])
+        return master + sum(4 - STATE_BYTES[d or "fp32"] for d in moments)
+
+    @property
+    def optimizer_bytes_per_param(self) -> float:
+        """Master copy (mixed precision only) + moments: fp32 Adam 4 + 8, SGD-momentum 4 + 4 (ZeRO paper §3.1, K=12),
+        less what lower-precision states save."""
         master = 4 if self.precision != "fp32" else 0
         moments = 8 if self.optimizer in ("adam", "adamw") else 4
-        return master + moments
+        return master + moments - self.optimizer_state_saved_bytes()
 
     @property
     def compute_dtype(self) -> str:
@@ -222,6 +271,7 @@ class TrainingSpec(_Frozen):
             param_bytes=PRECISION_BYTES[self.precision],
             grad_bytes=self.grad_bytes,
             optimizer_bytes=self.optimizer_bytes_per_param,
+            optimizer_state_saved_bytes=self.optimizer_state_saved_bytes(),
             grad_reduce_bytes=PRECISION_BYTES[reduce] if reduce else self.grad_bytes,
             fp8_recipe=self.fp8_recipe if self.precision == "fp8" else None,
             fp8_param_gather=self.precision == "fp8" and self.fp8_param_gather,

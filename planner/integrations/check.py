@@ -135,6 +135,10 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     # a plan made before a rule existed, or edited by hand, is checked against its framework too
     if why and (caps.framework is not view.framework or view.format == "plan"):
         violations.append({"rule": "framework", "message": why, "hint": f"plan with --framework {caps.framework.value}"})
+    states = caps.state_zero_problem(problem.training, layout.zero_stage)
+    if states:
+        violations.append({"rule": "optimizer_states", "message": states,
+                           "hint": "use the distributed optimizer (ZeRO-1), or keep fp32 states"})
     est = None
     if not any(v["rule"] in STRUCTURAL for v in violations):
         est, run_problem = _estimate(problem, layout, violations)
@@ -242,7 +246,7 @@ def check_file(path: Path, args) -> dict:
     fw = args.framework or view.framework.value
     problem = build_problem(args.cluster, args.nodes, args.model, batch, seq, precision, args.headroom_gib,
                             args.calibration, fw, *((view.fp8_recipe, view.fp8_param_gather) if precision == "fp8"
-                                                    else (None, None)))
+                                                    else (None, None)), optimizer_states=view.optimizer_states)
     out = check(view, problem, overrides=overrides, allow_tp_across_nodes=args.allow_tp_across_nodes,
                 framework=args.framework)
     return {"config": str(path), "format": view.format, "framework": fw,

@@ -20,7 +20,10 @@ from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.integrations.modern_flags import (
     deepspeed_settings,
     megatron_args,
+    megatron_state_args,
     nemo_settings,
+    nemo_state_settings,
+    refuse_states,
     torchtitan_settings,
 )
 
@@ -212,6 +215,7 @@ def _refuse(fw: Framework, lay: LayoutSpec, model: ModelSpec, training: Training
     why = caps.precision_problem(training.precision, training.fp8_recipe)
     if why:
         raise SpecError(f"{why}; plan with --framework {fw.value}")
+    refuse_states(fw, lay, training)
 
 
 def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dict | None]:
@@ -373,6 +377,7 @@ def to_megatron(parts: PlanParts, lay: LayoutSpec, *, deepspeed: bool = False) -
             args.append(("--cpu-optimizer", None))
     else:
         args += _megatron_sharding(lay) + _megatron_overlap(lay) + _megatron_pipeline(lay, model)
+        args += megatron_state_args(lay, training)
     args += _megatron_recompute(lay, deepspeed=deepspeed, mla=model.mla is not None)
     args += [a for a in megatron_args(lay, model, training, deepspeed=deepspeed)
              if a[0] != "--bf16" or ("--bf16", None) not in args]
@@ -411,8 +416,11 @@ def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
         kv += [("optimizer.optimizer_cpu_offload", True), ("optimizer.optimizer_offload_fraction", 1.0)]
     for flag, value in _megatron_recompute(lay, deepspeed=False, mla=parts.model.mla is not None):
         kv.append((f"model.{flag[2:].replace('-', '_')}", f"[{value}]" if flag == "--recompute-modules" else value))
+    states, notes = nemo_state_settings(lay, training)
+    kv += states
     lines = [f"{k}={_override(v)}" for k, v in kv]
-    return "\n".join(lines), ["run: torchrun ... scripts/training/run_recipe.py --recipe <recipe> $(grep -v '^#' FILE)"]
+    run = "run: torchrun ... scripts/training/run_recipe.py --recipe <recipe> $(grep -v '^#' FILE)"
+    return "\n".join(lines), notes + [run]
 
 
 def _override(v) -> str:

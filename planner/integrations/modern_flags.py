@@ -37,6 +37,9 @@ FEATURE_TABLE = [
     ("FP8", "--fp8-format hybrid, --fp8-recipe tensorwise|delayed|blockwise|mxfp8, --fp8-param-gather",
      "float8 converter, recipe_name tensorwise|rowwise, enable_fsdp_float8_all_gather (tensorwise)",
      "refused (no FP8 switch in DeepSpeed's config; FP8 comes from Transformer Engine in model code)"),
+    ("optimizer states below fp32", "--grad-reduce-in-bf16, --use-precision-aware-optimizer, --main-grads-dtype, "
+     "--main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype", "refused (fp32 states only)",
+     "refused (fp32 states only)"),
 ]
 
 
@@ -142,3 +145,69 @@ def deepspeed_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingS
         raise SpecError(f"cp: {layout.cp} with cp_comm {layout.cp_comm} -> DeepSpeed has Ulysses (a2a) sequence "
                         "parallelism only; plan with cp_comm a2a or export with --to megatron")
     return {"sequence_parallel_size": layout.cp} if layout.cp > 1 else {}
+
+
+# Megatron-LM's state dtype names (arguments.py: --main-grads-dtype {fp32,bf16}, --main-params-dtype {fp32,fp16},
+# --exp-avg-dtype / --exp-avg-sq-dtype {fp32,fp16,bf16,fp8}) and the torch dtypes its validate_args maps them to,
+# which are the OptimizerConfig values Megatron-Bridge overrides take (fp8 moments are torch.uint8)
+TORCH_STATE_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.uint8"}
+_STATE_FLAGS = (("master_dtype", "main-params-dtype"), ("exp_avg_dtype", "exp-avg-dtype"),
+                ("exp_avg_sq_dtype", "exp-avg-sq-dtype"))
+
+
+def refuse_states(framework: Framework, layout: LayoutSpec, training: TrainingSpec) -> None:
+    """A one-line error when the framework's launch settings cannot keep the training's gradient buffer and optimizer
+    states in their dtypes at this ZeRO stage (torchtitan, DeepSpeed and Megatron-DeepSpeed keep only the defaults;
+    Megatron needs the distributed optimizer); every export calls it (exports._refuse)."""
+    caps = capabilities(framework)
+    why = caps.state_dtype_problem(training) or caps.state_zero_problem(training, layout.zero_stage)
+    if why:
+        fix = (f"plan with --framework {framework.value}" if caps.state_dtypes else
+               "plan without --optimizer-states, or export with --to megatron or --to nemo")
+        raise SpecError(f"optimizer states: {why}; {fix}")
+
+
+def megatron_state_args(layout: LayoutSpec, training: TrainingSpec) -> list[tuple[str, object]]:
+    """Megatron-LM's flags for a gradient buffer and optimizer states off their defaults: --grad-reduce-in-bf16
+    (bf16 main grads, arguments.py L1204-1216), --accumulate-allreduce-grads-in-fp32 (fp32 main grads under fp16), and
+    the precision-aware optimizer's dtypes, which need the distributed optimizer (arguments.py L3666-3684)."""
+    grad = training.grad_dtype_off_default
+    args: list[tuple[str, object]] = []
+    if grad == "bf16":
+        args.append(("--grad-reduce-in-bf16", None))
+    elif grad == "fp32":
+        args.append(("--accumulate-allreduce-grads-in-fp32", None))
+    states = training.low_precision_states
+    if states:
+        if layout.offload != "optimizer":  # the offload flags already carry it
+            args.append(("--use-precision-aware-optimizer", None))
+        if grad == "bf16":
+            args.append(("--main-grads-dtype", "bf16"))
+        args += [(f"--{flag}", states[key]) for key, flag in _STATE_FLAGS if key in states]
+    return args
+
+
+def nemo_state_settings(layout: LayoutSpec, training: TrainingSpec) -> tuple[list[tuple[str, object]], list[str]]:
+    """(Megatron-Bridge overrides, notes) for the same states: OptimizerConfig's use_precision_aware_optimizer and
+    main_*/exp_avg* torch dtypes, MixedPrecisionConfig.grad_reduce_in_fp32 for the gradient buffer."""
+    grad = training.grad_dtype_off_default
+    kv: list[tuple[str, object]] = []
+    notes: list[str] = []
+    if grad is not None:
+        # Bridge copies MixedPrecisionConfig.grad_reduce_in_fp32 over ddp.grad_reduce_in_fp32 at setup
+        # (training/mixed_precision.py update_config_with_precision_overrides), so the mixed-precision field is the one
+        kv.append(("mixed_precision.grad_reduce_in_fp32", grad == "fp32"))
+        notes.append(f"gradients in {grad}: mixed_precision.grad_reduce_in_fp32 applies where the recipe's "
+                     "mixed_precision is a MixedPrecisionConfig (as in Megatron-Bridge's perf recipes, "
+                     "perf_recipes/_common.py); where it is a recipe name, set cfg.mixed_precision.grad_reduce_in_fp32 "
+                     f"= {grad == 'fp32'} in the recipe function")
+    states = training.low_precision_states
+    if states:
+        kv.append(("optimizer.use_precision_aware_optimizer", True))
+        if grad == "bf16":
+            kv.append(("optimizer.main_grads_dtype", TORCH_STATE_DTYPES["bf16"]))
+        names = {"master_dtype": "main_params_dtype", "exp_avg_dtype": "exp_avg_dtype",
+                 "exp_avg_sq_dtype": "exp_avg_sq_dtype"}
+        kv += [(f"optimizer.{names[key]}", TORCH_STATE_DTYPES[states[key]]) for key in names if key in states]
+    return kv, notes
+

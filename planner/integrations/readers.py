@@ -42,6 +42,9 @@ class ConfigView:
     triad: dict = field(default_factory=dict)  # DeepSpeed: the batch keys as written (None = missing, "auto")
     fp8_recipe: str | None = None  # with precision fp8: the scaling recipe the config names (cost_models/fp8.py)
     fp8_param_gather: bool | None = None  # FP8 parameter all-gather as the config sets it (None: the default)
+    # the gradient buffer's and optimizer states' dtypes where the config sets them (TrainingSpec fields grad_dtype,
+    # master_dtype, exp_avg_dtype, exp_avg_sq_dtype; planner/integrations/modern_flags.py writes them)
+    optimizer_states: dict[str, str] = field(default_factory=dict)
     # communication the config leaves exposed that its framework's profile assumes hidden: knob -> (value, why)
     knobs: dict[str, tuple[float, str]] = field(default_factory=dict)
 
@@ -85,8 +88,13 @@ def _plan(doc: dict) -> ConfigView:
         raise SpecError(f"framework: {name!r} -> one of {', '.join(f.value for f in Framework)} (a plan written by "
                         "`planner plan --json`)")
     fw = Framework(name)
-    return ConfigView("plan", fw, lay, training.get("global_batch_size"), training.get("seq_length"),
+    view = ConfigView("plan", fw, lay, training.get("global_batch_size"), training.get("seq_length"),
                       training.get("precision"))
+    view.optimizer_states = {k: training[k] for k in STATE_FIELDS if isinstance(training.get(k), str)}
+    return view
+
+
+STATE_FIELDS = ("grad_dtype", "master_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")  # TrainingSpec's state dtypes
 
 
 def _dp(gpus: int, *degrees: int) -> int:
@@ -589,6 +597,13 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--ckpt-format", "--tokenizer-type", "--make-vocab-size-divisible-by"]:
         p.add_argument(name)
     p.add_argument("--optimizer-offload-fraction", type=float)
+    # the gradient buffer and the precision-aware optimizer's states (Megatron-LM arguments.py choices)
+    for name in ["--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"]:
+        p.add_argument(name, action="store_true")
+    p.add_argument("--main-grads-dtype", choices=["fp32", "bf16"])
+    p.add_argument("--main-params-dtype", choices=["fp32", "fp16"])
+    for name in ["--exp-avg-dtype", "--exp-avg-sq-dtype"]:
+        p.add_argument(name, choices=["fp32", "fp16", "bf16", "fp8"])
     return p
 
 
@@ -722,6 +737,7 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
     if view.fp8_recipe == "custom":
         view.notes.append("--fp8-recipe custom: a recipe from code the planner cannot see; checked as delayed")
         view.fp8_recipe = "delayed"
+    _megatron_states(args, view)
     if ds and args.bf16 and pp > 1 and view.fields["zero_stage"] == 0:
         # DeepSpeed's pipeline engine runs bf16 at ZeRO-0 with BF16_Optimizer: its own ZeRO-1 (frameworks.md §3.5)
         view.fields["zero_stage"] = 1
@@ -742,6 +758,35 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         view.notes.append(f"unexpanded shell variables (not in options the planner reads): "
                           f"{', '.join('$' + u for u in sorted(set(unresolved)))}")
     return view
+
+
+def _megatron_states(args: argparse.Namespace, view: ConfigView) -> None:
+    """The gradient buffer and optimizer-state dtypes: --grad-reduce-in-bf16 or --main-grads-dtype bf16 keep bf16 main
+    gradients under --bf16, --accumulate-allreduce-grads-in-fp32 fp32 ones under --fp16 (arguments.py validate_args);
+    --main-params-dtype / --exp-avg-dtype / --exp-avg-sq-dtype below fp32 need --use-precision-aware-optimizer
+    (Megatron-Core's OptimizerConfig asserts fp32 states without it), which needs the distributed optimizer (check)."""
+    states: dict[str, str] = {}
+    if args.grad_reduce_in_bf16 or args.main_grads_dtype == "bf16":
+        if args.bf16:
+            states["grad_dtype"] = "bf16"
+        else:
+            view.notes.append("--grad-reduce-in-bf16 / --main-grads-dtype bf16 without --bf16: Megatron reads them "
+                              "only for bf16 runs; ignored")
+    elif args.accumulate_allreduce_grads_in_fp32 and args.fp16:
+        states["grad_dtype"] = "fp32"
+    given = (("master_dtype", "--main-params-dtype", args.main_params_dtype),
+             ("exp_avg_dtype", "--exp-avg-dtype", args.exp_avg_dtype),
+             ("exp_avg_sq_dtype", "--exp-avg-sq-dtype", args.exp_avg_sq_dtype))
+    low = [(flag, value) for _, flag, value in given if value not in (None, "fp32")]
+    if args.main_grads_dtype == "bf16":
+        low.insert(0, ("--main-grads-dtype", "bf16"))
+    if low and not args.use_precision_aware_optimizer:
+        flags = ", ".join(f"{f} {v}" for f, v in low)
+        view.errors.append(("optimizer_states", f"{flags} without --use-precision-aware-optimizer -> Megatron-Core "
+                            "keeps fp32 states without it (OptimizerConfig asserts them)",
+                            "add --use-precision-aware-optimizer (with --use-distributed-optimizer)"))
+    states.update({key: value for key, _, value in given if value not in (None, "fp32")})
+    view.optimizer_states = states
 
 
 def _megatron_cp_ep(args: argparse.Namespace, view: ConfigView, ds: bool) -> None:
@@ -990,4 +1035,39 @@ def _nemo(text: str, gpus: int) -> ConfigView:
     fp8 = {name: recipe for recipe, name in NEMO_FP8_MIXED_PRECISION.items()}.get(mixed)
     if fp8 is not None:  # Megatron-Bridge's FP8 mixed-precision recipes (frameworks.md §4.6)
         view.precision, view.fp8_recipe = "fp8", fp8
+    _nemo_states(kv, view)
     return view
+
+
+def _nemo_states(kv: dict[str, str], view: ConfigView) -> None:
+    """Megatron-Bridge's gradient buffer (MixedPrecisionConfig.grad_reduce_in_fp32, which it copies over
+    ddp.grad_reduce_in_fp32 at setup) and the precision-aware optimizer's OptimizerConfig dtypes."""
+    from planner.integrations.modern_flags import TORCH_STATE_DTYPES
+
+    dtype_of = {v: k for k, v in TORCH_STATE_DTYPES.items()}
+    states: dict[str, str] = {}
+    reduce32 = kv.get("mixed_precision.grad_reduce_in_fp32")
+    if kv.get("ddp.grad_reduce_in_fp32") is not None and reduce32 is None:
+        view.notes.append(f"ddp.grad_reduce_in_fp32={kv['ddp.grad_reduce_in_fp32']}: Megatron-Bridge copies "
+                          "mixed_precision.grad_reduce_in_fp32 over it at setup; checked with the mixed-precision "
+                          "recipe's gradients")
+    if reduce32 == "false" and view.precision in ("bf16", "fp8"):
+        states["grad_dtype"] = "bf16"
+    elif reduce32 == "true" and view.precision == "fp16":
+        states["grad_dtype"] = "fp32"
+    fields = {"optimizer.main_params_dtype": "master_dtype", "optimizer.exp_avg_dtype": "exp_avg_dtype",
+              "optimizer.exp_avg_sq_dtype": "exp_avg_sq_dtype", "optimizer.main_grads_dtype": "grad_dtype"}
+    for key, name in fields.items():
+        raw = kv.get(key)
+        if raw is None:
+            continue
+        if raw not in dtype_of:
+            raise SpecError(f"{key}: {raw!r} -> allowed: {', '.join(TORCH_STATE_DTYPES.values())}")
+        if dtype_of[raw] != "fp32":
+            states[name] = dtype_of[raw]
+    low = [k for k, n in fields.items() if n in states and k in kv]
+    if low and kv.get("optimizer.use_precision_aware_optimizer") != "true":
+        view.errors.append(("optimizer_states", f"{', '.join(low)} below fp32 without "
+                            "optimizer.use_precision_aware_optimizer=true -> Megatron-Core keeps fp32 states without "
+                            "it (OptimizerConfig asserts them)", "set optimizer.use_precision_aware_optimizer=true"))
+    view.optimizer_states = states
