@@ -11,8 +11,9 @@ the knobs were fitted on but not outside the publisher.
 
 A line per row: measured and predicted step time and its error, with the shipped fitted knobs
 (planner/data/error_bands.json), each row built as the published set's rows are (validation.build_case). NeMo rows:
-the recompute their recipe's config sets (RECOMPUTE; searched for Megatron-Bridge's row), so a row the model
-judges out of memory at it is a false out-of-memory verdict; DP = GPUs / (TP x PP x CP); ZeRO-1, the distributed
+the recompute their recipe's config sets (RECOMPUTE; searched for Megatron-Bridge's row) and the optimizer states
+(STATES: bf16 gradients, and Nemotron-4 340B's bf16 master weights and moments), so a row the model judges out of
+memory at it is a false out-of-memory verdict; DP = GPUs / (TP x PP x CP); ZeRO-1, the distributed
 optimizer.
 MaxText rows: the fsdp family (FAMILY_NAMES: JAX trainers), ZeRO-3 over every GPU (the planner has no hybrid
 shard: at 2048 GPUs MaxText shards over 128 and replicates 16 times), full recompute for save_qkv_proj (it keeps
@@ -24,8 +25,11 @@ no biases, untied embeddings, vocabulary 256000, sequence 4096."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 from planner.bands import load_table
+from planner.inputs.layout_string import parse_optimizer_states
+from planner.inputs.specs import TrainingSpec
 from planner.validation import build_case, case_knobs, evaluate
 
 SOURCE = "NVIDIA/dgxc-benchmarking {path} (v25.02, commit 8f5cbb3799)"
@@ -43,6 +47,13 @@ MODELS = {  # layers, hidden, heads, KV heads, FFN, vocab, seq, printed params (
 # Megatron-Bridge's table states none, so its rows search it
 RECOMPUTE = {"llama3.1/README_70b.md": "none", "llama3.1/README_405b.md": "none", "nemotron/README_15b.md": "none",
              "nemotron/README_340b.md": "selective"}
+# the optimizer states each recipe's config sets (planner --optimizer-states): nemotron4-340b-synth.yaml runs apex
+# distributed_fused_adam with dtype bf16 (bf16 master and moments) and grad_sync_dtype bf16; llama3.1_70b.yaml and
+# llama3.1_405b.yaml grad_sync_dtype bf16 (fp32 master and moments); nemotron4-15b-synth.yaml the defaults
+# (mcore_distributed_optim); Megatron-Bridge's performance recipes grad_reduce_in_fp32=False
+# (perf_recipes/_common.py _benchmark_common)
+STATES = {"nemotron/README_340b.md": "grad=bf16,master=bf16,moments=bf16", "llama3.1/README_70b.md": "grad=bf16",
+          "llama3.1/README_405b.md": "grad=bf16", BRIDGE: "grad=bf16"}
 MAXTEXT = [  # GPUs, precision, step seconds (per-device batch 2, GBS = 2 x GPUs)
     (128, "BF16", 15.563), (2048, "BF16", 15.898), (128, "FP8", 9.074), (2048, "FP8", 9.339),
 ]
@@ -83,7 +94,7 @@ def row(model, n, gbs, tp, pp, cp, vp, mbs, precision, step, source=None) -> dic
         "micro_batch_size": mbs, "global_batch_size": gbs,
         "activation_recomputation": None if source else RECOMPUTE.get(path),
         "sequence_parallel": tp > 1, "precision": precision, "framework": "NeMo/Megatron-Core (recipe)",
-        "iteration_time_s": step,
+        "iteration_time_s": step, "optimizer_states": STATES.get(source or path, ""),
     }
 
 
@@ -103,6 +114,10 @@ def main() -> None:
         if isinstance(case, str):
             print(f"{r['id']:34} skipped: {case}")
             continue
+        states = parse_optimizer_states(r.get("optimizer_states"))
+        if states:  # the published set's rows print no optimizer dtype: the harness builds the default
+            training = TrainingSpec.model_validate({**case.training.model_dump(), **states})
+            case = replace(case, training=training)
         res = evaluate(case, case_knobs(case, fitted))
         if res.predicted_step_seconds is None or res.error is None:
             print(f"{r['id']:34} not estimated: {res.note}")
