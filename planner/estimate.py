@@ -57,6 +57,9 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
                           **(optimizer_states or {}))
     except ValidationError as exc:
         raise from_pydantic(exc, source="training setup") from None
+    if tr.grad_dtype is not None and tr.grad_dtype_off_default is None:
+        # a gradient dtype asked for that is the default is no change: the framework profile's recipe stays
+        tr = tr.model_copy(update={"grad_dtype": None})
     from planner.frameworks.capabilities import capabilities
 
     why = capabilities(framework).state_dtype_problem(tr)

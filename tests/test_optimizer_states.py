@@ -123,7 +123,10 @@ def test_frameworks_refuse_states_they_cannot_keep(framework, states, needle):
 
 def test_default_grad_dtype_is_not_a_change():
     """fp32 gradients under bf16 are every framework's default: torchtitan takes grad=fp32 without complaint."""
-    build_problem("dgx-h100", 2, "llama3-8b", 256, 4096, framework="torchtitan", optimizer_states={"grad_dtype": "fp32"})
+    given = build_problem("dgx-h100", 2, "llama3-8b", 256, 4096, framework="torchtitan",
+                          optimizer_states={"grad_dtype": "fp32"}).cm_training
+    default = build_problem("dgx-h100", 2, "llama3-8b", 256, 4096, framework="torchtitan").cm_training
+    assert given == default  # the FSDP2 recipe (fp32 sharded parameters and gradients) stays
     assert TrainingSpec(global_batch_size=8, seq_length=1024, grad_dtype="fp32").grad_dtype_off_default is None
     assert TrainingSpec(global_batch_size=8, seq_length=1024, precision="fp16",
                         grad_dtype="fp32").grad_dtype_off_default == "fp32"
