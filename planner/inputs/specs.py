@@ -172,8 +172,9 @@ class ModelSpec(_Frozen):
 
 
 PRECISION_BYTES = {p.value: p.bytes for p in Precision}
-# an optimizer state's element (fp8: one byte plus a per-tensor fp32 scale, Megatron-LM --exp-avg-dtype fp8)
-STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# an optimizer state's element: the precision's, but an fp8 state is one byte (Megatron-LM --exp-avg-dtype fp8; its
+# per-tensor fp32 scale is not counted), where fp8 training keeps its parameters in bf16
+STATE_BYTES = {**PRECISION_BYTES, "fp8": 1}
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")  # cost_models/fp8.py
 
 

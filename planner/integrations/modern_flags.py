@@ -151,6 +151,9 @@ def deepspeed_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingS
 # --exp-avg-dtype / --exp-avg-sq-dtype {fp32,fp16,bf16,fp8}) and the torch dtypes its validate_args maps them to,
 # which are the OptimizerConfig values Megatron-Bridge overrides take (fp8 moments are torch.uint8)
 TORCH_STATE_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.uint8"}
+# Megatron-Bridge's OptimizerConfig fields -> TrainingSpec's (the export writes them, the reader reads them back)
+BRIDGE_STATE_FIELDS = {"optimizer.main_params_dtype": "master_dtype", "optimizer.exp_avg_dtype": "exp_avg_dtype",
+                       "optimizer.exp_avg_sq_dtype": "exp_avg_sq_dtype"}
 _STATE_FLAGS = (("master_dtype", "main-params-dtype"), ("exp_avg_dtype", "exp-avg-dtype"),
                 ("exp_avg_sq_dtype", "exp-avg-sq-dtype"))
 
@@ -206,8 +209,6 @@ def nemo_state_settings(layout: LayoutSpec, training: TrainingSpec) -> tuple[lis
         kv.append(("optimizer.use_precision_aware_optimizer", True))
         if grad == "bf16":
             kv.append(("optimizer.main_grads_dtype", TORCH_STATE_DTYPES["bf16"]))
-        names = {"master_dtype": "main_params_dtype", "exp_avg_dtype": "exp_avg_dtype",
-                 "exp_avg_sq_dtype": "exp_avg_sq_dtype"}
-        kv += [(f"optimizer.{names[key]}", TORCH_STATE_DTYPES[states[key]]) for key in names if key in states]
+        kv += [(key, TORCH_STATE_DTYPES[states[name]]) for key, name in BRIDGE_STATE_FIELDS.items() if name in states]
     return kv, notes
 

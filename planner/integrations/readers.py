@@ -1042,7 +1042,7 @@ def _nemo(text: str, gpus: int) -> ConfigView:
 def _nemo_states(kv: dict[str, str], view: ConfigView) -> None:
     """Megatron-Bridge's gradient buffer (MixedPrecisionConfig.grad_reduce_in_fp32, which it copies over
     ddp.grad_reduce_in_fp32 at setup) and the precision-aware optimizer's OptimizerConfig dtypes."""
-    from planner.integrations.modern_flags import TORCH_STATE_DTYPES
+    from planner.integrations.modern_flags import BRIDGE_STATE_FIELDS, TORCH_STATE_DTYPES
 
     dtype_of = {v: k for k, v in TORCH_STATE_DTYPES.items()}
     states: dict[str, str] = {}
@@ -1055,8 +1055,7 @@ def _nemo_states(kv: dict[str, str], view: ConfigView) -> None:
         states["grad_dtype"] = "bf16"
     elif reduce32 == "true" and view.precision == "fp16":
         states["grad_dtype"] = "fp32"
-    fields = {"optimizer.main_params_dtype": "master_dtype", "optimizer.exp_avg_dtype": "exp_avg_dtype",
-              "optimizer.exp_avg_sq_dtype": "exp_avg_sq_dtype", "optimizer.main_grads_dtype": "grad_dtype"}
+    fields = {**BRIDGE_STATE_FIELDS, "optimizer.main_grads_dtype": "grad_dtype"}
     for key, name in fields.items():
         raw = kv.get(key)
         if raw is None:
