@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from planner.estimate import build_problem
+from planner.frameworks.megatron_split import nearest_split
 from planner.integrations.check import check
-from planner.integrations.exports import export, megatron_first_last
+from planner.integrations.exports import export
 from planner.integrations.readers import read_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +186,7 @@ def test_mfu_above_one_is_never_printed(tmp_path):
 def test_megatron_first_last_split_leaves_an_even_middle_for_405b_on_32_stages():
     # Llama-3 405B: 126 layers on pp 32; the plan's split had 4 first and 3 last (119 middle over 30: refused)
     target = [4] + [4] * 30 + [3]
-    got = megatron_first_last(126, 32, [*target[:-1], 126 - sum(target[:-1])])
+    got = nearest_split(126, 32, 1, [*target[:-1], 126 - sum(target[:-1])])
     first, *middle, last = got
     assert sum(got) == 126 and len(set(middle)) == 1 and (126 - first - last) % 30 == 0
 

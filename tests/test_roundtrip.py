@@ -21,6 +21,11 @@ PLANS = {
     "interleaved-zero1": dict(tp=8, pp=4, dp=2, zero_stage=1, micro_batch_size=1, num_micro_batches=128,
                               recompute="selective", schedule="interleaved_1f1b", virtual_stages=2,
                               layers_per_stage=None, recompute_layers_per_stage=None),
+    # interleaving whose chunks do not divide the 40 layers: (40 + embedding + loss) / (2 x 3) = 7 per chunk, the
+    # end chunks one fewer (Megatron: --account-for-embedding/loss-in-pipeline-split; planner/frameworks/megatron_split.py)
+    "interleaved-account-for": dict(tp=8, pp=2, dp=4, zero_stage=1, micro_batch_size=1, num_micro_batches=64,
+                                    recompute="selective", schedule="interleaved_1f1b", virtual_stages=3,
+                                    layers_per_stage=[20, 20], recompute_layers_per_stage=None),
     "zero2": dict(tp=1, pp=1, dp=64, zero_stage=2, micro_batch_size=1, num_micro_batches=4, recompute="full",
                   sequence_parallel=False, layers_per_stage=None, recompute_layers_per_stage=None),
     "zero3-fsdp": dict(tp=2, pp=1, dp=32, zero_stage=3, micro_batch_size=2, num_micro_batches=4, recompute="full",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from planner.frameworks import Framework
+from planner.frameworks.megatron_split import MegatronSplitError, split_flags
 
 if TYPE_CHECKING:
     from planner.inputs.specs import TrainingSpec
@@ -37,7 +38,7 @@ class Capabilities:
     sequence_parallel_default: bool = False  # SP with tp > 1 where its config does not say
     no_sp_schedules: tuple[str, ...] = ()  # schedules that run without sequence parallelism
     sp_needs_tp: str = "warn"  # what SP with tp = 1 does: "warn" (disabled with a warning) or "error"
-    uneven_split: str = "none"  # "any" | "first_last" (first/last stage free, middle even) | "none"
+    uneven_split: str = "none"  # "any" | "megatron" (planner/frameworks/megatron_split.py) | "none"
     per_stage_recompute: str = "none"  # "any" | "same_count" (one count for every stage) | "none"
     max_virtual_stages: int = 1
     pads_vocab: bool = False  # pads the vocabulary to a multiple of tp itself (no divisibility rule)
@@ -129,12 +130,14 @@ class Capabilities:
 
     def _split_refusal(self, f: dict) -> str | None:
         lps, rps = f.get("layers_per_stage"), f.get("recompute_layers_per_stage")
-        if lps and len(set(lps)) > 1:
-            if self.uneven_split == "none":
-                return f"layers_per_stage {lps} -> no per-stage layer counts ({self.sources.get('split', '')})"
-            if self.uneven_split == "first_last" and len(set(lps[1:-1])) > 1:
-                return (f"layers_per_stage {lps} -> only the first and last stages may differ; the middle stages "
-                        f"split evenly ({self.sources.get('split', '')})")
+        if lps and len(set(lps)) > 1 and self.uneven_split == "none":
+            return f"layers_per_stage {lps} -> no per-stage layer counts ({self.sources.get('split', '')})"
+        if lps and self.uneven_split == "megatron":
+            v = f.get("virtual_stages", 1) if f.get("schedule") == "interleaved_1f1b" else 1
+            try:
+                split_flags(sum(lps), len(lps), v, list(lps))
+            except MegatronSplitError as exc:
+                return f"layers_per_stage {exc} ({self.sources.get('split', '')})"
         if rps and len(set(rps)) > 1 and self.per_stage_recompute != "any":
             return (f"recompute_layers_per_stage {rps} -> "
                     + ("one recompute count for every stage" if self.per_stage_recompute == "same_count"
@@ -193,7 +196,8 @@ _MEGATRON_SOURCES = {
             "optim_grads_params = ZeRO-3; FSDP needs pp = 1",
     "offload": "--optimizer-cpu-offload moves only the optimizer (frameworks.md §2.4, §2.5)",
     "recompute": "frameworks.md §2.4: --recompute-method block --recompute-num-layers N is one count per model chunk",
-    "split": "frameworks.md §2.3: --decoder-first/last-pipeline-num-layers; the middle stages split evenly",
+    "split": "frameworks.md §2.3: --decoder-first/last-pipeline-num-layers with an even middle, or "
+             "--account-for-embedding/loss-in-pipeline-split",
     "sp": "--sequence-parallel (frameworks.md §2.6)",
     "vocab": "frameworks.md §2.5: padded to a multiple of --make-vocab-size-divisible-by (128) x tp",
     "fp8": "frameworks.md §2.8: --fp8-recipe {tensorwise,delayed,mxfp8,blockwise}, default delayed "
@@ -212,7 +216,7 @@ MEGATRON_STATE_DTYPES = {"master_dtype": ("fp16",), "exp_avg_dtype": ("fp16", "b
 MEGATRON = Capabilities(
     Framework.MEGATRON, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     offload=("none", "optimizer"), recompute=("none", "selective", "full"), sp_needs_tp="warn",
-    uneven_split="first_last", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
+    uneven_split="megatron", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron pads the vocabulary to a multiple of 128 x tp",
     fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="delayed",
     state_dtypes=MEGATRON_STATE_DTYPES, state_dtype_zero_stages=(1,), sources=_MEGATRON_SOURCES)
@@ -220,7 +224,7 @@ MEGATRON = Capabilities(
 NEMO = Capabilities(
     Framework.NEMO, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     offload=("none", "optimizer"), recompute=("none", "selective", "full"), sp_needs_tp="error",
-    uneven_split="first_last", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
+    uneven_split="megatron", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron-Core pads the vocabulary to a multiple of 128 x tp",
     fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="tensorwise",
     state_dtypes=MEGATRON_STATE_DTYPES, state_dtype_zero_stages=(1,),

@@ -16,6 +16,7 @@ from cluster_specs import ClusterSpec, SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
+from planner.frameworks.megatron_split import MegatronSplitError, SplitFlags, nearest_split, split_flags
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.integrations.modern_flags import (
     deepspeed_settings,
@@ -103,27 +104,6 @@ def plan_parts(plan: dict, source: str = "plan JSON") -> PlanParts:
 # ---- the nearest expressible layout ---------------------------------------------------------------------------
 
 
-def megatron_first_last(num_layers: int, pp: int, target: list[int]) -> list[int]:
-    """The split Megatron can express closest to `target`: free first and last stages, the middle even
-    (--decoder-first/last-pipeline-num-layers; frameworks.md §2.3: middle layers % middle stages == 0)."""
-    if pp <= 2:
-        return list(target)
-    best, best_key = None, None
-    for first in range(1, num_layers):
-        for last in range(1, num_layers - first):
-            rest = num_layers - first - last
-            if rest < pp - 2 or rest % (pp - 2):
-                continue
-            cand = [first] + [rest // (pp - 2)] * (pp - 2) + [last]
-            diffs = [abs(a - b) for a, b in zip(cand, target, strict=True)]
-            key = (max(diffs), sum(diffs), max(cand))
-            if best_key is None or key < best_key:
-                best, best_key = cand, key
-    if best is None:
-        raise SpecError(f"layers_per_stage: {num_layers} layers cannot fill {pp} Megatron stages")
-    return best
-
-
 def _effective_split(lay: LayoutSpec, num_layers: int) -> list[int]:
     return list(lay.layers_per_stage) if lay.layers_per_stage else list(stage_split(num_layers, lay.pp))
 
@@ -142,8 +122,11 @@ def _fix_split(fw: Framework, lay: LayoutSpec, model: ModelSpec, changes: list[s
     if lay.pp == 1 or caps.uneven_split == "any":
         return lay
     want = _effective_split(lay, model.num_layers)
-    if caps.uneven_split == "first_last" and lay.virtual_stages == 1:
-        got = megatron_first_last(model.num_layers, lay.pp, want)
+    if caps.uneven_split == "megatron":
+        try:
+            got = nearest_split(model.num_layers, lay.pp, _virtual(lay), want)
+        except MegatronSplitError as exc:
+            raise SpecError(f"layers_per_stage: {exc}") from None
     elif lay.layers_per_stage is None:
         return lay
     else:
@@ -336,14 +319,29 @@ def _megatron_overlap(lay: LayoutSpec) -> list[tuple[str, object]]:
     return args
 
 
+def _virtual(lay: LayoutSpec) -> int:
+    return lay.virtual_stages if lay.schedule == "interleaved_1f1b" else 1
+
+
+def megatron_split_of(lay: LayoutSpec, model: ModelSpec) -> SplitFlags:
+    """The Megatron flags that build the layout's stage split (planner/frameworks/megatron_split.py)."""
+    try:
+        return split_flags(model.num_layers, lay.pp, _virtual(lay), _effective_split(lay, model.num_layers))
+    except MegatronSplitError as exc:
+        raise SpecError(f"layers_per_stage: {exc}") from None
+
+
 def _megatron_pipeline(lay: LayoutSpec, model: ModelSpec) -> list[tuple[str, object]]:
     args: list[tuple[str, object]] = []
-    if lay.schedule == "interleaved_1f1b" and lay.virtual_stages > 1:
+    if _virtual(lay) > 1:
         # not --num-layers-per-virtual-pipeline-stage: it cannot be combined with the first/last flags (§2.3)
         args.append(("--num-virtual-stages-per-pipeline-rank", lay.virtual_stages))
-    split = _effective_split(lay, model.num_layers)
-    if lay.pp > 1 and len(set(split)) > 1:
-        args += [("--decoder-first-pipeline-num-layers", split[0]), ("--decoder-last-pipeline-num-layers", split[-1])]
+    flags = megatron_split_of(lay, model)
+    if flags.first is not None:
+        args += [("--decoder-first-pipeline-num-layers", flags.first),
+                 ("--decoder-last-pipeline-num-layers", flags.last)]
+    args += [("--account-for-embedding-in-pipeline-split", None)] if flags.embedding else []
+    args += [("--account-for-loss-in-pipeline-split", None)] if flags.loss else []
     return args
 
 
@@ -404,10 +402,12 @@ def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     ]
     if lay.pp > 1:
         kv.append(("model.pipeline_dtype", "torch.bfloat16" if training.precision == "bf16" else None))
-    split = _effective_split(lay, parts.model.num_layers)
-    if lay.pp > 1 and len(set(split)) > 1:
-        kv += [("model.num_layers_in_first_pipeline_stage", split[0]),
-               ("model.num_layers_in_last_pipeline_stage", split[-1])]
+    flags = megatron_split_of(lay, parts.model)
+    if flags.first is not None:
+        kv += [("model.num_layers_in_first_pipeline_stage", flags.first),
+               ("model.num_layers_in_last_pipeline_stage", flags.last)]
+    kv += [("model.account_for_embedding_in_pipeline_split", True)] if flags.embedding else []
+    kv += [("model.account_for_loss_in_pipeline_split", True)] if flags.loss else []
     if lay.zero_stage >= 2:
         kv += [("ddp.use_megatron_fsdp", True),
                ("ddp.data_parallel_sharding_strategy", "optim_grads" if lay.zero_stage == 2 else "optim_grads_params"),

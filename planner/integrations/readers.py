@@ -20,6 +20,7 @@ from cluster_specs import SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import TORCHTITAN, capabilities
+from planner.frameworks.megatron_split import MegatronSplitError, SplitFlags, stage_layers
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
 
 
@@ -549,7 +550,9 @@ def torchtitan_resolve(view: ConfigView, num_layers: int) -> None:
             per_rank = [sum(stages[r::pp]) for r in range(pp)]
         if f["schedule"] == "interleaved_1f1b":
             f["virtual_stages"] = max(2, v)
-        if len(set(per_rank)) > 1 or sum(per_rank) != num_layers or per_rank != list(stage_split(num_layers, pp)):
+        uneven_chunks = f["schedule"] == "interleaved_1f1b" and len(set(stages)) > 1  # not the even chunks None means
+        if len(set(per_rank)) > 1 or sum(per_rank) != num_layers or per_rank != list(stage_split(num_layers, pp)) \
+                or uneven_chunks:
             f["layers_per_stage"] = per_rank
     if view.recompute_every:
         per_stage = f.get("layers_per_stage") or list(stage_split(num_layers, pp))
@@ -581,7 +584,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--recompute-activations", "--checkpoint-activations", "--deepspeed", "--no-pipeline-parallel",
                  "--enable-zbh1-pipeline", "--cpu-optimizer", "--no-gradient-accumulation-fusion",
                  "--deepspeed-activation-checkpointing", "--partition-activations", "--overlap-grad-reduce",
-                 "--overlap-param-gather", "--tp-comm-overlap", "--no-overlap-p2p-communication"]:
+                 "--overlap-param-gather", "--tp-comm-overlap", "--no-overlap-p2p-communication",
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]:
         p.add_argument(name, action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-modules", nargs="*")
@@ -904,16 +908,22 @@ def _megatron_recompute(args: argparse.Namespace, view: ConfigView, ds: bool) ->
 def _megatron_pipeline(args: argparse.Namespace, view: ConfigView, ds: bool) -> None:
     f = view.fields
     pp = f["pp"]
-    if args.num_layers_per_virtual_pipeline_stage and args.num_layers:
-        f.update(schedule="interleaved_1f1b",
-                 virtual_stages=max(1, args.num_layers // (pp * args.num_layers_per_virtual_pipeline_stage)))
+    if args.num_layers_per_virtual_pipeline_stage:
+        # vpp = (L'/pp)/n once the layer count is known (megatron_resolve); L' counts the account-for layers
+        f["schedule"] = "interleaved_1f1b"
+        view.model["layers_per_virtual_stage"] = args.num_layers_per_virtual_pipeline_stage
     elif args.num_virtual_stages_per_pipeline_rank and args.num_virtual_stages_per_pipeline_rank > 1:
         f.update(schedule="interleaved_1f1b", virtual_stages=args.num_virtual_stages_per_pipeline_rank)
     if ds and args.enable_zbh1_pipeline and pp > 1:
         f["schedule"] = "zero_bubble"
-    first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
-    if (first or last) and pp > 1:
-        view.model["first_last"] = (first, last)
+    flags = SplitFlags(args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers,
+                       args.account_for_embedding_in_pipeline_split, args.account_for_loss_in_pipeline_split)
+    if flags != SplitFlags() and pp > 1:
+        view.model["split_flags"] = flags
+        if args.num_layers_per_virtual_pipeline_stage and (flags.first is not None or flags.last is not None):
+            view.errors.append(("layers_per_stage", "--num-layers-per-virtual-pipeline-stage with --decoder-first/last-"
+                                "pipeline-num-layers -> Megatron refuses the pair (frameworks.md §2.3)",
+                                "use --num-virtual-stages-per-pipeline-rank"))
     if f["sequence_parallel"] and f["tp"] == 1:
         f["sequence_parallel"] = False
         view.notes.append("--sequence-parallel with tp=1: Megatron disables it with a warning (\"Disabling sequence "
@@ -924,18 +934,24 @@ def megatron_resolve(view: ConfigView, num_layers: int) -> None:
     """Uneven split and block recompute once the model's layer count is known (frameworks.md §2.3, §2.4)."""
     f = view.fields
     pp, v = f["pp"], f.get("virtual_stages", 1)
-    if "first_last" in view.model:
-        first, last = view.model["first_last"]
-        given = [x for x in (first, last) if x]
-        middle_stages = pp - len(given)
-        rest = num_layers - sum(given)
-        if (middle_stages == 0) != (rest == 0) or (middle_stages and rest % middle_stages):
-            view.errors.append(("layers_per_stage", f"--decoder-first/last-pipeline-num-layers {first}/{last}: "
-                                f"{rest} middle layers over {middle_stages} middle stages -> Megatron refuses an "
-                                "uneven middle (frameworks.md §2.3)", "choose first/last so the middle divides"))
-        else:
-            mid = rest // middle_stages if middle_stages else 0
-            f["layers_per_stage"] = ([first] if first else []) + [mid] * middle_stages + ([last] if last else [])
+    per_chunk = view.model.get("layers_per_virtual_stage")
+    flags = view.model.get("split_flags", SplitFlags())
+    if per_chunk:
+        per_rank = (num_layers + flags.embedding + flags.loss) // pp
+        if per_rank % per_chunk:
+            view.errors.append(("pp*virtual_stages", f"--num-layers-per-virtual-pipeline-stage {per_chunk}: {per_rank} "
+                                "layers per pipeline rank do not divide into it (Megatron asserts; frameworks.md §2.3)",
+                                "choose a layer count per virtual stage that divides the layers per rank"))
+        v = max(1, per_rank // per_chunk)
+        f["virtual_stages"] = v
+        if v == 1:
+            f["schedule"] = "1f1b"
+    if "split_flags" in view.model:
+        try:
+            f["layers_per_stage"] = stage_layers(num_layers, pp, v, flags)
+        except MegatronSplitError as exc:
+            view.errors.append(("layers_per_stage", f"{flags.describe()}: {exc} -> Megatron refuses it at start-up "
+                                "(frameworks.md §2.3)", "choose a split Megatron builds"))
     elif pp > 1 and view.framework is Framework.MEGATRON_DEEPSPEED:
         # DeepSpeed's PipelineModule partitions any count (no even-split assert); with 'type:transformer|embedding'
         # (BLOOM's --pp-partition-method) the embedding and the output count as a layer each (type:<regex> balances the matching layers, frameworks.md §3 "Layer split")
@@ -945,8 +961,10 @@ def megatron_resolve(view: ConfigView, num_layers: int) -> None:
                 f["layers_per_stage"] = split
     elif pp > 1 and num_layers % pp:
         view.errors.append(("num_layers", f"num_layers: {num_layers} -> not divisible by pp ({pp}) and no "
-                            "--decoder-first/last-pipeline-num-layers (Megatron asserts an even split)",
-                            "set --decoder-first/last-pipeline-num-layers, or a pp that divides the layers"))
+                            "--decoder-first/last-pipeline-num-layers or --account-for-embedding/loss-in-pipeline-"
+                            "split (Megatron asserts an even split)",
+                            "set --decoder-first/last-pipeline-num-layers, the account-for flags, or a pp that "
+                            "divides the layers"))
     if "recompute_block" in view.model:
         n = view.model["recompute_block"]
         lps = f.get("layers_per_stage") or list(stage_split(num_layers, pp))
@@ -1021,10 +1039,12 @@ def _nemo(text: str, gpus: int) -> ConfigView:
         view.model["recompute_block"] = num("model.recompute_num_layers", 1)
     elif gran == "full":
         view.fields["recompute"] = "full"
-    first, last = num("model.num_layers_in_first_pipeline_stage", None), num("model.num_layers_in_last_pipeline_stage",
-                                                                             None)
-    if (first or last) and pp > 1:
-        view.model["first_last"] = (first, last)
+    flags = SplitFlags(num("model.num_layers_in_first_pipeline_stage", None),
+                       num("model.num_layers_in_last_pipeline_stage", None),
+                       kv.get("model.account_for_embedding_in_pipeline_split") == "true",
+                       kv.get("model.account_for_loss_in_pipeline_split") == "true")
+    if flags != SplitFlags() and pp > 1:
+        view.model["split_flags"] = flags
     if view.fields["sequence_parallel"] and tp == 1:
         view.errors.append(("sequence_parallel", "model.sequence_parallel=true with tp=1 -> Megatron-Core raises "
                             "ValueError under Megatron-Bridge (frameworks.md §4.5)", "set model.sequence_parallel=false"))

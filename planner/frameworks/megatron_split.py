@@ -1,0 +1,152 @@
+"""Megatron-Core's pipeline stage split: the decoder layers each pipeline rank builds from its flags, and the flags
+that build a given split (frameworks.md §2.3; megatron-core transformer_config.py __post_init__, 0.16.1 L1294-1480).
+
+`stage_layers` owns the rule. The Megatron and NeMo exports write what `split_flags` finds, `check` reads a config
+through `stage_layers`, the capability table refuses a split `split_flags` cannot express, and the export's nearest
+expressible split is `nearest_split`. Two ways to make the stages uneven, never together:
+- `--decoder-first/last-pipeline-num-layers F K` (Bridge `model.num_layers_in_first/last_pipeline_stage`): each > 0,
+  the rest divides over the middle stages; with virtual stages F, K and each middle rank's layers divide by them.
+- `--account-for-embedding-in-pipeline-split` / `--account-for-loss-in-pipeline-split` (Bridge
+  `model.account_for_embedding/loss_in_pipeline_split`): the embedding and the loss count as a layer each, so
+  L' = L + e + l splits evenly (L' % pp == 0, with virtual stages (L'/pp) % vp == 0) and the first and last ranks
+  build one decoder layer fewer. The only way to give an interleaved pipeline k-1 layers on its end ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class MegatronSplitError(ValueError):
+    """A pipeline split Megatron-Core refuses at start-up (the message says which rule)."""
+
+
+@dataclass(frozen=True)
+class SplitFlags:
+    first: int | None = None  # --decoder-first-pipeline-num-layers
+    last: int | None = None  # --decoder-last-pipeline-num-layers
+    embedding: bool = False  # --account-for-embedding-in-pipeline-split
+    loss: bool = False  # --account-for-loss-in-pipeline-split
+
+    def describe(self) -> str:
+        parts = [f"--decoder-first-pipeline-num-layers {self.first}"] if self.first is not None else []
+        parts += [f"--decoder-last-pipeline-num-layers {self.last}"] if self.last is not None else []
+        parts += ["--account-for-embedding-in-pipeline-split"] if self.embedding else []
+        parts += ["--account-for-loss-in-pipeline-split"] if self.loss else []
+        return " ".join(parts) or "no split flags"
+
+
+def stage_layers(num_layers: int, pp: int, vp: int, flags: SplitFlags) -> list[int]:
+    """Decoder layers per pipeline rank (all its virtual stages together) as Megatron-Core builds them; raises
+    MegatronSplitError with the rule it breaks."""
+    if flags.first is not None or flags.last is not None:
+        return _first_last(num_layers, pp, vp, flags)
+    total = num_layers + flags.embedding + flags.loss
+    counted = f"{total} layers (with the embedding and loss counted)" if total != num_layers else f"{total} layers"
+    if total % pp:
+        raise MegatronSplitError(f"{counted} do not divide over pp {pp} (Megatron asserts an even split)")
+    per_rank = total // pp
+    if vp > 1 and per_rank % vp:
+        raise MegatronSplitError(f"{per_rank} layers per pipeline rank do not divide into {vp} virtual stages")
+    split = [per_rank] * pp
+    split[0] -= flags.embedding
+    split[-1] -= flags.loss
+    return split  # an end rank may build no decoder layer (k = 1): Megatron allows it, the planner's layouts do not
+
+
+def _first_last(num_layers: int, pp: int, vp: int, flags: SplitFlags) -> list[int]:
+    if flags.embedding or flags.loss:
+        raise MegatronSplitError("--decoder-first/last-pipeline-num-layers cannot be combined with "
+                                 "--account-for-embedding/loss-in-pipeline-split")
+    given = [n for n in (flags.first, flags.last) if n is not None]
+    if any(n <= 0 for n in given):
+        raise MegatronSplitError(f"first/last stage layers {flags.first}/{flags.last} must be > 0")
+    if vp > 1 and any(n % vp for n in given):
+        raise MegatronSplitError(f"first/last stage layers {flags.first}/{flags.last} must each divide by the "
+                                 f"{vp} virtual stages")
+    middle_stages, rest = pp - len(given), num_layers - sum(given)
+    if (middle_stages == 0) != (rest == 0) or rest < 0:
+        raise MegatronSplitError(f"{rest} middle layers remaining but {middle_stages} middle stages")
+    if middle_stages and rest % middle_stages:
+        raise MegatronSplitError(f"{rest} middle layers do not divide over {middle_stages} middle stages")
+    mid = rest // middle_stages if middle_stages else 0
+    if middle_stages and vp > 1 and mid % vp:
+        raise MegatronSplitError(f"{mid} layers per middle rank do not divide into {vp} virtual stages")
+    return ([flags.first] if flags.first is not None else []) + [mid] * middle_stages + \
+        ([flags.last] if flags.last is not None else [])
+
+
+# account-for settings in the order the export prefers them: both (Megatron-Bridge's recipes), then the loss (the
+# output layer and cross-entropy outweigh the embedding lookup), then the embedding
+ACCOUNT_FOR = (SplitFlags(embedding=True, loss=True), SplitFlags(loss=True), SplitFlags(embedding=True))
+
+
+def account_for_splits(num_layers: int, pp: int, vp: int) -> list[list[int]]:
+    """The splits the account-for settings build (ACCOUNT_FOR order, each once), every chunk keeping a layer."""
+    out: list[list[int]] = []
+    for flags in ACCOUNT_FOR:
+        try:
+            split = stage_layers(num_layers, pp, vp, flags)
+        except MegatronSplitError:
+            continue
+        if min(split) >= vp and split not in out:  # torchtitan builds no empty stage either
+            out.append(split)
+    return out
+
+
+def _candidates(num_layers: int, pp: int, split: list[int]) -> list[SplitFlags]:
+    out = [SplitFlags()]
+    if pp > 1:
+        out.append(SplitFlags(first=split[0], last=split[-1]))
+    return out + list(ACCOUNT_FOR)
+
+
+def split_flags(num_layers: int, pp: int, vp: int, split: list[int]) -> SplitFlags:
+    """The flags that make Megatron-Core build `split` (per rank): none for an even split, else first/last, else the
+    account-for flags. Raises MegatronSplitError saying why no setting builds it."""
+    if pp == 1:
+        return SplitFlags()
+    for flags in _candidates(num_layers, pp, split):
+        try:
+            if stage_layers(num_layers, pp, vp, flags) == list(split):
+                return flags
+        except MegatronSplitError:
+            continue
+    with_vp = f" with {vp} virtual stages" if vp > 1 else ""
+    multiple = f" (each a multiple of {vp})" if vp > 1 else ""
+    raise MegatronSplitError(
+        f"{'/'.join(map(str, split))}{with_vp} -> Megatron builds an even split, first/last stages with an even middle"
+        f"{multiple}, or k layers on every middle rank and k-1 or k on the end ranks (the account-for flags"
+        + (f", k a multiple of {vp})" if vp > 1 else ")"))
+
+
+def expressible_splits(num_layers: int, pp: int, vp: int) -> list[list[int]]:
+    """Every split (per rank, each stage >= 1 layer) some Megatron flag setting builds."""
+    if pp == 1:
+        return [[num_layers]]
+    settings = [SplitFlags(), *ACCOUNT_FOR]
+    settings += [SplitFlags(first=f, last=k) for f in range(1, num_layers) for k in range(1, num_layers - f + 1)]
+    out: list[list[int]] = []
+    for flags in settings:
+        try:
+            split = stage_layers(num_layers, pp, vp, flags)
+        except MegatronSplitError:
+            continue
+        if min(split) >= 1 and split not in out:
+            out.append(split)
+    return out
+
+
+def nearest_split(num_layers: int, pp: int, vp: int, target: list[int]) -> list[int]:
+    """The split Megatron can build closest to `target` (least largest, then total, difference per stage; then the
+    smallest largest stage). Raises MegatronSplitError when no setting fills `pp` stages."""
+    best, best_key = None, None
+    for cand in expressible_splits(num_layers, pp, vp):
+        diffs = [abs(a - b) for a, b in zip(cand, target, strict=True)]
+        key = (max(diffs), sum(diffs), max(cand))
+        if best_key is None or key < best_key:
+            best, best_key = cand, key
+    if best is None:
+        with_vp = f" with {vp} virtual stages" if vp > 1 else ""
+        raise MegatronSplitError(f"{num_layers} layers cannot fill {pp} Megatron stages{with_vp}")
+    return best
