@@ -8,7 +8,8 @@ Search order and pruning (each rule is a dominance argument in the cost model, o
 - ZeRO 2/3 only without pipelining (layout rule); ZeRO stages are skipped when dp = 1 (nothing to shard);
 - sequence parallelism whenever tp > 1: same traffic as TP, less memory (Korthikanti §4.2.2), never slower here;
 - recompute ladder none -> selective -> full: once one fits, the next is only slower, so it is not evaluated;
-- schedules: 1F1B, interleaved 1F1B (v = 2..`max_virtual_stages` where the layers and micro-batches divide), ZB-H1. GPipe has
+- schedules: 1F1B, interleaved 1F1B (v = 2..`max_virtual_stages` where the micro-batches divide and the layers do, with
+  the embedding and/or loss counted as a layer where they do not), ZB-H1. GPipe has
   1F1B's time and more memory and naive is slower still, so both are dominated; PipeDream's asynchronous 1F1B
   changes the optimisation (stale weights) and is searched only with --allow-async;
 - offload is a fallback: searched only when nothing fits on the GPUs;
@@ -32,6 +33,7 @@ from planner.contract import Decision, SearchStats, TimeReport
 from planner.errors import InfeasibleError
 from planner.estimate import fits_in_memory
 from planner.explain.decision import ROWS, classify, matches_row, network_bytes_per_second_per_gpu
+from planner.frameworks.megatron_split import account_for_splits
 from planner.frameworks.restriction import Restriction
 from planner.inputs.specs import LayoutSpec
 from planner.problem import GIB, Problem
@@ -178,18 +180,29 @@ def _state_options(pp: int, dp: int, offload: bool) -> list[tuple[int, Offload]]
             if not (off == Offload.OPTIMIZER and z == 0) and not (off == Offload.OPTIMIZER_PARAMS and z != 3)]
 
 
-def _schedule_options(pp: int, m: int, num_layers: int, opts: PlanOptions) -> list[tuple[Schedule, int]]:
-    """(schedule, virtual stages): 1F1B; with pipelining also ZB-H1 (and async if allowed) and interleaving where
-    the micro-batches are a multiple of pp and the layers of pp x v."""
-    out: list[tuple[Schedule, int]] = [(Schedule.ONE_F_ONE_B, 1)]
+def _interleaved_splits(pp: int, v: int, num_layers: int) -> list[list[int] | None]:
+    """Stage splits for interleaving over pp x v chunks: even (None) where the layers divide, else the ones that
+    count the embedding and/or the loss as a layer (Megatron's account-for flags: ranks 0 and pp-1 build one layer
+    fewer), which balance a layer count such as Llama 3.1 405B's 126 over pp 8 x v 8 (Megatron-Bridge's recipe)."""
+    if num_layers % (pp * v) == 0:
+        return [None]
+    return list(account_for_splits(num_layers, pp, v))
+
+
+def _schedule_options(pp: int, m: int, num_layers: int,
+                      opts: PlanOptions) -> list[tuple[Schedule, int, list[int] | None]]:
+    """(schedule, virtual stages, layers per stage or None for the even split): 1F1B; with pipelining also ZB-H1
+    (and async if allowed) and interleaving where the micro-batches are a multiple of pp and the layers (with the
+    embedding and loss counted, `_interleaved_splits`) of pp x v."""
+    out: list[tuple[Schedule, int, list[int] | None]] = [(Schedule.ONE_F_ONE_B, 1, None)]
     if pp == 1:
         return out
-    out.append((Schedule.ZERO_BUBBLE, 1))
+    out.append((Schedule.ZERO_BUBBLE, 1, None))
     if opts.allow_async:
-        out.append((Schedule.PIPEDREAM_ASYNC, 1))
+        out.append((Schedule.PIPEDREAM_ASYNC, 1, None))
     if m % pp == 0:
-        out += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, opts.max_virtual_stages + 1)
-                if num_layers % (pp * v) == 0]
+        out += [(Schedule.INTERLEAVED_1F1B, v, split) for v in range(2, opts.max_virtual_stages + 1)
+                for split in _interleaved_splits(pp, v, num_layers)]
     return out
 
 
@@ -205,10 +218,11 @@ def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool) -> It
         for mbs, ep in itertools.product((d for d in divisors(per_dp) if d <= opts.max_micro_batch_size),
                                          _ep_degrees(problem.model, dp * cp * tp)):
             m = per_dp // mbs
-            for (zero, off), (schedule, v) in itertools.product(states, _schedule_options(pp, m, L, opts)):
+            for (zero, off), (schedule, v, split) in itertools.product(states, _schedule_options(pp, m, L, opts)):
+                uneven = {"layers_per_stage": split} if split else {}
                 base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero_stage": zero, "offload": off,
                                     "micro_batch_size": mbs, "num_micro_batches": m, "sequence_parallel": tp > 1,
-                                    "schedule": schedule, "virtual_stages": v, **exchange})
+                                    "schedule": schedule, "virtual_stages": v, **exchange, **uneven})
                 if base is not None:
                     yield base
 

@@ -28,6 +28,7 @@ from cost_models.stage import stage_split
 from planner.bands import DOES_NOT_FIT, cluster_generation, fit_verdict_of_result
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities, fp8_gathers_params
+from planner.frameworks.megatron_split import account_for_splits
 from planner.frameworks.profiles import FLASH_ATTENTION_2_HOPPER, profile_for
 from planner.inputs.specs import GATED_MLPS, LayoutSpec, ModelSpec, TrainingSpec
 from planner.problem import Problem
@@ -424,6 +425,10 @@ def _layout_fields(row: dict, family: str, n: int) -> dict | str:
     fields: dict = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
     if row.get("vpp") and row["vpp"] > 1:
         fields.update(schedule="interleaved_1f1b", virtual_stages=row["vpp"])
+        layers = row.get("num_layers") or 0
+        splits = account_for_splits(layers, pp, row["vpp"]) if family == "mcore" and layers % (pp * row["vpp"]) else []
+        if splits:  # Megatron-Core builds these chunks only with the account-for flags (Megatron-Bridge's recipes)
+            fields["layers_per_stage"] = splits[0]
     zero = row.get("zero_stage")
     if zero is None:
         zero = 1 if family == "mcore" else 0

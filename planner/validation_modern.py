@@ -149,9 +149,12 @@ def load_moe_runs(path=None) -> dict:
 
 def _moe_layout_fields(row: dict, num_layers: int) -> dict:
     """The row's layout as LayoutSpec fields. Interleaving whose chunks do not divide the layers (Megatron-Bridge
-    places them with --decoder-first/last-pipeline-num-layers or a pipeline layout string, which the planner's
-    interleaved schedule cannot express) is evaluated as plain 1F1B: at these micro-batch counts (128-512 per
-    pipeline) the bubble differs by under 4% of the step."""
+    places them with the account-for flags, first/last stage layers or a pipeline layout string; the rows do not
+    record which) is evaluated as plain 1F1B: at these micro-batch counts (128-512 per pipeline) the bubble differs
+    by under 4% of the step. Evaluated instead as interleaved with the account-for split (Qwen3-235B-A22B's 94 + 2
+    over pp 8; planner/frameworks/megatron_split.py), the B200 pp 8 vpp 2 row is judged to need full recompute
+    (+27%) and the leave-one-model-out median goes from 8.0% to 19.2%: not adopted while the recipe's split is
+    unconfirmed."""
     lay = row["layout"]
     tp, pp, cp = lay.get("tp", 1), lay.get("pp", 1), lay.get("cp", 1)
     fields = {"tp": tp, "pp": pp, "cp": cp, "dp": row["gpus"] // (tp * pp * cp), "ep": lay.get("ep", 1),

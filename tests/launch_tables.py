@@ -152,6 +152,13 @@ POINTS = [
     ("Megatron first/last pipeline layers leave an even middle (405B on pp 32)",
      ["test_megatron_first_last_split_leaves_an_even_middle_for_405b_on_32_stages",
       "test_megatron_export_uneven_stages_and_partial_recompute", MCORE_TEST]),
+    ("Megatron/NeMo interleaving with an uneven split: the account-for flags (first/last counts must divide by the "
+     "virtual stages), read back by `check`; the search offers it (405B: pp 16 x vpp 4 over 126 + 2 layers)",
+     ["test_interleaved_uneven_split_is_the_account_for_split_not_first_last",
+      "test_search_finds_interleaving_for_405b_that_needs_the_account_for_flags",
+      "test_check_reads_the_exported_flags_back_with_the_plans_prediction",
+      "test_check_refuses_the_first_last_counts_megatron_rejects_with_vpp",
+      "test_megatron_core_agrees_on_the_account_for_split", MCORE_TEST]),
     ("ZeRO-3/Megatron-FSDP exports: `--no-gradient-accumulation-fusion`, `CUDA_DEVICE_MAX_CONNECTIONS`",
      ["test_megatron_zero3_export_has_no_gradient_accumulation_fusion_and_the_connections_variable"]),
     ("torchtitan 0.3 Python recipe, the <= 0.2 TOML behind `--torchtitan-format toml`; torchtitan's own validation",

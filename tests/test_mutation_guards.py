@@ -550,22 +550,31 @@ def test_state_options(pp, dp, offload, want):
 
 def test_schedule_options():
     """1F1B always; ZB-H1 (and async when allowed) with pipelining; interleaving v = 2..max where m % pp == 0 and
-    the layers divide pp x v."""
+    the layers divide pp x v, or do with the embedding and/or loss counted as a layer (an uneven split)."""
     from planner.search import PlanOptions, _schedule_options
 
     def names(*args, **kw):
-        return [(str(s), v) for s, v in _schedule_options(*args, PlanOptions(**kw))]
+        return [(str(s), v) for s, v, split in _schedule_options(*args, PlanOptions(**kw)) if split is None]
+
+    def uneven(*args, **kw):
+        return [(v, split) for s, v, split in _schedule_options(*args, PlanOptions(**kw)) if split is not None]
 
     assert names(1, 8, 32) == [("1f1b", 1)]
     assert names(2, 4, 16) == [("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2), ("interleaved_1f1b", 4),
                                ("interleaved_1f1b", 8)]  # 16 % (2 v): v = 2, 4, 8
+    # v = 3: (16 + embedding + loss) / 2 = 9 per rank, 3 per chunk; rank 0's first chunk and rank 1's last build 2
+    assert uneven(2, 4, 16) == [(3, [8, 8])]
+    # Llama 3.1 405B: 126 layers over pp 8 interleave only as 128 with both counted (Megatron-Bridge's recipe)
+    assert uneven(8, 8, 126, max_virtual_stages=8) == [(v, [15, *[16] * 6, 15]) for v in (2, 4, 8)]
+    assert uneven(8, 4, 126) == []  # m = 4 is not a multiple of pp = 8
     assert names(2, 3, 16) == [("1f1b", 1), ("zero_bubble", 1)]  # m = 3 is not a multiple of pp = 2
     assert names(2, 2, 8, allow_async=True, max_virtual_stages=3) == [
         ("1f1b", 1), ("zero_bubble", 1), ("pipedream_async", 1), ("interleaved_1f1b", 2)]  # v = 4 is above the cap
     assert names(2, 2, 8, max_virtual_stages=4) == [("1f1b", 1), ("zero_bubble", 1), ("interleaved_1f1b", 2),
                                                     ("interleaved_1f1b", 4)]
-    # 6 layers on pp 4: 6 % (4 x 2) != 0, so no interleaving (6 % (4 / 2) would be 0)
-    assert names(4, 8, 6) == [("1f1b", 1), ("zero_bubble", 1)]
+    # 6 layers on pp 4: 6 % (4 x 2) != 0, so no interleaving (6 % (4 / 2) would be 0); counted as 8 the end ranks
+    # would hold one layer for two chunks
+    assert names(4, 8, 6) == [("1f1b", 1), ("zero_bubble", 1)] and uneven(4, 8, 6) == []
 
 
 def test_tp_degrees():

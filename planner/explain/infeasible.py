@@ -82,7 +82,7 @@ def _memory_minimal_estimates(problem, opts):
             if key in seen:  # bases come smallest micro-batch first; a larger one only needs more memory
                 continue
             seen.add(key)
-            layout = LayoutSpec.model_construct(**base, recompute="full", layers_per_stage=None,
+            layout = LayoutSpec.model_construct(**{"layers_per_stage": None, **base}, recompute="full",
                                                 recompute_layers_per_stage=None)
             est = problem.estimate(layout)
             yield est.peak_memory_bytes + headroom <= est.gpu_memory_bytes, est
