@@ -14,6 +14,7 @@ expressible split is `nearest_split`. Two ways to make the stages uneven, never 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -81,24 +82,23 @@ def _first_last(num_layers: int, pp: int, vp: int, flags: SplitFlags) -> list[in
 ACCOUNT_FOR = (SplitFlags(embedding=True, loss=True), SplitFlags(loss=True), SplitFlags(embedding=True))
 
 
-def account_for_splits(num_layers: int, pp: int, vp: int) -> list[list[int]]:
-    """The splits the account-for settings build (ACCOUNT_FOR order, each once), every chunk keeping a layer."""
+def _built(num_layers: int, pp: int, vp: int, settings: Iterable[SplitFlags], least: int) -> list[list[int]]:
+    """The distinct splits `settings` build (in their order) whose every stage keeps at least `least` layers."""
     out: list[list[int]] = []
-    for flags in ACCOUNT_FOR:
+    for flags in settings:
         try:
             split = stage_layers(num_layers, pp, vp, flags)
         except MegatronSplitError:
             continue
-        if min(split) >= vp and split not in out:  # torchtitan builds no empty stage either
+        if min(split) >= least and split not in out:
             out.append(split)
     return out
 
 
-def _candidates(num_layers: int, pp: int, split: list[int]) -> list[SplitFlags]:
-    out = [SplitFlags()]
-    if pp > 1:
-        out.append(SplitFlags(first=split[0], last=split[-1]))
-    return out + list(ACCOUNT_FOR)
+def account_for_splits(num_layers: int, pp: int, vp: int) -> list[list[int]]:
+    """The splits the account-for settings build (ACCOUNT_FOR order), every chunk keeping a layer (torchtitan builds
+    no empty stage either)."""
+    return _built(num_layers, pp, vp, ACCOUNT_FOR, least=vp)
 
 
 def split_flags(num_layers: int, pp: int, vp: int, split: list[int]) -> SplitFlags:
@@ -106,12 +106,9 @@ def split_flags(num_layers: int, pp: int, vp: int, split: list[int]) -> SplitFla
     account-for flags. Raises MegatronSplitError saying why no setting builds it."""
     if pp == 1:
         return SplitFlags()
-    for flags in _candidates(num_layers, pp, split):
-        try:
-            if stage_layers(num_layers, pp, vp, flags) == list(split):
-                return flags
-        except MegatronSplitError:
-            continue
+    for flags in (SplitFlags(), SplitFlags(first=split[0], last=split[-1]), *ACCOUNT_FOR):
+        if _built(num_layers, pp, vp, [flags], least=0) == [list(split)]:
+            return flags
     with_vp = f" with {vp} virtual stages" if vp > 1 else ""
     multiple = f" (each a multiple of {vp})" if vp > 1 else ""
     raise MegatronSplitError(
@@ -126,15 +123,7 @@ def expressible_splits(num_layers: int, pp: int, vp: int) -> list[list[int]]:
         return [[num_layers]]
     settings = [SplitFlags(), *ACCOUNT_FOR]
     settings += [SplitFlags(first=f, last=k) for f in range(1, num_layers) for k in range(1, num_layers - f + 1)]
-    out: list[list[int]] = []
-    for flags in settings:
-        try:
-            split = stage_layers(num_layers, pp, vp, flags)
-        except MegatronSplitError:
-            continue
-        if min(split) >= 1 and split not in out:
-            out.append(split)
-    return out
+    return _built(num_layers, pp, vp, settings, least=1)
 
 
 def nearest_split(num_layers: int, pp: int, vp: int, target: list[int]) -> list[int]:
