@@ -742,11 +742,6 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         view.notes.append("--fp8-recipe custom: a recipe from code the planner cannot see; checked as delayed")
         view.fp8_recipe = "delayed"
     _megatron_states(args, view)
-    if ds and args.bf16 and pp > 1 and view.fields["zero_stage"] == 0:
-        # DeepSpeed's pipeline engine runs bf16 at ZeRO-0 with BF16_Optimizer: its own ZeRO-1 (frameworks.md §3.5)
-        view.fields["zero_stage"] = 1
-        view.notes.append("bf16 with --zero-stage 0 under DeepSpeed's pipeline engine: BF16_Optimizer shards the "
-                          "optimizer state (ZeRO-1 equivalent); checked as zero_stage 1")
     view.model.update({k: v for k, v in (("num_layers", args.num_layers), ("hidden_size", args.hidden_size),
                                      ("num_attention_heads", args.num_attention_heads),
                                      ("num_kv_heads", args.num_query_groups if args.group_query_attention else None),
@@ -754,6 +749,10 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
     if ds:
         view.model["partition_method"] = args.pp_partition_method or "type:transformer"
         _megatron_ds_config(args, view, source)
+        if view.precision == "bf16" and view.fields["zero_stage"] == 0:  # the profile's zero0 recipe costs it
+            view.notes.append("bf16 at ZeRO-0 under DeepSpeed's pipeline engine runs BF16_Optimizer: fp32 master "
+                              "weights and Adam state sharded over data parallel, 2 + 4 + 12/d bytes per parameter "
+                              "(frameworks.md §3.5), as plan and estimate cost zero=0 for megatron-deepspeed")
     else:
         _megatron_overlap(args, view)
     _megatron_env(env, view)
