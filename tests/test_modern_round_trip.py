@@ -160,6 +160,37 @@ def test_a_python_recipe_is_checked_as_fp8_when_asked(tmp_path):
     assert any("precision bf16 from the config (not --precision fp32)" in n for n in report["notes"])
 
 
+def test_a_python_recipe_with_the_float8_converter_is_checked_as_fp8(tmp_path):
+    """The export's note says where torchtitan 0.3's converter goes; once it is there, check reads FP8 from the file
+    (Float8LinearConverter.Config, recipe_name rowwise by default, frameworks.md §1.9) and gives the plan's
+    prediction without --precision; without it, a note says the file was checked as BF16."""
+    import argparse
+
+    from planner.integrations.check import check_file
+
+    doc = _plan("torchtitan", LLAMA, DENSE, ("rowwise", False))
+    text = export(doc, "torchtitan").text
+    args = argparse.Namespace(cluster="dgx-h100", nodes=NODES, model=LLAMA[0], global_batch_size=None, seq_len=None,
+                              tp=None, pp=None, fix=None, framework=None, precision=None, headroom_gib=2.0,
+                              allow_tp_across_nodes=False, calibration=None)
+    bare = tmp_path / "bare.py"
+    bare.write_text(text)
+    report = check_file(bare, args)
+    assert any("no Float8LinearConverter.Config" in n for n in report["notes"])
+    assert report["predicted"]["step_time_seconds"] > doc["predicted"]["step_time_seconds"]  # BF16 is slower
+    converted = tmp_path / "converted.py"
+    converted.write_text(text.replace("model_spec=model_registry(", "model_converters=ModelConvertersContainer.Config("
+                                      "converters=[Float8LinearConverter.Config(filter_fqns=['output'])]),\n"
+                                      "        model_spec=model_registry(", 1))
+    report = check_file(converted, args)
+    assert report["predicted"]["step_time_seconds"] == pytest.approx(doc["predicted"]["step_time_seconds"], rel=1e-9)
+    assert not any("Float8LinearConverter" in n for n in report["notes"])
+    converted.write_text(converted.read_text().replace("Config(filter_fqns", "Config(recipe_name='tensorwise', "
+                                                                            "filter_fqns"))
+    assert check_file(converted, args)["predicted"]["step_time_seconds"] != pytest.approx(
+        doc["predicted"]["step_time_seconds"], rel=1e-9)  # the recipe it names is the one costed
+
+
 def test_megatron_deepspeed_writes_ulysses_as_its_own_flag(tmp_path):
     _, exp, _, _, _ = _round_trip(*CASES["megatron-deepspeed-ulysses"], tmp_path)
     lines = exp.text.splitlines()

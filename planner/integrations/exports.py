@@ -567,7 +567,8 @@ def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     name, flavor, notes = _torchtitan_flavor(parts.model)
     if float8:
         notes.append(f"float8: add converters=[Float8LinearConverter.Config(recipe_name={float8['recipe_name']!r}, "
-                     "filter_fqns=['lm_head', 'router.gate'])] to the model config (frameworks.md §1.9)")
+                     "filter_fqns=['lm_head', 'router.gate'])] to the model config (frameworks.md §1.9); check reads it "
+                     "from this file once it is there")
     # 0.3's AC is a policy object (frameworks.md §1.5; torchtitan/distributed/activation_checkpoint.py): None turns
     # it off; the Trainer's default is SelectiveAC (per-op)
     policy = {"none": None, "full": "FullAC", "selective": "SelectiveAC"}[lay.recompute]

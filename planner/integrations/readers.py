@@ -305,6 +305,12 @@ def _python_recipe(text: str, source: str) -> dict:
                                                                    "MemoryBudgetAC": "memory_budget"}[owner]
         elif name == "model_registry" and node.args and isinstance(node.args[0], ast.Constant):
             doc.setdefault("model", {})["flavor"] = node.args[0].value
+        elif name == "Config" and owner == "Float8LinearConverter":
+            # 0.3's float8 is a model converter (frameworks.md §1.9), wherever the recipe passes it (model_registry's
+            # converters, or model_converters); read as the TOML's sections, recipe_name defaulting to rowwise there
+            doc.setdefault("model", {})["converters"] = ["float8"]
+            doc.setdefault("quantize", {}).setdefault("linear", {})["float8"] = {
+                "recipe_name": "rowwise", **_literal_kwargs(node)}
         elif name == "Config" and owner is None:
             pass
     for kw in (k for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords):
@@ -463,9 +469,13 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
 
 def _torchtitan_float8(doc: dict, view: ConfigView) -> None:
     """The TOML's float8 converter (frameworks.md §1.9: `[model] converters = ["float8"]`, `[quantize.linear.float8]`
-    recipe_name, None = tensorwise, and enable_fsdp_float8_all_gather); a Python recipe's converters are model code."""
+    recipe_name, None = tensorwise, and enable_fsdp_float8_all_gather), or a Python recipe's
+    Float8LinearConverter.Config(recipe_name=..., default rowwise), as _python_recipe writes it into those sections."""
     converters = (doc.get("model") or {}).get("converters") or []
     if "float8" not in converters:
+        if view.format == "torchtitan-python":
+            view.notes.append("no Float8LinearConverter.Config in this recipe: checked as BF16 unless --precision fp8 "
+                              "(torchtitan's FP8 is a model converter: frameworks.md §1.9)")
         return
     section = ((doc.get("quantize") or {}).get("linear") or {}).get("float8") or {}
     recipe = section.get("recipe_name") or "tensorwise"
