@@ -201,6 +201,12 @@ def _fp8_rules(training: TrainingSpec, cluster: ClusterSpec | None) -> list[Viol
     return []
 
 
+def setup_violations(training: TrainingSpec, cluster: ClusterSpec | None) -> list[Violation]:
+    """The rules the training setup breaks on this cluster whatever the layout (FP8 on the GPU): the search checks
+    them once, before it enumerates layouts it then trusts; layout_violations includes them."""
+    return _fp8_rules(training, cluster)
+
+
 def layout_violations(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec,
                       cluster: ClusterSpec | None = None, *, allow_tp_across_nodes: bool = False) -> list[Violation]:
     """Every rule a layout breaks, in a fixed order (degrees, sequence parallelism, placement, batch, schedule,
@@ -214,7 +220,7 @@ def layout_violations(layout: LayoutSpec, model: ModelSpec, training: TrainingSp
             *_split_rules(layout, model),
             *_cp_rules(layout, model, training),
             *_ep_rules(layout, model),
-            *_fp8_rules(training, cluster)]
+            *setup_violations(training, cluster)]
 
 
 def validate_layout(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec | None = None,

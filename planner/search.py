@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cluster_specs import SpecError
 from cost_models.context_parallel import cp_problems
 from cost_models.inputs import Offload, Recompute, Schedule
 from cost_models.stage import stage_model, stage_split, state_bytes_per_param
@@ -38,7 +39,7 @@ from planner.frameworks.restriction import Restriction
 from planner.inputs.specs import LayoutSpec
 from planner.problem import GIB, Problem
 from planner.refine.ilp import StageCoefficients
-from planner.rules import layout_violations
+from planner.rules import layout_violations, setup_violations
 
 # Search-space bounds. 128: the largest micro-batch of any published run in ../shared/validation/published_runs.json
 # (llm-foundry MPT-125m/350m at 512 tokens); larger ones only add candidates whose GEMMs are already saturated.
@@ -445,6 +446,9 @@ def decide(problem: Problem, ranked: list[Candidate], pick: Candidate) -> Decisi
 
 def plan(problem: Problem, opts: PlanOptions | None = None) -> PlanResult:
     opts = opts or PlanOptions()
+    bad = setup_violations(problem.training, problem.cluster)
+    if bad:  # no layout can run it: the enumerated layouts are trusted, so it is refused here, as estimate refuses it
+        raise SpecError("; ".join(f"{v} ({v.fix})" for v in bad))
     stats = SearchStats()
     start = time.perf_counter()
     fitting, least = search(problem, opts, stats, offload=False)
@@ -494,8 +498,6 @@ def with_memory_margin(problem: Problem, margin: str) -> Problem:
     from planner.bands import memory_high_fraction
 
     if margin not in MEMORY_MARGINS:
-        from cluster_specs import SpecError
-
         raise SpecError(f"--memory-margin: {margin!r} -> allowed: {', '.join(MEMORY_MARGINS)}")
     fraction = memory_high_fraction() if margin == "band-high" else 0.0
     return replace(problem, knobs=replace(problem.knobs, memory_high_fraction=fraction))

@@ -143,3 +143,23 @@ def test_compare_and_scaling_refuse_a_recipe_the_framework_cannot_run(command):
     no_fp8 = _cli(*base, "--fp8-recipe", "rowwise", "--json")
     assert no_fp8.returncode == 3 and "needs --precision fp8 (the precision is bf16)" in no_fp8.stdout
     assert "Traceback" not in bad.stderr + no_fp8.stderr
+
+
+def test_plan_refuses_an_fp8_setup_the_gpu_cannot_run_as_estimate_does():
+    """The search trusts the layouts it enumerates, so the GPU rules of the setup (planner/rules.py setup_violations:
+    no FP8 tensor cores before Ada/Hopper; MXFP8 only on Blackwell) are checked before it: `plan` returned an MXFP8
+    layout on H100 that `estimate` of that very layout refused. compare keeps the cluster as a row saying why."""
+    mx = _cli("plan", "-c", "dgx-h100", "-m", "llama3-8b", "-b", "16", "-s", "4096", "--precision", "fp8",
+              "--fp8-recipe", "mxfp8", "--no-solver", "--no-schedule")
+    assert mx.returncode == 3 and "fp8_recipe: mxfp8 -> needs Blackwell (SM100) GPUs, not H100-SXM" in mx.stderr
+    a100 = _cli("plan", "-c", "dgx-a100-80gb", "-m", "llama3-8b", "-b", "16", "-s", "4096", "--precision", "fp8",
+                "--no-solver", "--no-schedule")
+    assert a100.returncode == 3 and "has no FP8 tensor cores" in a100.stderr
+    assert "Traceback" not in mx.stderr + a100.stderr
+    from planner.decisions.compare import CompareRequest, compare_report
+
+    doc = compare_report(CompareRequest("dgx-h100:1,dgx-b200:1", "llama3-8b", 16, 4096, "fp8", use_solver=False,
+                                        fp8_recipe="mxfp8")).document
+    rows = {c["label"]: c for c in doc["clusters"]}
+    assert rows["dgx-b200:1"]["feasible"] and rows["dgx-b200:1"]["pick"] is not None
+    assert not rows["dgx-h100:1"]["feasible"] and "needs Blackwell" in rows["dgx-h100:1"]["infeasible_reason"]
