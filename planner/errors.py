@@ -80,6 +80,11 @@ class InputError(PlannerError, ValueError):
     exit_code = ExitCode.INPUT
 
 
+class SetupError(InputError):
+    """The training setup cannot run on the cluster's GPU whatever the layout (FP8 without FP8 tensor cores): exit 3
+    for one plan; compare and scaling show the cluster as a row with this reason."""
+
+
 class InfeasibleError(PlannerError):
     exit_code = ExitCode.INFEASIBLE
 

@@ -31,7 +31,7 @@ from cost_models.inputs import Offload, Recompute, Schedule
 from cost_models.stage import stage_model, stage_split, state_bytes_per_param
 from cost_models.step import StepEstimate, estimate_step
 from planner.contract import Decision, SearchStats, TimeReport
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, SetupError
 from planner.estimate import fits_in_memory
 from planner.explain.decision import ROWS, classify, matches_row, network_bytes_per_second_per_gpu
 from planner.frameworks.megatron_split import account_for_splits
@@ -448,7 +448,7 @@ def plan(problem: Problem, opts: PlanOptions | None = None) -> PlanResult:
     opts = opts or PlanOptions()
     bad = setup_violations(problem.training, problem.cluster)
     if bad:  # no layout can run it: the enumerated layouts are trusted, so it is refused here, as estimate refuses it
-        raise SpecError("; ".join(f"{v} ({v.fix})" for v in bad))
+        raise SetupError("; ".join(f"{v} ({v.fix})" for v in bad))
     stats = SearchStats()
     start = time.perf_counter()
     fitting, least = search(problem, opts, stats, offload=False)

@@ -36,16 +36,12 @@ def _single_threaded() -> bool:
 
 
 def plan_one(problem: Problem, opts: PlanOptions) -> PlanResult | str:
-    from planner.errors import InfeasibleError
-    from planner.rules import setup_violations
+    from planner.errors import InfeasibleError, SetupError
     from planner.search import plan
 
-    bad = setup_violations(problem.training, problem.cluster)
-    if bad:  # this cluster's GPU cannot run the setup (FP8): a row that says why, where `plan` alone refuses it
-        return "; ".join(f"{v} ({v.fix})" for v in bad)
     try:
         return plan(problem, replace(opts, progress=False))
-    except InfeasibleError as exc:
+    except (InfeasibleError, SetupError) as exc:  # SetupError: the cluster's GPU cannot run the setup (FP8)
         return str(exc)
 
 
