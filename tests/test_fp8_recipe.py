@@ -163,3 +163,10 @@ def test_plan_refuses_an_fp8_setup_the_gpu_cannot_run_as_estimate_does():
     rows = {c["label"]: c for c in doc["clusters"]}
     assert rows["dgx-b200:1"]["feasible"] and rows["dgx-b200:1"]["pick"] is not None
     assert not rows["dgx-h100:1"]["feasible"] and "needs Blackwell" in rows["dgx-h100:1"]["infeasible_reason"]
+    cmp = _cli("compare", "--clusters", "dgx-h100:1,dgx-b200:1", "-m", "llama3-8b", "-b", "16", "-s", "4096",
+               "--precision", "fp8", "--fp8-recipe", "mxfp8", "--no-solver")
+    assert cmp.returncode == 0 and "cannot run" in cmp.stdout and "no layout fits" not in cmp.stdout
+    # scaling sweeps one GPU type: no node count can run it, so it is refused as plan refuses it
+    sc = _cli("scaling", "-c", "dgx-h100", "--node-counts", "1,2", "-m", "llama3-8b", "-b", "16", "-s", "4096",
+              "--precision", "fp8", "--fp8-recipe", "mxfp8", "--no-solver")
+    assert sc.returncode == 3 and "needs Blackwell" in sc.stderr and "Traceback" not in sc.stderr

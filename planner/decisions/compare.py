@@ -184,8 +184,11 @@ def render_lines(cmp: Comparison, title: str) -> list[str]:
              f"{'cluster':<20}{'GPUs':>7}{'tok/s/GPU':>10}{'MFU':>7}{'days':>9}{money:>11}{'kWh/Mtok':>10}"]
     for e in cmp.entries:
         if not e.feasible:
-            lines.append(f"{e.choice.label:<20}{e.problem.cluster.num_gpus:>7,}  no layout fits")
-            lines.append(f"  {(e.error or '').splitlines()[0][:76]}")
+            why = e.error or ""
+            setup = why.startswith("cannot run: ")  # planner.decisions.parallel.plan_one: a SetupError
+            verdict, why = ("cannot run", why.removeprefix("cannot run: ")) if setup else ("no layout fits", why)
+            lines.append(f"{e.choice.label:<20}{e.problem.cluster.num_gpus:>7,}  {verdict}")
+            lines.append(f"  {why.splitlines()[0][:76] if why else ''}")
             continue
         est, pm = e.pick.estimate, e.per_million_tokens()
         m = pm["cost"] if cmp.priced else pm["gpu_hours"]

@@ -41,7 +41,9 @@ def plan_one(problem: Problem, opts: PlanOptions) -> PlanResult | str:
 
     try:
         return plan(problem, replace(opts, progress=False))
-    except (InfeasibleError, SetupError) as exc:  # SetupError: the cluster's GPU cannot run the setup (FP8)
+    except SetupError as exc:  # the cluster's GPU cannot run the setup (FP8), whatever the layout
+        return f"cannot run: {exc}"
+    except InfeasibleError as exc:
         return str(exc)
 
 
