@@ -207,6 +207,15 @@ def setup_violations(training: TrainingSpec, cluster: ClusterSpec | None) -> lis
     return _fp8_rules(training, cluster)
 
 
+def refuse_unrunnable_setup(training: TrainingSpec, cluster: ClusterSpec | None) -> None:
+    """Raise `SetupError` (exit 3) when no layout can run the setup on this cluster (setup_violations)."""
+    from planner.errors import SetupError
+
+    bad = setup_violations(training, cluster)
+    if bad:
+        raise SetupError("; ".join(f"{v} ({v.fix})" for v in bad))
+
+
 def layout_violations(layout: LayoutSpec, model: ModelSpec, training: TrainingSpec,
                       cluster: ClusterSpec | None = None, *, allow_tp_across_nodes: bool = False) -> list[Violation]:
     """Every rule a layout breaks, in a fixed order (degrees, sequence parallelism, placement, batch, schedule,

@@ -31,7 +31,7 @@ from cost_models.inputs import Offload, Recompute, Schedule
 from cost_models.stage import stage_model, stage_split, state_bytes_per_param
 from cost_models.step import StepEstimate, estimate_step
 from planner.contract import Decision, SearchStats, TimeReport
-from planner.errors import InfeasibleError, SetupError
+from planner.errors import InfeasibleError
 from planner.estimate import fits_in_memory
 from planner.explain.decision import ROWS, classify, matches_row, network_bytes_per_second_per_gpu
 from planner.frameworks.megatron_split import account_for_splits
@@ -39,7 +39,7 @@ from planner.frameworks.restriction import Restriction
 from planner.inputs.specs import LayoutSpec
 from planner.problem import GIB, Problem
 from planner.refine.ilp import StageCoefficients
-from planner.rules import layout_violations, setup_violations
+from planner.rules import layout_violations, refuse_unrunnable_setup
 
 # Search-space bounds. 128: the largest micro-batch of any published run in ../shared/validation/published_runs.json
 # (llm-foundry MPT-125m/350m at 512 tokens); larger ones only add candidates whose GEMMs are already saturated.
@@ -446,9 +446,8 @@ def decide(problem: Problem, ranked: list[Candidate], pick: Candidate) -> Decisi
 
 def plan(problem: Problem, opts: PlanOptions | None = None) -> PlanResult:
     opts = opts or PlanOptions()
-    bad = setup_violations(problem.training, problem.cluster)
-    if bad:  # no layout can run it: the enumerated layouts are trusted, so it is refused here, as estimate refuses it
-        raise SetupError("; ".join(f"{v} ({v.fix})" for v in bad))
+    # no layout can run it: the enumerated layouts are trusted, so it is refused here, as estimate refuses it
+    refuse_unrunnable_setup(problem.training, problem.cluster)
     stats = SearchStats()
     start = time.perf_counter()
     fitting, least = search(problem, opts, stats, offload=False)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from planner.decisions.parallel import CANNOT_RUN
 from planner.decisions.report import DecisionReport, Planned
 from planner.decisions.train import StepTimeBand, TrainingRun, for_problem
 from planner.defaults import DEFAULT_HEADROOM_GIB
@@ -185,8 +186,8 @@ def render_lines(cmp: Comparison, title: str) -> list[str]:
     for e in cmp.entries:
         if not e.feasible:
             why = e.error or ""
-            setup = why.startswith("cannot run: ")  # planner.decisions.parallel.plan_one: a SetupError
-            verdict, why = ("cannot run", why.removeprefix("cannot run: ")) if setup else ("no layout fits", why)
+            verdict = "cannot run" if why.startswith(CANNOT_RUN) else "no layout fits"
+            why = why.removeprefix(CANNOT_RUN)
             lines.append(f"{e.choice.label:<20}{e.problem.cluster.num_gpus:>7,}  {verdict}")
             lines.append(f"  {why.splitlines()[0][:76] if why else ''}")
             continue

@@ -35,6 +35,10 @@ def _single_threaded() -> bool:
         return False
 
 
+CANNOT_RUN = "cannot run: "
+"""Prefix of plan_one's reason when the cluster's GPU cannot run the setup (a SetupError), not 'nothing fits'."""
+
+
 def plan_one(problem: Problem, opts: PlanOptions) -> PlanResult | str:
     from planner.errors import InfeasibleError, SetupError
     from planner.search import plan
@@ -42,7 +46,7 @@ def plan_one(problem: Problem, opts: PlanOptions) -> PlanResult | str:
     try:
         return plan(problem, replace(opts, progress=False))
     except SetupError as exc:  # the cluster's GPU cannot run the setup (FP8), whatever the layout
-        return f"cannot run: {exc}"
+        return f"{CANNOT_RUN}{exc}"
     except InfeasibleError as exc:
         return str(exc)
 

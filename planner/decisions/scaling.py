@@ -184,10 +184,9 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
     from cluster_specs import load_cluster
     from planner.decisions.report import check_figure, framework_restriction, header, parse_counts
     from planner.decisions.train import check_run_options
-    from planner.errors import SetupError
     from planner.estimate import build_problem
     from planner.inputs.layout_string import parse_optimizer_states
-    from planner.rules import setup_violations
+    from planner.rules import refuse_unrunnable_setup
     from planner.search import PlanOptions
 
     budget = req.tokens if req.tokens is not None else 1e12
@@ -204,9 +203,7 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
                              framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states)
 
     base = make(counts[0], batches[0])
-    bad = setup_violations(base.training, base.cluster)
-    if bad:  # one GPU type at every node count: no point of the sweep can run it (plan refuses it the same way)
-        raise SetupError("; ".join(f"{v} ({v.fix})" for v in bad))
+    refuse_unrunnable_setup(base.training, base.cluster)  # one GPU type: no point of the sweep could run it
     opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(
         req.framework, req.model, base.training))
     curves = scaling_curves(make, opts, counts, batches)

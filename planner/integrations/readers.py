@@ -307,12 +307,10 @@ def _python_recipe(text: str, source: str) -> dict:
             doc.setdefault("model", {})["flavor"] = node.args[0].value
         elif name == "Config" and owner == "Float8LinearConverter":
             # 0.3's float8 is a model converter (frameworks.md §1.9), wherever the recipe passes it (model_registry's
-            # converters, or model_converters); read as the TOML's sections, recipe_name defaulting to rowwise there
+            # converters, or model_converters); read as the TOML's sections, recipe_name defaulting to torchtitan's
             doc.setdefault("model", {})["converters"] = ["float8"]
             doc.setdefault("quantize", {}).setdefault("linear", {})["float8"] = {
-                "recipe_name": "rowwise", **_literal_kwargs(node)}
-        elif name == "Config" and owner is None:
-            pass
+                "recipe_name": TORCHTITAN.default_fp8_recipe, **_literal_kwargs(node)}
     for kw in (k for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords):
         if kw.arg == "activation_checkpoint" and isinstance(kw.value, ast.Constant) and kw.value.value is None:
             doc.setdefault("activation_checkpoint", {})["mode"] = "none"
@@ -474,7 +472,7 @@ def _torchtitan_float8(doc: dict, view: ConfigView) -> None:
     converters = (doc.get("model") or {}).get("converters") or []
     if "float8" not in converters:
         if view.format == "torchtitan-python":
-            view.notes.append("no Float8LinearConverter.Config in this recipe: checked as BF16 unless --precision fp8 "
+            view.notes.append("no Float8LinearConverter.Config in this recipe: checked without FP8 unless --precision fp8 "
                               "(torchtitan's FP8 is a model converter: frameworks.md §1.9)")
         return
     section = ((doc.get("quantize") or {}).get("linear") or {}).get("float8") or {}
