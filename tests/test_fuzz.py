@@ -279,12 +279,16 @@ def test_torchtitan_toml(tmp, data, raw):
 MEGATRON_OPTS = ["--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
                  "--global-batch-size", "--seq-length", "--num-layers", "--hidden-size", "--num-attention-heads",
                  "--num-layers-per-virtual-pipeline-stage", "--recompute-granularity", "--sequence-parallel",
-                 "--use-distributed-optimizer", "--bf16", "--fp16", "--data-parallel-size"]
+                 "--use-distributed-optimizer", "--bf16", "--fp16", "--data-parallel-size",
+                 "--pipeline-model-parallel-layout", "--mtp-num-layers"]
+# Megatron-Core's pipeline layout grammar (planner/frameworks/megatron_split.py), and the characters it refuses
+LAYOUT_TEXT = st.text(alphabet="Etm L|()*0123456789,x", max_size=24)
 
 
 @fuzz(1000)
 @given(args=st.lists(st.tuples(st.sampled_from(MEGATRON_OPTS),
-                               st.one_of(st.integers(-5, 10**12).map(str), st.sampled_from(["full", "x", "", "0"]))),
+                               st.one_of(st.integers(-5, 10**12).map(str), st.sampled_from(["full", "x", "", "0"]),
+                                         LAYOUT_TEXT.map(lambda t: f"'{t}'"))),
                      max_size=8),
        raw=raw_bytes())
 def test_megatron_args(tmp, args, raw):

@@ -10,10 +10,13 @@ expressible split is `nearest_split`. Two ways to make the stages uneven, never 
   `model.account_for_embedding/loss_in_pipeline_split`): the embedding and the loss count as a layer each, so
   L' = L + e + l splits evenly (L' % pp == 0, with virtual stages (L'/pp) % vp == 0) and the first and last ranks
   build one decoder layer fewer. The only way to give an interleaved pipeline k-1 layers on its end ranks.
+`check` also reads a third way, `--pipeline-model-parallel-layout` (Bridge `model.pipeline_model_parallel_layout`),
+which names every stage's layers and conflicts with all the flags above (`parse_layout`, `layout_stage_layers`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -139,3 +142,91 @@ def nearest_split(num_layers: int, pp: int, vp: int, target: list[int]) -> list[
         with_vp = f" with {vp} virtual stages" if vp > 1 else ""
         raise MegatronSplitError(f"{num_layers} layers cannot fill {pp} Megatron stages{with_vp}")
     return best
+
+
+# ---- --pipeline-model-parallel-layout (megatron-core transformer/pipeline_parallel_layer_layout.py) -------------
+# One character per layer: E the embedding, t a decoder ("transformer") layer, m an MTP layer, L the loss; '|' ends
+# a stage; ',' is cosmetic; "(...)*n" and "x*n" repeat. Stage i of the unrolled list is virtual stage i // pp of
+# pipeline rank i % pp, so the string lists the stages in layer order and vpp = stages / pp.
+LAYOUT_LAYERS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
+_LAYOUT_GROUP = re.compile(r"\(([^)]+)\)\*(\d+)")
+_LAYOUT_CHAR = re.compile(r"(.)\*(\d+)")
+MAX_LAYOUT_LAYERS = 100_000  # an unrolled layout longer than this is a typo, not a model
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """A parsed layout string: the layer characters of each stage, in layer order."""
+    text: str
+    pp: int
+    stages: tuple[str, ...]
+
+    @property
+    def virtual_stages(self) -> int:
+        return len(self.stages) // self.pp
+
+    def count(self, char: str) -> int:
+        return sum(stage.count(char) for stage in self.stages)
+
+    def rank_stages(self, rank: int) -> list[str]:
+        """Pipeline rank `rank`'s stages, virtual stage 0 first."""
+        return list(self.stages[rank::self.pp])
+
+
+def shorten(text: str, most: int = 60) -> str:
+    """`text` as an error message quotes it: at most `most` characters."""
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def _unroll(text: str) -> str:
+    def repeat(match: re.Match[str]) -> str:
+        digits = match.group(2)
+        if len(digits) > len(str(MAX_LAYOUT_LAYERS)) or len(match.group(1)) * int(digits) > MAX_LAYOUT_LAYERS:
+            raise MegatronSplitError(f"{shorten(match.group(0))!r} repeats to more than {MAX_LAYOUT_LAYERS:,} layers")
+        return match.group(1) * int(digits)
+
+    out = text.replace(",", "")
+    for pattern in (_LAYOUT_GROUP, _LAYOUT_CHAR):
+        out = pattern.sub(repeat, out)
+        if len(out) > MAX_LAYOUT_LAYERS:
+            raise MegatronSplitError(f"the layout unrolls to more than {MAX_LAYOUT_LAYERS:,} layers")
+    return out
+
+
+def parse_layout(text: str, pp: int) -> PipelineLayout:
+    """The stages a --pipeline-model-parallel-layout string describes (PipelineParallelLayerLayout.parse_str_to_list
+    and its constructor's checks); raises MegatronSplitError with the rule it breaks."""
+    stages = tuple(_unroll(text).split("|"))
+    for stage in stages:
+        bad = sorted(set(stage) - set(LAYOUT_LAYERS))
+        if bad:
+            raise MegatronSplitError(f"invalid layer character {bad[0]!r} in stage {stage!r} (known: "
+                                     + ", ".join(f"{c} {name}" for c, name in LAYOUT_LAYERS.items()) + ")")
+    if len(stages) % pp:
+        raise MegatronSplitError(f"{len(stages)} stages do not divide over pp {pp} (the stage count must be a "
+                                 "multiple of the pipeline size)")
+    return PipelineLayout(text, pp, stages)
+
+
+def layout_stage_layers(layout: PipelineLayout, num_layers: int, mtp_layers: int | None) -> list[int]:
+    """Decoder layers per pipeline rank (its virtual stages together) the layout builds, after Megatron-Core's
+    validate_layer_layout rules; raises MegatronSplitError with the rule it breaks."""
+    flat = "".join(layout.stages)
+    if not flat.startswith("E") or flat.count("E") != 1:
+        raise MegatronSplitError("the embedding (E) must be the first layer and appear exactly once")
+    if not flat.endswith("L") or flat.count("L") != 1:
+        raise MegatronSplitError("the loss (L) must be the last layer and appear exactly once")
+    if flat.count("t") != num_layers:
+        raise MegatronSplitError(f"{flat.count('t')} decoder layers (t) but the model has {num_layers}")
+    mtp = flat.count("m")
+    if mtp != (mtp_layers or 0):
+        raise MegatronSplitError(f"{mtp} MTP layers (m) but the config sets {mtp_layers or 0} (mtp_num_layers)")
+    if mtp and "t" in flat[flat.index("m"):]:
+        raise MegatronSplitError("decoder layers must be placed before the MTP layers")
+    for rank in range(layout.pp):
+        own = layout.rank_stages(rank)
+        if any("m" in stage for stage in own[:-1]):
+            raise MegatronSplitError(f"pipeline rank {rank} holds MTP layers outside its last virtual stage")
+        if "m" in own[-1] and own[-1].count("m") != mtp:
+            raise MegatronSplitError("all the MTP layers must be in one virtual stage")
+    return [sum(stage.count("t") for stage in layout.rank_stages(rank)) for rank in range(layout.pp)]

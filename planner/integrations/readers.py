@@ -20,7 +20,14 @@ from cluster_specs import SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import TORCHTITAN, capabilities
-from planner.frameworks.megatron_split import MegatronSplitError, SplitFlags, stage_layers
+from planner.frameworks.megatron_split import (
+    MegatronSplitError,
+    SplitFlags,
+    layout_stage_layers,
+    parse_layout,
+    shorten,
+    stage_layers,
+)
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
 
 
@@ -582,7 +589,7 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--context-parallel-size",
             "--data-parallel-size", "--zero-stage", "--checkpoint-num-layers", "--padded-vocab-size",
             "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--ds-sequence-parallel-size",
-            "--vocab-size", "--num-experts"]
+            "--vocab-size", "--num-experts", "--mtp-num-layers"]
     for name in ints:
         p.add_argument(name, type=int)
     for name in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
@@ -606,7 +613,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
     for name in ["--normalization", "--position-embedding-type", "--deepspeed_config", "--deepspeed-config",
                  "--pp-partition-method",
-                 "--ckpt-format", "--tokenizer-type", "--make-vocab-size-divisible-by"]:
+                 "--ckpt-format", "--tokenizer-type", "--make-vocab-size-divisible-by",
+                 "--pipeline-model-parallel-layout"]:
         p.add_argument(name)
     p.add_argument("--optimizer-offload-fraction", type=float)
     # the gradient buffer and the precision-aware optimizer's states (Megatron-LM arguments.py choices)
@@ -915,6 +923,23 @@ def _megatron_recompute(args: argparse.Namespace, view: ConfigView, ds: bool) ->
 def _megatron_pipeline(args: argparse.Namespace, view: ConfigView, ds: bool) -> None:
     f = view.fields
     pp = f["pp"]
+    flags = SplitFlags(args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers,
+                       args.account_for_embedding_in_pipeline_split, args.account_for_loss_in_pipeline_split)
+    if args.pipeline_model_parallel_layout is not None and not ds:
+        vpp_flags = [name for name, given in (("--num-layers-per-virtual-pipeline-stage",
+                                                args.num_layers_per_virtual_pipeline_stage),
+                                               ("--num-virtual-stages-per-pipeline-rank",
+                                                args.num_virtual_stages_per_pipeline_rank)) if given]
+        if vpp_flags:
+            view.errors.append(("pp*virtual_stages", f"--pipeline-model-parallel-layout with {', '.join(vpp_flags)} -> "
+                                "Megatron takes the virtual stages from one of them only (frameworks.md §2.3)",
+                                "drop " + ", ".join(vpp_flags)))
+        read_layout(view, args.pipeline_model_parallel_layout, flags, args.mtp_num_layers, "--")
+        _megatron_sp(view)
+        return
+    if args.pipeline_model_parallel_layout is not None:
+        view.notes.append("ignored options that may change memory or time: --pipeline-model-parallel-layout (a "
+                          "Megatron-Core option; Megatron-DeepSpeed splits stages by --pp-partition-method)")
     if args.num_layers_per_virtual_pipeline_stage:
         # vpp = (L'/pp)/n once the layer count is known (megatron_resolve); L' counts the account-for layers
         f["schedule"] = "interleaved_1f1b"
@@ -923,18 +948,70 @@ def _megatron_pipeline(args: argparse.Namespace, view: ConfigView, ds: bool) -> 
         f.update(schedule="interleaved_1f1b", virtual_stages=args.num_virtual_stages_per_pipeline_rank)
     if ds and args.enable_zbh1_pipeline and pp > 1:
         f["schedule"] = "zero_bubble"
-    flags = SplitFlags(args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers,
-                       args.account_for_embedding_in_pipeline_split, args.account_for_loss_in_pipeline_split)
+    if args.mtp_num_layers:
+        view.notes.append(_mtp_note(args.mtp_num_layers, "--mtp-num-layers"))
     if flags != SplitFlags() and pp > 1:
         view.model["split_flags"] = flags
         if args.num_layers_per_virtual_pipeline_stage and (flags.first is not None or flags.last is not None):
             view.errors.append(("layers_per_stage", "--num-layers-per-virtual-pipeline-stage with --decoder-first/last-"
                                 "pipeline-num-layers -> Megatron refuses the pair (frameworks.md §2.3)",
                                 "use --num-virtual-stages-per-pipeline-rank"))
+    _megatron_sp(view)
+
+
+def _mtp_note(layers: int, option: str) -> str:
+    return (f"{layers} multi-token-prediction layer(s) ({option}): not costed (the planner's models exclude the MTP "
+            "module), so the memory and time of the stage that holds them are under-stated")
+
+
+def read_layout(view: ConfigView, text: str, flags: SplitFlags, mtp_layers: int | None, prefix: str) -> None:
+    """A Megatron-Core pipeline layout string: its virtual stages now, its split once the layer count is known
+    (megatron_resolve). `prefix` names the option as the config spells it ('--' or Bridge's 'model.')."""
+    f = view.fields
+    name = "--pipeline-model-parallel-layout" if prefix == "--" else "model.pipeline_model_parallel_layout"
+    if flags != SplitFlags():
+        view.errors.append(("layers_per_stage", f"{name} with {flags.describe()} -> Megatron-Core raises ValueError "
+                            "(\"cannot be set with other pipeline layout arguments\", frameworks.md §2.3)",
+                            f"keep {name} only"))
+    try:
+        layout = parse_layout(text, f["pp"])
+    except MegatronSplitError as exc:
+        view.errors.append(("layers_per_stage", f"{name} {shorten(text)!r}: {exc} -> Megatron-Core refuses it at start-up "
+                            "(frameworks.md §2.3)", "write one '|'-separated stage per pipeline rank and virtual stage"))
+        return
+    view.model["pipeline_layout"] = (layout, mtp_layers)
+    if layout.virtual_stages > 1:
+        f.update(schedule="interleaved_1f1b", virtual_stages=layout.virtual_stages)
+    if layout.count("m"):
+        view.notes.append(_mtp_note(layout.count("m"), f"'m' in {name}"))
+
+
+def _megatron_sp(view: ConfigView) -> None:
+    f = view.fields
     if f["sequence_parallel"] and f["tp"] == 1:
         f["sequence_parallel"] = False
         view.notes.append("--sequence-parallel with tp=1: Megatron disables it with a warning (\"Disabling sequence "
                           "parallelism because tensor model parallelism is disabled\"); checked without it")
+
+
+def _resolve_layout(view: ConfigView, num_layers: int) -> None:
+    """A pipeline layout string's per-rank split (read_layout parsed it)."""
+    layout, mtp_layers = view.model["pipeline_layout"]
+    try:
+        split = layout_stage_layers(layout, num_layers, mtp_layers)
+    except MegatronSplitError as exc:
+        view.errors.append(("layers_per_stage", f"pipeline layout {shorten(layout.text)!r}: {exc} -> Megatron-Core "
+                            "refuses it at start-up (frameworks.md §2.3)", "list every decoder layer once, between E and "
+                            "L"))
+    else:
+        empty = [rank for rank, n in enumerate(split) if n == 0]
+        if empty:
+            view.errors.append(("layers_per_stage", f"pipeline layout {shorten(layout.text)!r}: pipeline rank(s) "
+                                f"{', '.join(map(str, empty))} build no decoder layer -> Megatron-Core accepts "
+                                "it; the planner costs only stages that hold decoder layers",
+                                "give every pipeline rank at least one 't'"))
+        elif view.fields["pp"] > 1:
+            view.fields["layers_per_stage"] = split
 
 
 def megatron_resolve(view: ConfigView, num_layers: int) -> None:
@@ -953,7 +1030,9 @@ def megatron_resolve(view: ConfigView, num_layers: int) -> None:
         f["virtual_stages"] = v
         if v == 1:
             f["schedule"] = "1f1b"
-    if "split_flags" in view.model:
+    if "pipeline_layout" in view.model:
+        _resolve_layout(view, num_layers)
+    elif "split_flags" in view.model:
         try:
             f["layers_per_stage"] = stage_layers(num_layers, pp, v, flags)
         except MegatronSplitError as exc:
@@ -1005,6 +1084,20 @@ def _looks_like_overrides(text: str) -> bool:
     return bool(lines) and all(_OVERRIDE.match(line) for line in lines)
 
 
+def _nemo_layout(view: ConfigView, layout: str | None, flags: SplitFlags, mtp: int | None, vpp: int) -> None:
+    """Bridge's model.pipeline_model_parallel_layout (a string override) and model.mtp_num_layers."""
+    if layout in (None, "null", "None"):
+        if mtp:
+            view.notes.append(_mtp_note(mtp, "model.mtp_num_layers"))
+        return
+    read_layout(view, str(layout).strip("'\""), flags, mtp, "model.")
+    got = view.fields.get("virtual_stages", 1)
+    if vpp > 1 and "pipeline_layout" in view.model and got != vpp:
+        view.errors.append(("pp*virtual_stages", f"model.virtual_pipeline_model_parallel_size {vpp} with a layout of "
+                            f"{got} virtual stage(s) -> Megatron-Core asserts they agree (frameworks.md §2.3)",
+                            "drop model.virtual_pipeline_model_parallel_size"))
+
+
 def _nemo(text: str, gpus: int) -> ConfigView:
     kv = dict(line.split("=", 1) for line in _shell_lines(text))
 
@@ -1050,7 +1143,8 @@ def _nemo(text: str, gpus: int) -> ConfigView:
                        num("model.num_layers_in_last_pipeline_stage", None),
                        kv.get("model.account_for_embedding_in_pipeline_split") == "true",
                        kv.get("model.account_for_loss_in_pipeline_split") == "true")
-    if flags != SplitFlags() and pp > 1:
+    _nemo_layout(view, kv.get("model.pipeline_model_parallel_layout"), flags, num("model.mtp_num_layers", None), vpp)
+    if flags != SplitFlags() and pp > 1 and "pipeline_layout" not in view.model:
         view.model["split_flags"] = flags
     if view.fields["sequence_parallel"] and tp == 1:
         view.errors.append(("sequence_parallel", "model.sequence_parallel=true with tp=1 -> Megatron-Core raises "
