@@ -159,6 +159,15 @@ POINTS = [
       "test_check_reads_the_exported_flags_back_with_the_plans_prediction",
       "test_check_refuses_the_first_last_counts_megatron_rejects_with_vpp",
       "test_megatron_core_agrees_on_the_account_for_split", MCORE_TEST]),
+    ("Megatron/NeMo splits no flag builds (Llama 3 8B over pp 6, DeepSeek-V3's 61 layers over pp 32): a "
+     "`--pipeline-model-parallel-layout` string (Bridge `model.pipeline_model_parallel_layout`) that megatron-core "
+     "builds; `check` reads layout strings with megatron-core's rules (E, L, decoder and MTP counts, stage count over "
+     "pp, no other split flag)",
+     ["test_a_split_no_flag_builds_is_exported_as_a_layout_that_megatron_core_builds_and_check_reads_back",
+      "test_the_layout_the_export_writes_builds_the_split", "test_megatron_core_agrees_on_every_case",
+      "test_check_reads_the_deepseek_v3_layout_in_megatron_and_bridge_configs",
+      "test_check_refuses_a_layout_megatron_core_refuses",
+      "test_check_predicts_a_layout_as_the_flags_that_build_the_same_split"]),
     ("ZeRO-3/Megatron-FSDP exports: `--no-gradient-accumulation-fusion`, `CUDA_DEVICE_MAX_CONNECTIONS`",
      ["test_megatron_zero3_export_has_no_gradient_accumulation_fusion_and_the_connections_variable"]),
     ("torchtitan 0.3 Python recipe, the <= 0.2 TOML behind `--torchtitan-format toml`; torchtitan's own validation",

@@ -114,6 +114,7 @@ warnings.simplefilter("ignore")
 import torch
 import torch.nn.functional as F
 from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.transformer.enums import LayerType
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
 RENAME = {  # Megatron-LM's argument -> the core config field (training/arguments.py core_transformer_config_from_args)
@@ -158,7 +159,9 @@ for case in json.loads(sys.stdin.read()):
                     "sp": c.sequence_parallel, "overlap_grad_reduce": d.overlap_grad_reduce,
                     "overlap_param_gather": d.overlap_param_gather, "tp_comm_overlap": c.tp_comm_overlap,
                     "cp": c.context_parallel_size, "ep": c.expert_model_parallel_size, "fp8": c.fp8,
-                    "experts": c.num_moe_experts, "recompute_modules": c.recompute_modules})
+                    "experts": c.num_moe_experts, "recompute_modules": c.recompute_modules,
+                    "layout_layers": None if c.pipeline_model_parallel_layout is None else
+                    [sum(st.count(LayerType.decoder) for st in row) for row in c.pipeline_model_parallel_layout.layout]})
     except Exception as exc:
         out.append({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
 print(json.dumps(out))

@@ -124,12 +124,15 @@ def test_megatron_uneven_split_and_per_stage_recompute_rules():
     meg = capabilities("megatron")
     base = {"pp": 4, "schedule": "1f1b", "zero_stage": 1}
     assert meg.refusal({**base, "layers_per_stage": [7, 9, 9, 7]}) is None  # middle even
-    assert "first/last stages with an even middle" in meg.refusal({**base, "layers_per_stage": [8, 9, 8, 7]})
+    # no flag setting builds 8/9/8/7, a --pipeline-model-parallel-layout string does (megatron_split.split_setting)
+    assert meg.refusal({**base, "layers_per_stage": [8, 9, 8, 7]}) is None
     # interleaved: first/last must divide by the virtual stages (megatron-core transformer_config.py), so 15/16x6/15
-    # over pp 8 x vpp 8 is the account-for split (126 + 2 = 128), and 14/16x6/16 is neither
+    # over pp 8 x vpp 8 is the account-for split (126 + 2 = 128); 14/16x6/16 is neither but is a layout; 6/16x6/24
+    # would leave two of rank 0's eight virtual stages without a layer
     ilv = {"pp": 8, "schedule": "interleaved_1f1b", "virtual_stages": 8, "zero_stage": 1}
     assert meg.refusal({**ilv, "layers_per_stage": [15, *[16] * 6, 15]}) is None
-    assert "(each a multiple of 8)" in meg.refusal({**ilv, "layers_per_stage": [14, *[16] * 6, 16]})
+    assert meg.refusal({**ilv, "layers_per_stage": [14, *[16] * 6, 16]}) is None
+    assert "would hold no decoder layer" in meg.refusal({**ilv, "layers_per_stage": [6, *[16] * 6, 24]})
     assert meg.refusal({**base, "recompute_layers_per_stage": [2, 2, 2, 2]}) is None
     assert "one recompute count" in meg.refusal({**base, "recompute_layers_per_stage": [3, 2, 1, 0]})
     assert capabilities("torchtitan").refusal({**base, "layers_per_stage": [8, 9, 8, 7]}) is None

@@ -166,3 +166,66 @@ def test_check_refuses_a_layout_megatron_core_refuses(tmp_path, extra, message):
     proc, res = _check(tmp_path, LLAMA3_8B_PP4 + extra, "-m", "llama3-8b", "-c", "dgx-h100", "-n", "2")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert any(message in v["message"] for v in res["violations"]), res["violations"]
+
+
+@pytest.mark.parametrize("split,vp", [([1] + [2] * 29 + [1, 1], 1), (DEEPSEEK_V3_SPLIT, 2), ([8, 8, 8, 8], 1),
+                                      ([7, 9, 9, 7], 2), ([3, 4, 4, 3], 3), ([5, 6, 5, 5, 6, 5], 1), ([1], 1),
+                                      ([2, 2], 2)])
+def test_the_layout_the_export_writes_builds_the_split(split, vp):
+    from planner.frameworks.megatron_split import layout_text
+
+    text = layout_text(split, vp)
+    assert _split(text, len(split), sum(split)) == (vp, split), text
+
+
+def test_no_layout_for_a_rank_with_fewer_layers_than_virtual_stages():
+    from planner.frameworks.megatron_split import layout_text
+
+    with pytest.raises(MegatronSplitError, match="no decoder layer"):
+        layout_text([1, 3, 3, 1], 2)
+
+
+def _plan(tmp_path, *fix):
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "plan", "-m", "llama3-8b", "-c", "dgx-h100", "-n", "3",
+                           "-b", "48", "-s", "4096", "--framework", "megatron", *fix, "-o", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+def test_a_split_no_flag_builds_is_exported_as_a_layout_that_megatron_core_builds_and_check_reads_back(tmp_path):
+    """Llama-3-8B's 32 layers over pp 6: neither the even split 5/5/6/6/5/5 (its middle 22 does not divide over 4)
+    nor the split the search refines to has a first/last or account-for setting. Before, the export moved it to the nearest split the flags build; now it writes
+    the layout string, megatron-core 0.16.1's TransformerConfig builds the same stages, and `check` of the Megatron
+    and Bridge files gives the plan's own prediction."""
+    pytest.importorskip("megatron.core", reason="megatron-core not installed: `make test` installs 0.16.1 (--no-deps)")
+    from test_framework_validators import MCORE_SCRIPT, _megatron_arg_dict
+
+    from planner.frameworks.megatron_split import split_flags
+    from planner.integrations.exports import export
+    from planner.search import stage_split
+
+    doc = _plan(tmp_path, "--fix", "tp=4,pp=6")
+    lay = doc["layout"]
+    split = lay["layers_per_stage"] or list(stage_split(32, 6))
+    assert lay["pp"] == 6 and sum(split) == 32
+    with pytest.raises(MegatronSplitError):
+        split_flags(32, 6, 1, split)  # no flag setting builds it
+    meg = export(doc, "megatron")
+    assert "--pipeline-model-parallel-layout" in meg.text and "--decoder-first" not in meg.text
+    assert "--num-virtual-stages-per-pipeline-rank" not in meg.text
+    assert not any("layers_per_stage" in c for c in meg.changes)  # exported as planned, not moved
+    proc = subprocess.run([sys.executable, "-c", MCORE_SCRIPT],
+                          input=json.dumps([{"args": dict(_megatron_arg_dict(meg.text), bf16=True)}]),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])[0]
+    assert res["ok"], res
+    assert res["layout_layers"] == split
+    for target, name in (("megatron", "run.sh"), ("nemo", "overrides.txt")):
+        proc, got = _check(tmp_path, export(doc, target).text, "-m", "llama3-8b", "-c", "dgx-h100", "-n", "3",
+                           "-b", "48", "-s", "4096", name=name)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert got["layout"]["layers_per_stage"] == split, target
+        assert got["predicted"]["step_time_seconds"] == pytest.approx(doc["predicted"]["step_time_seconds"], rel=1e-9)

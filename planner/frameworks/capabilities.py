@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from planner.frameworks import Framework
-from planner.frameworks.megatron_split import MegatronSplitError, split_flags
+from planner.frameworks.megatron_split import MegatronSplitError, split_setting
 
 if TYPE_CHECKING:
     from planner.inputs.specs import TrainingSpec
@@ -135,7 +135,7 @@ class Capabilities:
         if lps and self.uneven_split == "megatron":
             v = f.get("virtual_stages", 1) if f.get("schedule") == "interleaved_1f1b" else 1
             try:
-                split_flags(sum(lps), len(lps), v, list(lps))
+                split_setting(sum(lps), len(lps), v, list(lps))
             except MegatronSplitError as exc:
                 return f"layers_per_stage {exc} ({self.sources.get('split', '')})"
         if rps and len(set(rps)) > 1 and self.per_stage_recompute != "any":
@@ -196,8 +196,9 @@ _MEGATRON_SOURCES = {
             "optim_grads_params = ZeRO-3; FSDP needs pp = 1",
     "offload": "--optimizer-cpu-offload moves only the optimizer (frameworks.md §2.4, §2.5)",
     "recompute": "frameworks.md §2.4: --recompute-method block --recompute-num-layers N is one count per model chunk",
-    "split": "frameworks.md §2.3: --decoder-first/last-pipeline-num-layers with an even middle, or "
-             "--account-for-embedding/loss-in-pipeline-split",
+    "split": "frameworks.md §2.3: --decoder-first/last-pipeline-num-layers with an even middle, "
+             "--account-for-embedding/loss-in-pipeline-split, or a --pipeline-model-parallel-layout string (a layer "
+             "in every virtual stage)",
     "sp": "--sequence-parallel (frameworks.md §2.6)",
     "vocab": "frameworks.md §2.5: padded to a multiple of --make-vocab-size-divisible-by (128) x tp",
     "fp8": "frameworks.md §2.8: --fp8-recipe {tensorwise,delayed,mxfp8,blockwise}, default delayed "

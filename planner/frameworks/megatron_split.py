@@ -1,17 +1,18 @@
 """Megatron-Core's pipeline stage split: the decoder layers each pipeline rank builds from its flags, and the flags
 that build a given split (frameworks.md §2.3; megatron-core transformer_config.py __post_init__, 0.16.1 L1294-1480).
 
-`stage_layers` owns the rule. The Megatron and NeMo exports write what `split_flags` finds, `check` reads a config
-through `stage_layers`, the capability table refuses a split `split_flags` cannot express, and the export's nearest
-expressible split is `nearest_split`. Two ways to make the stages uneven, never together:
+`stage_layers` owns the flags' rule. The Megatron and NeMo exports write what `split_setting` finds, `check` reads a
+config through `stage_layers`, the capability table refuses a split `split_setting` cannot express, and the export's
+nearest split the flags express is `nearest_split`. Two ways to make the stages uneven, never together:
 - `--decoder-first/last-pipeline-num-layers F K` (Bridge `model.num_layers_in_first/last_pipeline_stage`): each > 0,
   the rest divides over the middle stages; with virtual stages F, K and each middle rank's layers divide by them.
 - `--account-for-embedding-in-pipeline-split` / `--account-for-loss-in-pipeline-split` (Bridge
   `model.account_for_embedding/loss_in_pipeline_split`): the embedding and the loss count as a layer each, so
   L' = L + e + l splits evenly (L' % pp == 0, with virtual stages (L'/pp) % vp == 0) and the first and last ranks
-  build one decoder layer fewer. The only way to give an interleaved pipeline k-1 layers on its end ranks.
-`check` also reads a third way, `--pipeline-model-parallel-layout` (Bridge `model.pipeline_model_parallel_layout`),
-which names every stage's layers and conflicts with all the flags above (`parse_layout`, `layout_stage_layers`).
+  build one decoder layer fewer. The only flags that give an interleaved pipeline k-1 layers on its end ranks.
+A third way, `--pipeline-model-parallel-layout` (Bridge `model.pipeline_model_parallel_layout`), names every stage's
+layers and conflicts with all the flags above. The exports write it for a split no flag builds (`split_setting`,
+`layout_text`); `check` reads it (`parse_layout`, `layout_stage_layers`).
 """
 
 from __future__ import annotations
@@ -230,3 +231,37 @@ def layout_stage_layers(layout: PipelineLayout, num_layers: int, mtp_layers: int
         if "m" in own[-1] and own[-1].count("m") != mtp:
             raise MegatronSplitError("all the MTP layers must be in one virtual stage")
     return [sum(stage.count("t") for stage in layout.rank_stages(rank)) for rank in range(layout.pp)]
+
+
+def layout_text(split: list[int], vp: int) -> str:
+    """The --pipeline-model-parallel-layout string that builds `split` (decoder layers per rank) over `vp` virtual
+    stages: each rank's layers dealt over its virtual stages, the larger ones first; runs of equal stages written
+    "(t*n|)*k". Raises MegatronSplitError when a virtual stage would hold no decoder layer."""
+    pp = len(split)
+    if min(split) < vp:
+        raise MegatronSplitError(f"{'/'.join(map(str, split))} with {vp} virtual stages -> a virtual stage would "
+                                 "hold no decoder layer")
+    chunks = [[n // vp + (k < n % vp) for k in range(vp)] for n in split]
+    stages = [chunks[i % pp][i // pp] for i in range(pp * vp)]
+    words = [("E" if i == 0 else "") + (f"t*{n}" if n > 1 else "t") + ("L" if i == len(stages) - 1 else "")
+             for i, n in enumerate(stages)]
+    out, i = [], 0
+    while i < len(words):
+        j = i
+        while j + 1 < len(words) and words[j + 1] == words[i]:
+            j += 1
+        out.append(f"({words[i]}|)*{j - i + 1}" if j > i else words[i] + "|")
+        i = j + 1
+    return "".join(out).removesuffix("|")
+
+
+def split_setting(num_layers: int, pp: int, vp: int, split: list[int]) -> SplitFlags | str:
+    """How the Megatron exports build `split`: the flags `split_flags` finds, else the layout string (megatron-core
+    0.16.1 reads it; its own parser builds the same stages in the tests). Raises MegatronSplitError when neither
+    does (a rank with fewer layers than virtual stages)."""
+    try:
+        return split_flags(num_layers, pp, vp, split)
+    except MegatronSplitError:
+        if sum(split) != num_layers or len(split) != pp:
+            raise
+        return layout_text(split, vp)

@@ -16,7 +16,7 @@ from cluster_specs import ClusterSpec, SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
-from planner.frameworks.megatron_split import MegatronSplitError, SplitFlags, nearest_split, split_flags
+from planner.frameworks.megatron_split import MegatronSplitError, SplitFlags, nearest_split, split_setting
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.integrations.modern_flags import (
     deepspeed_settings,
@@ -123,6 +123,11 @@ def _fix_split(fw: Framework, lay: LayoutSpec, model: ModelSpec, changes: list[s
         return lay
     want = _effective_split(lay, model.num_layers)
     if caps.uneven_split == "megatron":
+        try:
+            split_setting(model.num_layers, lay.pp, _virtual(lay), want)
+            return lay  # the flags or a pipeline layout string build it
+        except MegatronSplitError:
+            pass
         try:
             got = nearest_split(model.num_layers, lay.pp, _virtual(lay), want)
         except MegatronSplitError as exc:
@@ -323,20 +328,23 @@ def _virtual(lay: LayoutSpec) -> int:
     return lay.virtual_stages if lay.schedule == "interleaved_1f1b" else 1
 
 
-def megatron_split_of(lay: LayoutSpec, model: ModelSpec) -> SplitFlags:
-    """The Megatron flags that build the layout's stage split (planner/frameworks/megatron_split.py)."""
+def megatron_split_of(lay: LayoutSpec, model: ModelSpec) -> SplitFlags | str:
+    """The Megatron flags, or else the pipeline layout string, that build the layout's stage split
+    (planner/frameworks/megatron_split.py)."""
     try:
-        return split_flags(model.num_layers, lay.pp, _virtual(lay), _effective_split(lay, model.num_layers))
+        return split_setting(model.num_layers, lay.pp, _virtual(lay), _effective_split(lay, model.num_layers))
     except MegatronSplitError as exc:
         raise SpecError(f"layers_per_stage: {exc}") from None
 
 
 def _megatron_pipeline(lay: LayoutSpec, model: ModelSpec) -> list[tuple[str, object]]:
+    flags = megatron_split_of(lay, model)
+    if isinstance(flags, str):  # it names the virtual stages too: no other split or VPP flag (§2.3)
+        return [("--pipeline-model-parallel-layout", flags)]
     args: list[tuple[str, object]] = []
     if _virtual(lay) > 1:
         # not --num-layers-per-virtual-pipeline-stage: it cannot be combined with the first/last flags (§2.3)
         args.append(("--num-virtual-stages-per-pipeline-rank", lay.virtual_stages))
-    flags = megatron_split_of(lay, model)
     if flags.first is not None:
         args += [("--decoder-first-pipeline-num-layers", flags.first),
                  ("--decoder-last-pipeline-num-layers", flags.last)]
@@ -403,6 +411,9 @@ def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     if lay.pp > 1:
         kv.append(("model.pipeline_dtype", "torch.bfloat16" if training.precision == "bf16" else None))
     flags = megatron_split_of(lay, parts.model)
+    if isinstance(flags, str):  # quoted: the override parser reads '|', '*' and '(' unquoted as its own syntax
+        kv.append(("model.pipeline_model_parallel_layout", f'"{flags}"'))
+        flags = SplitFlags()
     if flags.first is not None:
         kv += [("model.num_layers_in_first_pipeline_stage", flags.first),
                ("model.num_layers_in_last_pipeline_stage", flags.last)]
