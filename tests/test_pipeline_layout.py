@@ -229,3 +229,16 @@ def test_a_split_no_flag_builds_is_exported_as_a_layout_that_megatron_core_build
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert got["layout"]["layers_per_stage"] == split, target
         assert got["predicted"]["step_time_seconds"] == pytest.approx(doc["predicted"]["step_time_seconds"], rel=1e-9)
+
+
+def test_recompute_modules_the_model_does_not_cost_are_named_with_the_direction_of_the_error(tmp_path):
+    """DeepSeek-V3's Megatron recipe recomputes mla_up_proj, moe, mlp and layernorm; the planner models only the
+    first. The note says which way the prediction errs: memory over (its FAIL may be false), time under."""
+    text = ("torchrun pretrain_gpt.py --tensor-model-parallel-size 1 --pipeline-model-parallel-size 16 "
+            "--expert-model-parallel-size 64 --micro-batch-size 1 --global-batch-size 8192 --seq-length 4096 "
+            "--num-layers 61 --hidden-size 7168 --num-attention-heads 128 --use-distributed-optimizer --bf16 "
+            f"--pipeline-model-parallel-layout \"{DEEPSEEK_V3_LAYOUT}\" --mtp-num-layers 1 "
+            "--recompute-granularity selective --recompute-modules mla_up_proj moe mlp layernorm")
+    proc, res = _check(tmp_path, text, "-m", "deepseek-v3", "-c", "dgx-h100", "-n", "128")
+    note = next(n for n in res["notes"] if n.startswith("--recompute-modules"))
+    assert "layernorm, mlp, moe not modelled" in note and "over-stated" in note and "under-stated" in note

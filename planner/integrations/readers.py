@@ -890,7 +890,9 @@ def _note_recompute_modules(view: ConfigView, modules: list[str] | None) -> None
     other = sorted(set(modules or []) - _SELECTIVE_MODULES)
     if other:
         view.notes.append(f"--recompute-modules {' '.join(modules or [])}: modelled as selective (the attention core; "
-                          f"on an MLA model its up-projections); {', '.join(other)} not modelled one by one")
+                          f"on an MLA model its up-projections); {', '.join(other)} not modelled one by one: their "
+                          "activations are counted as kept and their recompute is not timed, so peak memory is "
+                          "over-stated (a memory failure may not hold) and the step time under-stated")
 
 
 def _megatron_recompute(args: argparse.Namespace, view: ConfigView, ds: bool) -> None:
