@@ -3,6 +3,7 @@ the per-rank split and virtual stages it builds, the start-up rules it breaks, a
 PipelineParallelLayerLayout."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -37,18 +38,29 @@ CASES = [
     ("Et*8|t*8|t*8|t*8L", 3, 32, None), ("t*8|t*8|t*8|t*8L", 4, 32, None), ("Et*8|t*8|t*8|t*8", 4, 32, None),
     ("EEt*8|t*8|t*8|t*7L", 4, 31, None), ("Et*8|t*8|t*8|t*7mtL", 4, 32, 1), ("Et*4|t*4m|t*4|t*4|(t*4|)*3t*4L", 4, 32, 1),
     ("Et*8|t*8|t*8|t*8LL", 4, 32, None), ("Et*8|t*8|t*8|t*8 L", 4, 32, None), ("", 1, 0, None),
+    ("Et*4|t*4m||L", 2, 8, 1), ("Et*8m|mL", 2, 8, 2),
+]
+# What each case builds (virtual stages, decoder layers per rank) or the rule it breaks. The counts follow from the
+# grammar (stage i is virtual stage i // pp of rank i % pp); the rules are validate_layer_layout's, in its order.
+EXPECT = [
+    (2, DEEPSEEK_V3_SPLIT), (2, [4] * 7 + [3] + [4] * 7 + [2]), (4, [8] * 7 + [5]), (6, [11, 12, 12, 10]),
+    (1, [11, 11, 11, 10]), (1, [8, 8, 8, 8]), (1, [0, 16, 16, 0]), (1, [7, 9, 9, 7]), (1, [1, 1, 1, 1]),
+    "31 decoder layers (t) but the model has 32", "1 MTP layers (m) but the config sets 0",
+    "invalid layer character 'x'", "4 stages do not divide over pp 3", "the embedding (E) must be the first",
+    "the loss (L) must be the last", "the embedding (E) must be the first", "decoder layers must be placed before",
+    "decoder layers must be placed before", "the loss (L) must be the last", "invalid layer character ' '",
+    "the embedding (E) must be the first", "pipeline rank 1 holds MTP layers outside its last virtual stage",
+    "all the MTP layers must be in one virtual stage",
 ]
 
 
-@pytest.mark.parametrize("text,pp,layers,mtp", CASES)
-def test_layout_rules(text, pp, layers, mtp):
-    """Each case is accepted or refused; accepted ones give one count per rank that sums to the layers."""
-    try:
-        vp, split = _split(text, pp, layers, mtp)
-    except MegatronSplitError as exc:
-        assert str(exc)
-        return
-    assert len(split) == pp and sum(split) == layers and vp >= 1
+@pytest.mark.parametrize("case,expect", list(zip(CASES, EXPECT, strict=True)))
+def test_layout_rules(case, expect):
+    if isinstance(expect, str):
+        with pytest.raises(MegatronSplitError, match=re.escape(expect)):
+            _split(*case)
+    else:
+        assert _split(*case) == expect
 
 
 MCORE_LAYOUT_SCRIPT = r"""
@@ -119,11 +131,12 @@ def test_check_predicts_a_layout_as_the_flags_that_build_the_same_split(tmp_path
     pairs = [("--pipeline-model-parallel-layout 'Et*7|t*9|t*9|t*7L'",
               "--decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7"),
              ("--pipeline-model-parallel-layout 'Et*8|t*8|t*8|t*8L'", "")]
-    for layout, flags in pairs:
+    for (layout, flags), split in zip(pairs, ([7, 9, 9, 7], [8, 8, 8, 8]), strict=True):
         proc_a, a = _check(tmp_path, LLAMA3_8B_PP4 + layout, *args)
         proc_b, b = _check(tmp_path, LLAMA3_8B_PP4 + flags, *args)
         assert proc_a.returncode == proc_b.returncode == 0, proc_a.stdout + proc_b.stdout
-        assert a["layout"].get("layers_per_stage") in (b["layout"].get("layers_per_stage"), [8, 8, 8, 8])
+        assert a["layout"]["layers_per_stage"] == split
+        assert b["layout"].get("layers_per_stage") == (split if flags else None)  # no flags: the even split
         assert a["predicted"]["step_time_seconds"] == pytest.approx(b["predicted"]["step_time_seconds"], rel=1e-9)
         assert a["predicted"]["peak_memory_bytes_per_gpu"] == pytest.approx(b["predicted"]["peak_memory_bytes_per_gpu"],
                                                                             rel=1e-9)

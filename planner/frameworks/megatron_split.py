@@ -17,6 +17,7 @@ layers and conflicts with all the flags above. The exports write it for a split 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -245,14 +246,8 @@ def layout_text(split: list[int], vp: int) -> str:
     stages = [chunks[i % pp][i // pp] for i in range(pp * vp)]
     words = [("E" if i == 0 else "") + (f"t*{n}" if n > 1 else "t") + ("L" if i == len(stages) - 1 else "")
              for i, n in enumerate(stages)]
-    out, i = [], 0
-    while i < len(words):
-        j = i
-        while j + 1 < len(words) and words[j + 1] == words[i]:
-            j += 1
-        out.append(f"({words[i]}|)*{j - i + 1}" if j > i else words[i] + "|")
-        i = j + 1
-    return "".join(out).removesuffix("|")
+    runs = [(word, len(list(group))) for word, group in itertools.groupby(words)]
+    return "".join(f"({word}|)*{n}" if n > 1 else word + "|" for word, n in runs).removesuffix("|")
 
 
 def split_setting(num_layers: int, pp: int, vp: int, split: list[int]) -> SplitFlags | str:

@@ -927,7 +927,10 @@ def _megatron_pipeline(args: argparse.Namespace, view: ConfigView, ds: bool) -> 
     pp = f["pp"]
     flags = SplitFlags(args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers,
                        args.account_for_embedding_in_pipeline_split, args.account_for_loss_in_pipeline_split)
-    if args.pipeline_model_parallel_layout is not None and not ds:
+    if args.pipeline_model_parallel_layout is not None and ds:
+        view.notes.append("--pipeline-model-parallel-layout: a Megatron-Core option, not Megatron-DeepSpeed's (its "
+                          "stages follow --pp-partition-method); ignored")
+    elif args.pipeline_model_parallel_layout is not None:
         vpp_flags = [name for name, given in (("--num-layers-per-virtual-pipeline-stage",
                                                 args.num_layers_per_virtual_pipeline_stage),
                                                ("--num-virtual-stages-per-pipeline-rank",
@@ -936,12 +939,10 @@ def _megatron_pipeline(args: argparse.Namespace, view: ConfigView, ds: bool) -> 
             view.errors.append(("pp*virtual_stages", f"--pipeline-model-parallel-layout with {', '.join(vpp_flags)} -> "
                                 "Megatron takes the virtual stages from one of them only (frameworks.md §2.3)",
                                 "drop " + ", ".join(vpp_flags)))
-        read_layout(view, args.pipeline_model_parallel_layout, flags, args.mtp_num_layers, "--")
+        read_layout(view, args.pipeline_model_parallel_layout, flags, args.mtp_num_layers,
+                    "--pipeline-model-parallel-layout")
         _megatron_sp(view)
         return
-    if args.pipeline_model_parallel_layout is not None:
-        view.notes.append("ignored options that may change memory or time: --pipeline-model-parallel-layout (a "
-                          "Megatron-Core option; Megatron-DeepSpeed splits stages by --pp-partition-method)")
     if args.num_layers_per_virtual_pipeline_stage:
         # vpp = (L'/pp)/n once the layer count is known (megatron_resolve); L' counts the account-for layers
         f["schedule"] = "interleaved_1f1b"
@@ -966,11 +967,10 @@ def _mtp_note(layers: int, option: str) -> str:
             "module), so the memory and time of the stage that holds them are under-stated")
 
 
-def read_layout(view: ConfigView, text: str, flags: SplitFlags, mtp_layers: int | None, prefix: str) -> None:
+def read_layout(view: ConfigView, text: str, flags: SplitFlags, mtp_layers: int | None, name: str) -> None:
     """A Megatron-Core pipeline layout string: its virtual stages now, its split once the layer count is known
-    (megatron_resolve). `prefix` names the option as the config spells it ('--' or Bridge's 'model.')."""
+    (megatron_resolve). `name` is the option as the config spells it (Megatron-LM's flag or Bridge's field)."""
     f = view.fields
-    name = "--pipeline-model-parallel-layout" if prefix == "--" else "model.pipeline_model_parallel_layout"
     if flags != SplitFlags():
         view.errors.append(("layers_per_stage", f"{name} with {flags.describe()} -> Megatron-Core raises ValueError "
                             "(\"cannot be set with other pipeline layout arguments\", frameworks.md §2.3)",
@@ -1092,7 +1092,7 @@ def _nemo_layout(view: ConfigView, layout: str | None, flags: SplitFlags, mtp: i
         if mtp:
             view.notes.append(_mtp_note(mtp, "model.mtp_num_layers"))
         return
-    read_layout(view, str(layout).strip("'\""), flags, mtp, "model.")
+    read_layout(view, str(layout).strip("'\""), flags, mtp, "model.pipeline_model_parallel_layout")
     got = view.fields.get("virtual_stages", 1)
     if vpp > 1 and "pipeline_layout" in view.model and got != vpp:
         view.errors.append(("pp*virtual_stages", f"model.virtual_pipeline_model_parallel_size {vpp} with a layout of "
