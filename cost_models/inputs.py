@@ -177,9 +177,11 @@ class Training:
     optimizer_state_saved_bytes: float = 0.0
     fp8_recipe: str | None = None  # FP8 GEMMs (cost_models/fp8.py FP8_RECIPES); None: all GEMMs in bf16/fp16
     fp8_param_gather: bool = False  # FP8 primary weights / FP8 parameter all-gather (Megatron --fp8-param-gather)
-    # (param, grad, optimizer) bytes at ZeRO-0 where the framework runs another optimizer there that shards its own
-    # optimizer state over DP (DeepSpeed's BF16_Optimizer); None: ZeRO-0 keeps the bytes above, unsharded
+    # (param, grad, optimizer) bytes at ZeRO-0 where the framework runs another optimizer there: one that shards its
+    # own optimizer state over DP (DeepSpeed's BF16_Optimizer), or, with zero0_optimizer_sharded False, one that keeps
+    # other bytes unsharded (DeepSpeed's FP16_Optimizer); None: ZeRO-0 keeps the bytes above, unsharded
     zero0_state_bytes: tuple[float, float, float] | None = None
+    zero0_optimizer_sharded: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +225,7 @@ class Knobs:
     # places them (param unsharded below ZeRO-3, grad below ZeRO-2, optimizer below ZeRO-1); None: the precision's
     state_bytes_per_param: tuple[float, float, float] | None = None
     zero0_state_bytes_per_param: tuple[float, float, float] | None = None  # Training.zero0_state_bytes
+    zero0_optimizer_sharded: bool = True  # Training.zero0_optimizer_sharded
     # what an fp32 master copy of a bf16 parameter costs once the optimizer's states are set below fp32: 4, or 2 where
     # the framework's precision-aware optimizer keeps only the 16 bits the bf16 parameter lacks (Profile.master_remainders)
     precision_aware_master_bytes: float = 4.0
@@ -237,6 +240,7 @@ class Knobs:
     zero3_gather: Zero3Gather = Zero3Gather.LAYER  # layer: FSDP, a whole block (+1 prefetched); module: DeepSpeed
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
+    zero0_bucket_bytes: float | None = None  # the same at ZeRO-0, where another path reduces (None: bucket_bytes)
     # the pipeline engine keeps each in-flight micro-batch's stage output until its backward (DeepSpeed's pipe engine;
     # Megatron frees it after the send, deallocate_output_tensor): one more layer input per micro-batch in flight
     keeps_stage_output: bool = False

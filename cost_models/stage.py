@@ -358,6 +358,14 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     )
 
 
+def bucket_bytes(knobs: Knobs, *, zero_stage: int) -> float:
+    """The gradient-reduce buffers allocated on top of the model states: the ZeRO-0 figure where the framework states
+    one (its ZeRO-0 optimizer reduces another way), else the bucket."""
+    if zero_stage == 0 and knobs.zero0_bucket_bytes is not None:
+        return knobs.zero0_bucket_bytes
+    return knobs.bucket_bytes
+
+
 def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int,
                           offload: str = Offload.NONE) -> tuple[float, float, float]:
     """(weight, gradient, optimizer-state) bytes one GPU holds per parameter of its stage.
@@ -368,8 +376,8 @@ def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int,
     """
     offloaded = offload != _OFFLOAD_NONE
     if zero_stage == 0 and training.zero0_state_bytes is not None and not offloaded:
-        param, grad, optimizer = training.zero0_state_bytes  # an optimizer that shards its own state (BF16_Optimizer)
-        return param, grad, optimizer / dp
+        param, grad, optimizer = training.zero0_state_bytes  # the optimizer the framework runs at ZeRO-0
+        return param, grad, optimizer / dp if training.zero0_optimizer_sharded else optimizer
     weights = 0.0 if offload == _OFFLOAD_PARAMS else training.param_bytes / (dp if zero_stage >= 3 else 1)
     grads = 0.0 if offloaded else training.grad_bytes / (dp if zero_stage >= 2 else 1)
     optim = 0.0 if offloaded else training.optimizer_bytes / (dp if zero_stage >= 1 else 1)
@@ -570,7 +578,7 @@ class StageModel(NamedTuple):
         """Buffers alive only for part of the step, per stage (`params`: params(i) of every stage): gradient
         buckets, the layer being recomputed, ZeRO-3's gathered unit, the offload bucket, the loss's backward."""
         lay, tr, lc = self.layout, self.training, self.lc
-        base = self.knobs.bucket_bytes + lc.extras.transient_bytes
+        base = bucket_bytes(self.knobs, zero_stage=lay.zero_stage) + lc.extras.transient_bytes
         recomputing = base + lc.act_none_bytes  # the layer being recomputed is materialised whole during backward
         out = [recomputing if r > 0 else base for r in self.full_layers]
         out[-1] += lc.loss_transient_bytes  # the loss's backward, on the last stage
@@ -644,7 +652,8 @@ class StageModel(NamedTuple):
         grow = 1 + self.knobs.allocator_reserve_fraction  # dynamic bytes carry the allocator's reserve (memory())
         per_state = w + o + g * (grow if self.knobs.dynamic_grads else 1.0)
         # transients as memory() counts them: buckets, CP/EP buffers, one recomputed layer (a safe bound)
-        fixed = self.knobs.per_process_overhead_bytes + (self.knobs.bucket_bytes + lc.extras.transient_bytes
+        fixed = self.knobs.per_process_overhead_bytes + (bucket_bytes(self.knobs, zero_stage=lay.zero_stage)
+                                                         + lc.extras.transient_bytes
                                                          + lc.act_none_bytes) * grow
         (recv_act,), (recv_grad,) = self.receive_buffer_bytes(stages=(i,))
         fixed += (recv_act + recv_grad) * grow

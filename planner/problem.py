@@ -56,7 +56,8 @@ class Problem:
         zero0 = self.knobs.zero0_state_bytes_per_param
         return replace(cm, param_bytes=recipe[0], grad_bytes=recipe[1], optimizer_bytes=recipe[2] - saved,
                        optimizer_state_saved_bytes=saved,
-                       zero0_state_bytes=None if zero0 is None else (zero0[0], zero0[1], zero0[2] - saved))
+                       zero0_state_bytes=None if zero0 is None else (zero0[0], zero0[1], zero0[2] - saved),
+                       zero0_optimizer_sharded=self.knobs.zero0_optimizer_sharded)
 
     @cached_property
     def parameter_counts(self) -> dict[str, int]:

@@ -29,7 +29,12 @@ from planner.bands import DOES_NOT_FIT, cluster_generation, fit_verdict_of_resul
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities, fp8_gathers_params
 from planner.frameworks.megatron_split import account_for_splits
-from planner.frameworks.profiles import FLASH_ATTENTION_2_HOPPER, profile_for
+from planner.frameworks.profiles import (
+    DEEPSPEED_BF16_BRANCH_RECIPE,
+    FLASH_ATTENTION_2_HOPPER,
+    MemoryRecipe,
+    profile_for,
+)
 from planner.inputs.specs import GATED_MLPS, LayoutSpec, ModelSpec, TrainingSpec
 from planner.problem import Problem
 from planner.rules import layout_violations
@@ -76,7 +81,8 @@ ASSUMPTIONS = [
     "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3). "
     "DeepSpeed ZeRO-3 rows dated 2021 or earlier hide none of their ZeRO-3 traffic: DeepSpeed's ZeRO-3 of "
     "2021 (v0.3.13-v0.5.4) synchronised the device before every per-parameter gather (DeepSpeed PR #1188: 'the "
-    "async version is not async at all').",
+    "async version is not async at all'). Megatron-DeepSpeed bf16 rows at ZeRO-0 measured before 2022-02-24 (the "
+    "date in their notes) ran DeepSpeed's bf16 branch before it sharded anything (DEEPSPEED_BF16_SHARDED_FROM).",
     "Unknown micro-batch size: the fastest fitting choice among mbs 1/2/4/8, except Megatron-LM rows dated 2020, "
     "which ran the whole per-replica batch at once (global batch / DP): their Megatron-LM had no micro-batches "
     "(--batch-size, 'batch size per model instance', became --micro-batch-size in commit 9019bbf400, 2020-12-06).",
@@ -312,6 +318,32 @@ gathers took turns. DeepSpeed PR #1188 (v0.5.5, 2021-11): "the async version is 
 all_gather calls torch.cuda.synchronize()"; coalesced gathers from v0.6.0 (2022-03). Rows dated 2021 or earlier
 run with none of the ZeRO-3 traffic hidden [U: the gradient reduce-scatter ran on a side stream and may have
 overlapped; the profile has one share for both]."""
+
+
+DEEPSPEED_BF16_SHARDED_FROM = "2022-02-24"
+"""The day DeepSpeed's bf16 optimizer first sharded its fp32 state over DP: commits 6f5ebc37a 'bf16+zero_stage_1
+first cut' and 819abe2a7 'finish zero_stage 1 sharding' on the olruwase/bf16-updates branch (squashed into PR #1801,
+released 2022-04-19 as BF16_Optimizer). Before it, bf16 at ZeRO-0 under the pipeline engine ran that branch's
+unsharded optimizer (profiles.DEEPSPEED_BF16_BRANCH_RECIPE): DeepSpeed's master refused bf16 without ZeRO then, and
+BigScience measured its ZeRO_STAGE=0 row of 2022-02-21 on 'the special branch' ('currently can't test ZeRO_STAGE=0 on
+master', chronicles-prequel.md), the day of the branch's 'Got bf16 working' (6eb4f1fa9)."""
+
+
+def _row_date(row: dict) -> str | None:
+    """The day a row was measured, where its notes print it ('(date 2022-02-21)'), as ISO text; None elsewhere."""
+    notes = row.get("notes")
+    m = re.search(r"\bdate (\d{4}-\d\d-\d\d)\b", notes) if isinstance(notes, str) else None
+    return m.group(1) if m else None
+
+
+def era_memory_recipe(row: dict, family: str, precision: str) -> MemoryRecipe | None:
+    """The memory recipe a row's software of its day ran where it differs from its profile's (None: the profile's):
+    Megatron-DeepSpeed bf16 at ZeRO-0 measured before DEEPSPEED_BF16_SHARDED_FROM ran the unsharded bf16 branch."""
+    date = _row_date(row)
+    if (family == "megatron-deepspeed" and precision == "bf16" and row.get("zero_stage") == 0
+            and date is not None and date < DEEPSPEED_BF16_SHARDED_FROM):
+        return DEEPSPEED_BF16_BRANCH_RECIPE
+    return None
 
 
 def _unrepresentable(row: dict) -> str | None:
@@ -623,6 +655,9 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     if isinstance(fields, str):
         return fields
     knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
+    era_recipe = era_memory_recipe(row, family, precision)
+    if era_recipe is not None:
+        knobs = era_recipe.applied_to(knobs)
     if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear (ASSUMPTIONS)
         knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT, fp8_torchao_linear=False)
     if family == "fsdp":
@@ -1057,12 +1092,16 @@ def _memory_section(report: Report) -> list[str]:
     out = ["## Memory against measured peaks", "",
            "Predicted device memory = reserved (live tensors + the caching allocator's reserve) + memory outside the "
            "allocator (CUDA context, NCCL), the quantity nvidia-smi shows; allocated = live tensors only. "
-           "BigScience's tables print 'max GPU memory used as logged' in GB; it is compared with device memory. "
+           "BigScience's tables print the memory in GB as nvidia-smi showed it ('was quickly getting the memory "
+           "snapshot with: pdsh ... nvidia-smi', chronicles-prequel.md); it is compared with device memory. "
            "The Megatron-DeepSpeed recipe is DeepSpeed's ZeRO-1 optimizer at its step (planner/frameworks/"
            "profiles.py), so 'allocated' here is the step's reserved model states plus the live activations, an "
            "upper bound of max_memory_allocated. Rows marked * printed memory but no throughput. The ZeRO-0 row ran "
            "on a pre-release DeepSpeed branch (the source: 'currently can't test ZeRO_STAGE=0 on master ... need to "
-           "retest'); it is predicted with the released BF16_Optimizer (2 + 4 + 12/d), which BLOOM trained with.", "",
+           "retest'), measured on 2022-02-21, the day of that branch's 'Got bf16 working' (6eb4f1fa9) and three days "
+           "before it first sharded the fp32 state over DP: it is predicted with that commit's unsharded bf16 "
+           "optimizer (4 + 6 + 12 B/param and a 3 GB all-reduce bucket, profiles.DEEPSPEED_BF16_BRANCH_RECIPE), not "
+           "the released BF16_Optimizer (2 + 4 + 12/d).", "",
            "| row | layout | measured GB | predicted allocated GB | predicted device GB | error |",
            "|---|---|---|---|---|---|"]
     for r, e in mem:

@@ -24,14 +24,23 @@ def test_memory_recipes_bytes_per_param():
     assert profile_for("megatron").memory.bytes_per_param == 18
     assert profile_for("torchtitan").memory.bytes_per_param == 16
     assert profile_for("deepspeed").memory.bytes_per_param == 20
-    # Megatron-DeepSpeed ZeRO-1 runs DeepSpeedZeroOptimizer (stage_1_and_2.py @8eef742): 16-bit params 2 + grads 2
-    # unsharded, and at the step fp32 master 4 + Adam 8 + partition buffer 2 + flat copy 2 + fp32 grads 4 = 20 / d
+    # Megatron-DeepSpeed ZeRO-1 runs DeepSpeedZeroOptimizer (stage_1_and_2.py @8eef742) with contiguous_gradients
+    # off (engine.py ignores it at stage 1, 2021-07 to 2024-01): 16-bit params 2 + grads 2 unsharded, and at the step
+    # fp32 master 4 + Adam 8 + the flattened 16-bit partition 2 + its fp32 copy 4 = 18 / d (no grads_in_partition)
     mds = profile_for("megatron-deepspeed")
-    assert (mds.memory.param_bytes, mds.memory.grad_bytes, mds.memory.optimizer_bytes) == (2, 2, 20)
+    assert (mds.memory.param_bytes, mds.memory.grad_bytes, mds.memory.optimizer_bytes) == (2, 2, 18)
+    # the reduce flattens a 5e8-element bucket of 16-bit grads and, in bf16, casts it to fp16 (allreduce_bucket's
+    # default communication_data_type at that commit): 2 GB in bf16, 1 GB in fp16
+    assert (mds.memory.bucket_bytes, mds.recipe("fp16").bucket_bytes) == (5e8 * 4, 5e8 * 2)
     # the same optimizer runs fp16 and bf16 at ZeRO-1; at ZeRO-0 bf16 runs BF16_Optimizer, its own ZeRO-1:
-    # 2 + 4 (fp32 grad buffer) + 12 / d (bf16_optimizer.py L141-210); fp16 keeps the ZeRO-1 optimizer's bytes
-    assert mds.recipe("fp16").bytes_per_param == 24 and mds.recipe("fp16").zero0 is None
-    assert mds.memory.zero0 == (2, 4, 12)
+    # 2 + 4 (fp32 grad buffer) + 2 (the all-reduce's bf16 cast of that whole buffer) + 12 / d (bf16_optimizer.py
+    # L141-210; engine.py allreduce_bucket, v0.6.4-v0.9.0), no bucket besides; fp16 runs FP16_Optimizer, nothing
+    # sharded: 2 + 2 + 4 (per-parameter fp32 grads) + 4 (their flat copy) + 12 (fused_optimizer.py step), and the
+    # engine's 1 GB fp16 all-reduce bucket
+    assert mds.recipe("fp16").bytes_per_param == 22
+    assert mds.memory.zero0 == (2, 6, 12) and mds.memory.zero0_sharded and mds.memory.zero0_bucket_bytes == 0
+    fp16 = mds.recipe("fp16")
+    assert fp16.zero0 == (2, 10, 12) and not fp16.zero0_sharded and fp16.zero0_bucket_bytes is None
 
 
 def test_generic_profile_is_the_knobs_default():
@@ -89,8 +98,10 @@ def test_dp_overlap_is_a_share_of_the_traffic():
 
 
 def test_megatron_deepspeed_states_per_zero_stage():
-    # the recipe reaches the cost model through the problem: ZeRO-1 -> DeepSpeedZeroOptimizer 2 + 2 + 20/d,
-    # ZeRO-0 bf16 -> BF16_Optimizer 2 + 4 + 12/d (it shards its own optimizer state over DP)
+    # the recipe reaches the cost model through the problem: ZeRO-1 -> DeepSpeedZeroOptimizer 2 + 2 + 18/d,
+    # ZeRO-0 bf16 -> BF16_Optimizer 2 + 6 + 12/d (it shards its own optimizer state over DP), and each stage's
+    # reduce buffers follow the optimizer that runs: 2 GB (bf16 bucket + its fp16 cast) at ZeRO-1, none at ZeRO-0
+    # (the cast is the 2 B/param above), fp16's 1 GB at both
     from cluster_specs import load_cluster
     from cost_models.stage import state_bytes_per_param
     from planner.inputs.models import load_model
@@ -104,9 +115,15 @@ def test_megatron_deepspeed_states_per_zero_stage():
                           load_cluster("dgx-a100-80gb", nodes=48), knobs)
         return state_bytes_per_param(problem.cm_training, zero_stage=zero, dp=8)
 
-    assert states("bf16", 1) == (2, 2, 2.5)
-    assert states("bf16", 0) == (2, 4, 1.5)
-    assert states("fp16", 0) == (2, 2, 20)  # fp16 at ZeRO-0: the same optimizer's bytes, unsharded
+    assert states("bf16", 1) == (2, 2, 2.25)
+    assert states("bf16", 0) == (2, 6, 1.5)
+    assert states("fp16", 1) == (2, 2, 2.25)
+    assert states("fp16", 0) == (2, 10, 12)  # fp16 at ZeRO-0: FP16_Optimizer's 24 bytes, unsharded
+    from cost_models.stage import bucket_bytes
+
+    buckets = {(p, z): bucket_bytes(profile_knobs("megatron-deepspeed", precision=p), zero_stage=z)
+               for p in ("bf16", "fp16") for z in (0, 1)}
+    assert buckets == {("bf16", 0): 0.0, ("bf16", 1): 2e9, ("fp16", 0): 1e9, ("fp16", 1): 1e9}
 
 
 LLAMA3_8B = gpt_shape(num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, ffn_hidden_size=14336,

@@ -48,13 +48,24 @@ class MemoryRecipe:
     source: str
     bucket_bytes: float = 0.0  # communication buckets allocated on top (DeepSpeed ZeRO-1/2 IPG and all-gather)
     keeps_stage_output: bool = False  # the pipeline engine keeps each in-flight micro-batch's stage output
-    # (param, grad, optimizer) at ZeRO-0 where another optimizer runs there and shards its own optimizer state
+    # (param, grad, optimizer) at ZeRO-0 where another optimizer runs there, which shards its optimizer state over DP
+    # unless zero0_sharded is False
     zero0: tuple[float, float, float] | None = None
+    zero0_sharded: bool = True
+    zero0_bucket_bytes: float | None = None  # the reduce buffers at ZeRO-0 where they differ (None: bucket_bytes)
     dynamic_grads: bool = False  # gradients are per-parameter tensors allocated every step (not one persistent buffer)
 
     @property
     def bytes_per_param(self) -> float:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    def applied_to(self, knobs: Knobs) -> Knobs:
+        """`knobs` with the cost-model knobs this recipe sets (the one place they are written)."""
+        return replace(knobs, zero3_gather=Zero3Gather(self.zero3_gather), bucket_bytes=self.bucket_bytes,
+                       keeps_stage_output=self.keeps_stage_output, zero0_state_bytes_per_param=self.zero0,
+                       zero0_optimizer_sharded=self.zero0_sharded, zero0_bucket_bytes=self.zero0_bucket_bytes,
+                       dynamic_grads=self.dynamic_grads,
+                       state_bytes_per_param=(self.param_bytes, self.grad_bytes, self.optimizer_bytes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +141,7 @@ class Profile:
         o, a = self.overlap, self.allocator
         factor = self.kernel_efficiency[gpu_generation].value if gpu_generation in self.kernel_efficiency else 1.0
         recipe = self.recipe(precision)
-        return replace(
+        return recipe.applied_to(replace(
             base,
             end_to_end_efficiency=base.end_to_end_efficiency * factor,
             dp_overlap_fraction=o.dp.value,
@@ -139,14 +150,8 @@ class Profile:
             pp_overlap_fraction=o.pp.value,
             ddp_overlap_fraction=o.ddp.value if o.ddp is not None else None,
             pp_overlap_needs_virtual=o.pp_needs_virtual is not None,
-            zero3_gather=Zero3Gather(recipe.zero3_gather),
-            bucket_bytes=recipe.bucket_bytes,
-            keeps_stage_output=recipe.keeps_stage_output,
-            zero0_state_bytes_per_param=recipe.zero0,
-            dynamic_grads=recipe.dynamic_grads,
             per_process_overhead_bytes=a.fixed_bytes.value,
             allocator_reserve_fraction=a.reserve_fraction.value,
-            state_bytes_per_param=(recipe.param_bytes, recipe.grad_bytes, recipe.optimizer_bytes),
             profile=self.framework.value,
             sp_saves_gathered_inputs=self.sp_gathered_inputs is not None,
             moe_expert_kernel_gflop=self.expert_kernel_gflop.value if self.expert_kernel_gflop else 0.0,
@@ -157,7 +162,7 @@ class Profile:
             pp_receive_buffers=self.pp_receive_buffers is not None,
             fp8_torchao_linear=self.fp8_torchao_linear is not None,
             precision_aware_master_bytes=self.master_remainders.value if self.master_remainders else 4.0,
-        )
+        ))
 
     def assumptions(self) -> list[tuple[str, str, str]]:
         """(knob, statement, source) for every profile value that moves a prediction."""
@@ -260,24 +265,53 @@ _DEEPSPEED_RECIPE = MemoryRecipe(
     "ZeRO-3 gathers one module at a time (stage3_prefetch_bucket_size); reduce and all-gather buckets of 5e8 "
     "16-bit elements each (reduce_bucket_size, allgather_bucket_size defaults, runtime/zero/config.py)", 2e9)
 _DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
-    "DeepSpeed ZeRO-1 optimizer under the pipeline engine (Megatron-DeepSpeed, bf16/fp16)", 2, 2, 20, 2, "module",
+    "DeepSpeed ZeRO-1 optimizer under the pipeline engine (Megatron-DeepSpeed, bf16/fp16)", 2, 2, 18, 2, "module",
     "DeepSpeedZeroOptimizer (stage_1_and_2.py @8eef742, 2022-02-16: 'bf16 is supported w. zero 1'; BF16_Optimizer "
-    "only from PR #1801, 2022-04-19, and only for ZeRO-0). Peak at the optimizer step, as the caching allocator holds "
-    "it: 16-bit params 2 (one flat buffer) + 16-bit grads 2 (param.grad, accumulated over the micro-batches, "
-    "unpartitioned under ZeRO-1), which stay reserved at the step: zero_grad() frees those per-parameter blocks at the "
-    "end of the reduce epilogue, and the step's multi-GB contiguous tensors cannot reuse them (the allocator splits a "
-    "cached block only for requests smaller than it); sharded from ZeRO-1: fp32 master 4 + Adam 8 + at "
-    "step() the gradient partition buffer 2 (grads_in_partition) + its flattened 16-bit copy 2 + the fp32 gradient "
-    "partition 4 (flatten(averaged_gradients).to(fp32)) = 4 + 20/d. One reduce_bucket_size IPG buffer (5e8 16-bit "
-    "elements, allocated by reduce_gradients(pipeline_parallel=True)); the all-gather after the step writes in place "
-    "into the flat buffer (no allgather buffer at that commit). The pipe engine keeps each in-flight micro-batch's "
-    "stage output until its backward (pipe/engine.py _exec_backward_pass: 'Free up the memory from the output of "
-    "forward()'). The 16-bit grads are autograd's per-parameter tensors, allocated every step and freed by "
-    "zero_grad(): the allocator's reserve applies to them as to activations. At ZeRO-0 bf16 runs DeepSpeed's "
-    "BF16_Optimizer (engine.py, DeepSpeed >= 0.6.4; BigScience tr11: 'bf16 must use z0! it implements its own zero "
-    "stage 1 equivalent'): bf16 params 2 + a full-size fp32 gradient buffer 4 + fp32 master 4/d + Adam 8/d "
-    "(bf16_optimizer.py L141-210, frameworks.md §3.5)", 1e9, keeps_stage_output=True, dynamic_grads=True,
-    zero0=(2, 4, 12))
+    "only from PR #1801, 2022-04-19, and only for ZeRO-0). At ZeRO-1 the engine turns contiguous_gradients and "
+    "overlap_comm off ('meaningless in stage 1 and are ignored', engine.py _configure_zero_optimizer, from 6ae756c03, "
+    "2021-07-26, until af033831f, 2024-01-06), so there is no grads_in_partition buffer and no IPG buffer. Peak at "
+    "the optimizer step, as the caching allocator holds it: 16-bit params 2 (one flat buffer) + 16-bit grads 2 "
+    "(param.grad, accumulated over the micro-batches, unpartitioned under ZeRO-1), which stay reserved at the step: "
+    "zero_grad() frees those per-parameter blocks at the end of the reduce epilogue, and the step's multi-GB "
+    "contiguous tensors cannot reuse them (the allocator splits a cached block only for requests smaller than it); "
+    "sharded from ZeRO-1: fp32 master 4 + Adam 8 + at step() the flattened 16-bit gradient partition 2 and its fp32 "
+    "copy 4 (flatten(averaged_gradients).to(fp32); averaged_gradients are views of param.grad) = 4 + 18/d. The "
+    "reduce flattens each bucket of up to reduce_bucket_size (5e8) 16-bit gradients (buffered_reduce_fallback -> "
+    "allreduce_bucket) and, in bf16, casts it to fp16 for the all-reduce (allreduce_bucket's communication_data_type "
+    "defaults to torch.float16 at that commit): 2 GB in bf16, 1 GB in fp16; the all-gather after the step writes in "
+    "place into the flat buffer. The pipe engine keeps each in-flight micro-batch's stage output until its backward "
+    "(pipe/engine.py _exec_backward_pass: 'Free up the memory from the output of forward()'). The 16-bit grads are "
+    "autograd's per-parameter tensors, allocated every step and freed by zero_grad(): the allocator's reserve applies "
+    "to them as to activations. At ZeRO-0 bf16 runs DeepSpeed's BF16_Optimizer (engine.py, DeepSpeed >= 0.6.4; "
+    "BigScience tr11: 'bf16 must use z0! it implements its own zero stage 1 equivalent'): bf16 params 2 + a "
+    "full-size fp32 gradient buffer 4 + fp32 master 4/d + Adam 8/d (bf16_optimizer.py L141-210, frameworks.md §3.5), "
+    "and the all-reduce's bf16 copy of that buffer 2: the pipe engine's _bf16_reduce_grads hands the optimizer's one "
+    "flat fp32 gradient per group to buffered_allreduce_fallback, whose flatten of a single tensor is a view and "
+    "whose allreduce_bucket casts it whole to the bf16 communication dtype (engine.py, v0.6.4 to v0.9.0); no "
+    "bucket besides", 2e9, keeps_stage_output=True, dynamic_grads=True, zero0=(2, 6, 12), zero0_bucket_bytes=0.0)
+
+_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE = replace(
+    _DEEPSPEED_ZERO1_PIPE_RECIPE, bucket_bytes=1e9, zero0=(2, 10, 12), zero0_sharded=False, zero0_bucket_bytes=None,
+    source="In fp16 the ZeRO-1 optimizer as in bf16 (" + _DEEPSPEED_ZERO1_PIPE_RECIPE.name + "), with a 1 GB reduce "
+    "bucket (no cast). At ZeRO-0 fp16 runs DeepSpeed's FP16_Optimizer (runtime/fp16/fused_optimizer.py @8eef742), "
+    "nothing sharded: fp16 params 2 + fp16 grads 2 + at step() each grad's fp32 copy 4 (p.grad.to(fp32), freed "
+    "after the flatten, blocks kept reserved) + their flattened fp32 gradient 4 + fp32 master 4 + Adam 8 = 24")
+
+DEEPSPEED_BF16_BRANCH_RECIPE = MemoryRecipe(
+    "DeepSpeed bf16 branch before its ZeRO-1 sharding (olruwase/bf16-updates, 2022-02-18 to 02-23)", 4, 6, 12, 2,
+    "module",
+    "bf16 at ZeRO-0 under the pipeline engine on the branch that became PR #1801, at 6eb4f1fa9 'Got bf16 working' "
+    "(2022-02-21); its sharding came in 6f5ebc37a / 819abe2a7 ('bf16+zero_stage_1 first cut', 'finish zero_stage 1 "
+    "sharding', 2022-02-24). Nothing sharded: bf16 params 2 + the optimizer's flat bf16 copy 2 (bf16_groups_flat, "
+    "flattened and not re-pointed at that commit) + bf16 grads 2 (kept by update_hp_grads(clear_lp_grads=False) "
+    "until the next backward) + per-parameter fp32 grads 4 (hp.grad, made every step, freed by clear_hp_grads) + "
+    "per-parameter fp32 master 4 + Adam 8 (bf16_optimizer.py at 6eb4f1fa9). The pipe engine's _bf16_reduce_grads "
+    "all-reduces the fp32 grads through buffered_allreduce_fallback: one 5e8-element bucket flattened in fp32 and "
+    "cast to the bf16 communication dtype (engine.py allreduce_bucket, communication_data_type), 6 B x 5e8",
+    3e9, keeps_stage_output=True, dynamic_grads=True)
+"""Not a framework's recipe today: a published run of that branch (BigScience's ZeRO_STAGE=0 row of 2022-02-21,
+'currently can't test ZeRO_STAGE=0 on master') is predicted with it (planner/validation.py
+DEEPSPEED_BF16_SHARDED_FROM)."""
 
 FSDP_HOPPER_KERNEL_EFFICIENCY = 0.925
 _FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
@@ -418,7 +452,7 @@ PROFILES: dict[Framework, Profile] = {
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
         "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
         {"ampere": Sourced(MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY, _MEGATRON_DEEPSPEED_AMPERE)},
-        memory_fp16=replace(_DEEPSPEED_ZERO1_PIPE_RECIPE, zero0=None)),
+        memory_fp16=_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE),
     Framework.GENERIC: Profile(
         Framework.GENERIC, "generic (no framework named)", _MEGATRON_RECIPE,
         "core attention only (Megatron's definition, Korthikanti et al. 2022 §5)",
