@@ -1151,8 +1151,8 @@ def _vtrain_section(vt) -> list[str]:
     from planner.validation_vtrain import VTRAIN_ASSUMPTIONS
 
     out = ["## Second validation set: vTrain's measured multi-node runs (fully held out)", "",
-           f"{len(vt.results)} measured Megatron-LM runs on 64-512 A100 GPUs (planner/data/VTRAIN_SOURCE.md), predicted "
-           "with the knobs fitted on the published runs above; no knob's value was chosen on these rows. Not "
+           f"{len(vt.results)} measured Megatron-DeepSpeed runs on 64-512 A100 GPUs (planner/data/VTRAIN_SOURCE.md), "
+           "predicted with the knobs fitted on the published runs above; no knob's value was chosen on these rows. Not "
            "every model form was chosen blind to them: the GEMM shape term (cost_models/stage.py "
            "gemm_shape_factor) came in after their per-model bias (-14.0% GPT 3.6B to +5.9% GPT 175B) and "
            "llm-foundry's width trend were seen. Targets: mean |error| <= 12%, |bias| <= 5%, regret <= 1% mean "

@@ -1,4 +1,4 @@
-"""A second, fully held-out validation set: vTrain's 109 measured multi-node Megatron-LM runs on A100.
+"""A second, fully held-out validation set: vTrain's 109 measured multi-node Megatron-DeepSpeed runs on A100.
 
 planner/data/vtrain_ground_truth_multi.csv (source and setup: planner/data/VTRAIN_SOURCE.md). No knob is fitted
 on these rows: they are predicted with the knobs fitted on ../shared/validation (all sources), so every figure
@@ -28,10 +28,14 @@ VTRAIN_ASSUMPTIONS = [
     "Activation checkpointing: full, every layer (use_checkpoint: true in every config/validation/multi file).",
     "No DP overlap: use_gradient_bucket false (the gradient all-reduce runs after backward): the megatron "
     "profile without its overlap flags.",
-    "Megatron-LM's defaults of 2022-23 (the runs used PyTorch 2.0.1, docker/Dockerfile; no sequence parallelism): "
-    "the backward input-gradient all-reduces of the column-parallel linears overlap their weight-gradient GEMMs "
-    "(async tensor-parallel all-reduce, default since commit 3f65246911, 2021-09); pipeline sends scatter/gather "
-    "b s h / t per rank (default until commit 3c92fa93b5, 2023-03) [U: the Megatron-LM commit is not printed].",
+    "Megatron-LM's defaults of 2022-23 (no sequence parallelism): the backward input-gradient all-reduces of the "
+    "column-parallel linears overlap their weight-gradient GEMMs (async tensor-parallel all-reduce, default since "
+    "commit 3f65246911, 2021-09); pipeline sends scatter/gather b s h / t per rank (default until commit 3c92fa93b5, "
+    "2023-03) [U: the runs were 'collected using Megatron-DeepSpeed codebase' (vTrain data/README.md), whose commit "
+    "and launch flags are not printed; under DeepSpeed's engine (--deepspeed) Megatron-DeepSpeed turns the async "
+    "all-reduce off (megatron/arguments.py, microsoft/Megatron-DeepSpeed 4822c87e, 2023-09), which predicts these "
+    "runs at mean |error| 9.3%, bias -1.2% and the same picks. docker/Dockerfile (PyTorch 2.0.1) builds vTrain's "
+    "profiler, not these runs].",
     "A100 SXM4 80 GB [U: the memory size is not printed], 8 per node, NVLink inside a node, 4 x 200 Gb/s "
     "(inter_node_bandwidth 800 Gb/s per node) between nodes; fp16 mixed precision [U: same tensor-core peak "
     "as bf16 on A100].",

@@ -9,8 +9,8 @@ e = predicted / measured - 1, the ratio error is
 
     r_ij = (predicted_i / predicted_j) / (measured_i / measured_j) - 1 = (1 + e_i) / (1 + e_j) - 1.
 
-The source is vTrain's 109 measured Megatron-LM runs on A100 (planner/validation_vtrain.py; four models, each
-with 15-47 layouts on one cluster: 1,721 pairs). No knob is fitted on those rows (the knobs are the ones fitted
+The source is vTrain's 109 measured Megatron-DeepSpeed runs on A100 (planner/validation_vtrain.py; four models,
+each with 15-47 layouts on one cluster: 1,721 pairs). No knob is fitted on those rows (the knobs are the ones fitted
 on ../shared/validation and shipped in planner/data/error_bands.json), so every ratio error is out of sample; a
 knob that scales every prediction alike cancels in the ratio anyway.
 
