@@ -324,9 +324,10 @@ DEEPSPEED_BF16_SHARDED_FROM = "2022-02-24"
 """The day DeepSpeed's bf16 optimizer first sharded its fp32 state over DP: commits 6f5ebc37a 'bf16+zero_stage_1
 first cut' and 819abe2a7 'finish zero_stage 1 sharding' on the olruwase/bf16-updates branch (squashed into PR #1801,
 released 2022-04-19 as BF16_Optimizer). Before it, bf16 at ZeRO-0 under the pipeline engine ran that branch's
-unsharded optimizer (profiles.DEEPSPEED_BF16_BRANCH_RECIPE): DeepSpeed's master refused bf16 without ZeRO then, and
-BigScience measured its ZeRO_STAGE=0 row of 2022-02-21 on 'the special branch' ('currently can't test ZeRO_STAGE=0 on
-master', chronicles-prequel.md), the day of the branch's 'Got bf16 working' (6eb4f1fa9)."""
+unsharded optimizer (profiles.DEEPSPEED_BF16_BRANCH_RECIPE). DeepSpeed's master then handed bf16 at ZeRO-0 the bare
+optimizer over the bf16 parameters, with no fp32 master (engine.py _configure_optimizer @8eef742), and BigScience
+measured its ZeRO_STAGE=0 row of 2022-02-21 on 'the special branch' ('currently can't test ZeRO_STAGE=0 on master',
+chronicles-prequel.md), the day of the branch's 'Got bf16 working' (6eb4f1fa9)."""
 
 
 def _row_date(row: dict) -> str | None:
