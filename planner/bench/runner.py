@@ -780,9 +780,14 @@ def _read_reports(out_dir: str, nproc: int) -> list[dict]:
 
 
 def run_ranks(fn, args, nproc: int, timeout_seconds: float) -> list[dict]:
-    """Fork `nproc` ranks running fn(rank, world, args, init_method) from this process (torch already imported:
-    ~2 s faster than spawn), rendezvous on 127.0.0.1. If a rank exits non-zero the others are stopped at once;
-    the whole run is bounded by twice the process-group timeout. Raises BenchmarkError on any failure."""
+    """Start `nproc` ranks running fn(rank, world, args, init_method) (fn a module-level function, args picklable),
+    rendezvous on 127.0.0.1. If a rank exits non-zero the others are stopped at once; the whole run is bounded by
+    twice the process-group timeout. Raises BenchmarkError on any failure.
+
+    The ranks are forked from a forkserver, a fresh process that has only imported torch and this module, not from
+    the calling process, whose runtime state (torch's thread pools, OpenMP, earlier process groups, a test runner's
+    threads) a plain fork copies: a rank forked from the test process once died in CI with 'malloc(): unaligned
+    tcache chunk detected' [U: root cause not isolated]. It costs about 0.5 s per run more than a plain fork."""
     import multiprocessing as mp
     import tempfile
 
@@ -790,7 +795,8 @@ def run_ranks(fn, args, nproc: int, timeout_seconds: float) -> list[dict]:
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
     init = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="planner-bench-") as out_dir:
         procs = [ctx.Process(target=_child, args=(r, nproc, fn, args, init, out_dir)) for r in range(nproc)]
