@@ -26,7 +26,7 @@ PLANS = {
     "interleaved-account-for": dict(tp=8, pp=2, dp=4, zero_stage=1, micro_batch_size=1, num_micro_batches=64,
                                     recompute="selective", schedule="interleaved_1f1b", virtual_stages=3,
                                     layers_per_stage=[20, 20], recompute_layers_per_stage=None),
-    # ZeRO-0 over a pipeline: Megatron-DeepSpeed's bf16 runs BF16_Optimizer (2 + 4 + 12/d B/param), which check read
+    # ZeRO-0 over a pipeline: Megatron-DeepSpeed's bf16 runs BF16_Optimizer (2 + 6 + 12/d B/param), which check read
     # as ZeRO-1's DeepSpeedZeroOptimizer (then 4 + 20/d) until this plan: a different peak from the one planned
     "zero0-pipeline": dict(tp=8, pp=4, dp=2, zero_stage=0, micro_batch_size=1, num_micro_batches=128,
                            recompute="full", schedule="1f1b", layers_per_stage=None, recompute_layers_per_stage=None),

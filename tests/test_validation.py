@@ -118,8 +118,9 @@ def test_measured_memory_rows(report):
     # Megatron-DeepSpeed ZeRO-1 as DeepSpeedZeroOptimizer at the optimizer step (profiles.py): every ZeRO-1 row
     # within -9.0%..+3.2% (was -20.0%..+0.6% with the BF16_Optimizer recipe, which BLOOM's ZeRO-1 runs did not use;
     # -9.1%..+12.0% while the recipe counted a grads_in_partition buffer, which ZeRO-1 did not allocate: engine.py
-    # turned contiguous_gradients off at stage 1; the dp = 1 rows were +12.0% / +6.8% then). The one ZeRO-0 row ran on a pre-release DeepSpeed branch ('currently can't test ZeRO_STAGE=0 on master
-    # ... need to retest', the source) on 2022-02-21, the day of that branch's 'Got bf16 working' (6eb4f1fa9), before
+    # turned contiguous_gradients off at stage 1; the dp = 1 rows were +12.0% / +6.8% then). The one ZeRO-0 row
+    # ran on a pre-release DeepSpeed branch ('currently can't test ZeRO_STAGE=0 on master ... need to retest', the
+    # source) on 2022-02-21, the day of that branch's 'Got bf16 working' (6eb4f1fa9), before
     # it sharded anything: 72 GB measured; its unsharded optimizer (4 + 6 + 12 B/param, a 3 GB fp32 + bf16 bucket,
     # profiles.DEEPSPEED_BF16_BRANCH_RECIPE) predicts 68.8 GB (-4.4%), where the released BF16_Optimizer's
     # 2 + 4 + 12/d predicted 36.1 GB (-49.8%)
@@ -408,7 +409,8 @@ def test_deepspeed_bf16_zero0_before_its_sharding_keeps_every_state_whole():
     knobs = build_case(zero0, memory_only=True).knobs
     assert knobs.state_bytes_per_param == (4, 6, 12) and knobs.zero0_state_bytes_per_param is None
     assert knobs.bucket_bytes == 5e8 * (4 + 2)  # one 5e8-element bucket flattened in fp32, cast to bf16
-    # 22 B/param, none of it over DP: the released BF16_Optimizer holds 6 + 12/d
+    # 22 B/param, none of it over DP: the released BF16_Optimizer holds 8 + 12/d (its fp32 gradient buffer and the
+    # all-reduce's bf16 copy of it)
     assert DEEPSPEED_BF16_BRANCH_RECIPE.bytes_per_param == 22
     released = profile_for("megatron-deepspeed").memory
     after = dict(zero0, notes="Measured at iteration 2 (date 2022-02-24).")

@@ -766,9 +766,14 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         view.model["partition_method"] = args.pp_partition_method or "type:transformer"
         _megatron_ds_config(args, view, source)
         if view.precision == "bf16" and view.fields["zero_stage"] == 0:  # the profile's zero0 recipe costs it
+            from planner.frameworks.profiles import profile_for
+
+            param, grad, optimizer = profile_for(Framework.MEGATRON_DEEPSPEED).memory.zero0 or (0, 0, 0)
             view.notes.append("bf16 at ZeRO-0 under DeepSpeed's pipeline engine runs BF16_Optimizer: fp32 master "
-                              "weights and Adam state sharded over data parallel, 2 + 4 + 12/d bytes per parameter "
-                              "(frameworks.md §3.5), as plan and estimate cost zero=0 for megatron-deepspeed")
+                              f"weights and Adam state sharded over data parallel, {param:g} + {grad:g} + "
+                              f"{optimizer:g}/d bytes per parameter (the gradients: its fp32 buffer and the "
+                              "all-reduce's bf16 copy of it; frameworks.md §3.5), as plan and estimate cost zero=0 "
+                              "for megatron-deepspeed")
     else:
         _megatron_overlap(args, view)
     _megatron_env(env, view)
