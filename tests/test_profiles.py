@@ -66,6 +66,22 @@ def test_profiles_differ_where_the_frameworks_do():
     assert profile_knobs("torchtitan", base, gpu_generation="ampere").end_to_end_efficiency == base.end_to_end_efficiency
 
 
+def test_megatron_deepspeed_context_is_the_one_bigscience_measured_on_each_gpu():
+    # BigScience (tr11-176B-ml/chronicles-prequel.md): 'cuda kernels (1271MiB)' on V100 (tr8-104B) and '40GB A100
+    # takes 1573MiB for cuda kernels'; the other profiles keep their single 1.3 GB, and validation applies the same
+    # per-generation value (family_knobs)
+    from planner.validation import family_knobs
+
+    mib = 2**20
+    assert profile_knobs("megatron-deepspeed", gpu_generation="ampere").per_process_overhead_bytes == 1573 * mib
+    assert profile_knobs("megatron-deepspeed", gpu_generation="volta").per_process_overhead_bytes == 1271 * mib
+    assert profile_knobs("megatron-deepspeed").per_process_overhead_bytes == 1271 * mib
+    assert profile_knobs("megatron", gpu_generation="ampere").per_process_overhead_bytes == 1.3e9
+    assert family_knobs("megatron-deepspeed", generation="ampere").per_process_overhead_bytes == 1573 * mib
+    stated = {k for k, _, _ in profile_for("megatron-deepspeed").assumptions()}
+    assert "per_process_overhead_bytes[ampere]" in stated
+
+
 def test_unknown_framework_is_a_clear_error():
     with pytest.raises(ValueError, match="framework: 'jax' -> must be one of"):
         profile_for("jax")

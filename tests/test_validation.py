@@ -13,6 +13,7 @@ import pytest
 
 from planner.bands import BAND_COVERAGE, BAND_LEVELS
 from planner.validation import (
+    GIB,
     band_coverage,
     band_hits,
     build_case,
@@ -114,22 +115,29 @@ def test_band_coverage_near_80_percent(report):
 
 
 def test_measured_memory_rows(report):
-    # BLOOM-176B layout search (bigscience chronicles): nvidia-smi snapshots (device memory)
-    # Megatron-DeepSpeed ZeRO-1 as DeepSpeedZeroOptimizer at the optimizer step (profiles.py): every ZeRO-1 row
-    # within -9.0%..+3.2% (was -20.0%..+0.6% with the BF16_Optimizer recipe, which BLOOM's ZeRO-1 runs did not use;
-    # -9.1%..+12.0% while the recipe counted a grads_in_partition buffer, which ZeRO-1 did not allocate: engine.py
-    # turned contiguous_gradients off at stage 1; the dp = 1 rows were +12.0% / +6.8% then). The one ZeRO-0 row
-    # ran on a pre-release DeepSpeed branch ('currently can't test ZeRO_STAGE=0 on master ... need to retest', the
-    # source) on 2022-02-21, the day of that branch's 'Got bf16 working' (6eb4f1fa9), before
-    # it sharded anything: 72 GB measured; its unsharded optimizer (4 + 6 + 12 B/param, a 3 GB fp32 + bf16 bucket,
-    # profiles.DEEPSPEED_BF16_BRANCH_RECIPE) predicts 68.8 GB (-4.4%), where the released BF16_Optimizer's
-    # 2 + 4 + 12/d predicted 36.1 GB (-49.8%)
+    # BLOOM-176B layout search (bigscience chronicles): nvidia-smi snapshots (device memory), a printed 'GB' read as
+    # GiB (validation.PRINTED_MEMORY_UNIT_BYTES: the source calls the 81920 MiB card '80GB'). Megatron-DeepSpeed
+    # ZeRO-1 as DeepSpeedZeroOptimizer at the optimizer step (profiles.py) with the A100 CUDA context BigScience
+    # measured (1573 MiB): every row -14.7%..-3.4% (-8.4%..+3.8% if a printed GB were 10^9 bytes, the reading before
+    # this one). NCCL's communicator buffers are not predicted, and the rows with DP > 1 (more communicators) are the
+    # ones furthest under. The one ZeRO-0 row ran on a pre-release DeepSpeed branch ('currently can't test
+    # ZeRO_STAGE=0 on master ... need to retest', the source) on 2022-02-21, the day of that branch's 'Got bf16
+    # working' (6eb4f1fa9), before it sharded anything: 72 'GB' measured; its unsharded optimizer (4 + 6 + 12 B/param,
+    # a 3 GB fp32 + bf16 bucket, profiles.DEEPSPEED_BF16_BRANCH_RECIPE) predicts 64.4 GiB (-10.5%), where the
+    # released BF16_Optimizer's 2 + 4 + 12/d predicted 33.6 GiB (-53%)
     s = summary(report)
     assert s["memory_rows"] >= 15
-    assert s["memory_median_abs_error"] <= 0.05
+    assert s["memory_median_abs_error"] <= 0.10
     errors = {r.case.row_id: e for r, e in memory_rows(report)}
-    assert -0.05 <= errors["bs-prequel-0221-zero0-h14336-pp12-mbs2"] <= 0.0
-    assert min(errors.values()) >= -0.10 and max(errors.values()) <= 0.10, errors
+    # the ZeRO-0 row and its ZeRO-1 twin of the same day and layout (37 'GB') are off by the same share: what
+    # differs between them, the optimizer's states, is predicted as the measured difference
+    zero0, zero1 = errors["bs-prequel-0221-zero0-h14336-pp12-mbs2"], errors["bs-prequel-0221-zero1-h14336-pp12-mbs2"]
+    assert abs(zero0 - zero1) <= 0.02
+    assert min(errors.values()) >= -0.15 and max(errors.values()) <= 0.0, errors
+    # the other reading of the printed unit moves every row by the same factor (1 GiB / 10^9 B)
+    as_1e9 = {r.case.row_id: e for r, e in memory_rows(report, 1e9)}
+    for row, e in errors.items():
+        assert as_1e9[row] + 1 == pytest.approx((e + 1) * GIB / 1e9)
 
 
 def test_korthikanti_table5_rows(report):

@@ -21,6 +21,7 @@ from cost_models.memory import TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT
 from planner.frameworks import Framework
 
 GIB = 2**30
+MIB = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,11 @@ class Allocator:
 
     reserve_fraction: Sourced
     fixed_bytes: Sourced  # CUDA context + NCCL communicators + cuBLAS workspaces (outside torch's reserved pool)
+    fixed_bytes_by_generation: dict[str, Sourced] = field(default_factory=dict)  # where measured per GPU generation
+
+    def fixed_bytes_on(self, gpu_generation: str | None) -> float:
+        """The memory outside the allocator on this GPU generation: its own measurement where there is one."""
+        return self.fixed_bytes_by_generation.get(gpu_generation or "", self.fixed_bytes).value
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +156,7 @@ class Profile:
             pp_overlap_fraction=o.pp.value,
             ddp_overlap_fraction=o.ddp.value if o.ddp is not None else None,
             pp_overlap_needs_virtual=o.pp_needs_virtual is not None,
-            per_process_overhead_bytes=a.fixed_bytes.value,
+            per_process_overhead_bytes=a.fixed_bytes_on(gpu_generation),
             allocator_reserve_fraction=a.reserve_fraction.value,
             profile=self.framework.value,
             sp_saves_gathered_inputs=self.sp_gathered_inputs is not None,
@@ -176,8 +182,11 @@ class Profile:
              + (" (with virtual stages; none without)" if o.pp_needs_virtual else ""), o.pp.source),
             ("allocator_reserve_fraction", f"caching allocator reserves {a.reserve_fraction.value:.0%} above the "
              "live activations and buffers", a.reserve_fraction.source),
-            ("per_process_overhead_bytes", f"{a.fixed_bytes.value / GIB:.1f} GiB per GPU outside the allocator "
+            ("per_process_overhead_bytes", f"{a.fixed_bytes.value / GIB:.2f} GiB per GPU outside the allocator "
              "(CUDA context, NCCL, workspaces)", a.fixed_bytes.source),
+        ] + [
+            (f"per_process_overhead_bytes[{gen}]", f"{v.value / GIB:.2f} GiB per GPU outside the allocator on {gen}",
+             v.source) for gen, v in a.fixed_bytes_by_generation.items()] + [
             ("memory_recipe", f"{m.name}: {m.bytes_per_param:g} B/param", m.source),
         ] + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
@@ -337,8 +346,18 @@ _TORCHAO_FP8 = ("torchao's Float8Linear: matmul_with_hp_or_float8_args.forward s
 _TORCH_LOSS = ("torchtitan's loss is torch's cross_entropy on the fp32-cast logits (components/loss.py "
                "cross_entropy_loss: pred.flatten(0, 1).float()): 12 B per logit at its backward "
                "(cost_models/memory.py TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT) where Megatron keeps 4")
-_CONTEXT = ("CUDA context + NCCL communicators + cuBLAS workspaces, measured outside torch's pool: ~1.3 GB on "
-            "V100 (BigScience tr8-104B: 'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json)")
+_CONTEXT = ("memory outside torch's pool, taken as the CUDA context measured on V100: ~1.3 GB (BigScience tr8-104B: "
+            "'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json) [U: NCCL's communicator buffers, "
+            "allocated at each communicator's first collective, are not in that measurement, nor is the context's "
+            "size under CUDA's lazy module loading]")
+_CONTEXT_V100_2022 = Sourced(1271 * MIB, "BigScience, tr8-104B on V100: 'also need to take into account the cuda "
+                             "kernels (1271MiB)' in nvidia-smi (tr11-176B-ml/chronicles-prequel.md) [U: NCCL's "
+                             "communicator buffers are not in it: the prediction errs low by them]")
+_CONTEXT_A100_2022 = Sourced(1573 * MIB, "BigScience on Jean Zay's A100s: '40GB A100 takes 1573MiB for cuda kernels "
+                             "(probably about the same for 80GB? may be a bit larger)', nvidia-smi after "
+                             "torch.ones(1).cuda() (tr11-176B-ml/chronicles-prequel.md, 2022: the software of its "
+                             "runs) [U: measured on the 40 GB card; NCCL's communicator buffers are not in it: the "
+                             "prediction errs low by them]")
 _DTENSOR_SP = ("torchtitan's TP plan (parallelize_llama: SequenceParallel norms, PrepareModuleInput Shard(1) -> "
                "Replicate, ColwiseParallel wq/wk/wv and w1/w3) all-gathers in forward, and autograd saves the "
                "gathered input for the weight gradient; counted on the CPU benchmark, which runs the same DTensor "
@@ -449,7 +468,7 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.0, "async TP all-reduce turned off under --deepspeed (megatron/arguments.py L390-400)"),
             Sourced(0.0, "blocking pipeline send/recv (DeepSpeed pipe engine) [U]"),
         ),
-        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), _CONTEXT_V100_2022, {"ampere": _CONTEXT_A100_2022}),
         "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
         {"ampere": Sourced(MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY, _MEGATRON_DEEPSPEED_AMPERE)},
         memory_fp16=_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE),
