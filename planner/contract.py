@@ -441,10 +441,15 @@ class PlanDocument(CandidateReport):
     memory_margin_relaxed: bool = Field(
         False, description="True when band-high was asked for (the default) but no layout fits at the band's high "
                            "end, so the plan was made at the estimate.")
+    memory_margin_cost: CandidateReport | None = Field(
+        None, description="What the band-high margin costs: the fastest layout that fits only at the point estimate "
+                          "('tight'), where it is more than 0.5% faster than the pick (objective throughput; "
+                          "--memory-margin estimate would pick it, and it may run out of memory); null otherwise.")
 
     @classmethod
     def from_result(cls, problem: Any, result: Any, *, objective: str, framework: Framework = Framework.GENERIC,
-                    notes: list[str] | None = None, memory_margin_relaxed: bool = False) -> PlanDocument:
+                    notes: list[str] | None = None, memory_margin_relaxed: bool = False,
+                    margin_cost: Any = None) -> PlanDocument:
         """From a planner.search.PlanResult: its pick, alternatives, compared layouts, reasons and decision."""
         headroom = problem.knobs.memory_headroom_bytes
         fraction = float(problem.knobs.memory_high_fraction)
@@ -461,14 +466,30 @@ class PlanDocument(CandidateReport):
             return r.model_copy(update={"reason": versus(pick, r)})
 
         pick = report(result.pick)
-        notes = [*_memory_margin_notes(pick, headroom, memory_margin_relaxed), *(notes or [])]
+        cost = None
+        if margin_cost is not None:
+            cost = CandidateReport.from_estimate(margin_cost.layout, margin_cost.estimate, headroom_bytes=headroom,
+                                                 origin=margin_cost.origin, reason=None, problem=problem)
+            cost = cost.model_copy(update={"reason": _margin_cost_note(pick, cost)})
+        notes = [*_memory_margin_notes(pick, headroom, memory_margin_relaxed),
+                 *([cost.reason] if cost is not None and cost.reason else []), *(notes or [])]
         decision = result.decision.model_copy(update={"reasons": [*result.decision.reasons, *notes]})
         return cls(**_versions(), objective=objective, framework=framework, inputs=Inputs.from_problem(problem),
                    **dict(pick), alternatives=[against_pick(c) for c in result.alternatives],
                    decision=decision, search=result.stats.model_copy(),
                    compared=[against_pick(c) for c in getattr(result, "compared", [])],
                    memory_margin="band-high" if fraction > 0 else "estimate", memory_margin_fraction=fraction,
-                   memory_margin_relaxed=memory_margin_relaxed)
+                   memory_margin_relaxed=memory_margin_relaxed, memory_margin_cost=cost)
+
+
+def _margin_cost_note(pick: CandidateReport, tight: CandidateReport) -> str:
+    """The decision line that says what the memory margin costs (planner.search.margin_cost)."""
+    gib, p, t = 2**30, pick.predicted, tight.predicted
+    high = t.peak_memory_bytes_per_gpu_high
+    return (f"memory: the margin costs {p.step_time_seconds / t.step_time_seconds - 1:.1%} of step time: "
+            f"{tight.layout.short()} runs in {t.step_time_seconds:.3f} s at {t.peak_memory_bytes_per_gpu / gib:.1f} GiB "
+            "predicted" + (f", {high / gib:.1f} GiB at the band's high end" if high is not None else "")
+            + "; --memory-margin estimate picks it, and it may run out of memory.")
 
 
 def _memory_margin_notes(pick: CandidateReport, headroom_bytes: float, relaxed: bool) -> list[str]:

@@ -127,6 +127,7 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
     from planner.search import (
         PlanOptions,
         add_compared,
+        margin_cost,
         plan_min_gpus,
         plan_within_memory_margin,
         with_memory_margin,
@@ -151,9 +152,10 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
         notes.append(note)
     compared = [layout_from_arg(text, problem, "--compare") for text in plan.compare]
     problem, result, relaxed = plan_within_memory_margin(problem, opts)
+    cost = margin_cost(problem, result, opts) if plan.objective == "throughput" else None
     result = add_compared(problem, result, compared)
     doc = PlanDocument.from_result(problem, result, objective=plan.objective, framework=restriction.caps.framework,
-                                   notes=notes, memory_margin_relaxed=relaxed)
+                                   notes=notes, memory_margin_relaxed=relaxed, margin_cost=cost)
     extend(doc, problem, result, extras, opts)
     return doc, extras.lines
 

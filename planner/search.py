@@ -515,6 +515,26 @@ def plan_within_memory_margin(problem: Problem, opts: PlanOptions) -> tuple[Prob
         return relaxed, plan(relaxed, opts), True
 
 
+MARGIN_COST_MIN = 0.005
+"""The smallest step-time gain a layout that fits only at the estimate must have over the pick to be reported as
+what the memory margin costs (below it the two are the same speed)."""
+
+
+def margin_cost(problem: Problem, result: PlanResult, opts: PlanOptions,
+                min_gain: float = MARGIN_COST_MIN) -> Candidate | None:
+    """What the memory margin costs: the pick of the same search with the fit judged at the point estimate, where it
+    is more than `min_gain` faster than `result`'s pick; None under the estimate margin, for objectives other than
+    throughput, or when the margin moves nothing."""
+    if problem.knobs.memory_high_fraction <= 0 or opts.objective != "throughput":
+        return None
+    at_estimate = replace(problem, knobs=replace(problem.knobs, memory_high_fraction=0.0))
+    try:
+        other = plan(at_estimate, replace(opts, top_k=0, progress=False)).pick
+    except InfeasibleError:
+        return None
+    return other if other.step_seconds < result.pick.step_seconds * (1 - min_gain) else None
+
+
 def _distinct(cands: list[Candidate], pick: Candidate, k: int) -> list[Candidate]:
     """Runners-up that differ from the pick and from each other in more than the micro-batch size."""
     out, seen = [], {_shape(pick.layout)}
