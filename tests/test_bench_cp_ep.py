@@ -6,11 +6,12 @@ Numerics: fp64 everywhere, so the ring's online softmax and the all-to-all round
 process to rounding (observed 1e-15), and the ring's backward (TE's reverse ring carrying dK/dV) and autograd
 through the all-to-alls must reproduce one process's autograd gradients (observed 5e-15 and 2.5e-14). Bytes: what the ranks actually sent equals the cost model's volumes
 (cost_models/context_parallel.py cp_traffic for the ring; cost_models/moe.py ep_traffic for the all-to-all, up to the
-routing's deviation from uniform). Time: two ranks (one per core of this 2-core machine), the link fitted on the same
-ranks in the same rounds; the machine is shared, so the band is wide (observed ratios 1.1-5x quiet, above 10x under the full
-suite's load; see docs/benchmark.md).
+routing's deviation from uniform). Time: the model's charge on the link fitted on the same ranks in the same rounds is
+checked in closed form; measured against predicted is reported by the benchmark, not asserted (the machine is shared:
+observed ratios 1.1-5x quiet, above 10x under the full suite's load, 35x once; see docs/benchmark.md).
 """
 
+import math
 import os
 
 import pytest
@@ -51,11 +52,19 @@ def test_measured_exchanges_against_the_cost_model_on_two_ranks():
     # two ranks: the forward ring sends rank 1's K/V once, the backward K/V once and dK/dV once
     assert r["ring_backward_bytes_sent"] == 2 * r["ring_bytes_sent"] == 2 * 256 * 2 * 2 * 32 * 8
     link = r["link"]
-    assert link["bandwidth_bytes_per_second"] > 0 and link["latency_seconds"] >= 0
-    for key in ("cp_ring_seconds", "cp_ring_backward_seconds", "ep_all_to_all_seconds",
-                "ep_all_to_all_backward_seconds"):
-        ratio = r["measured"][key] / r["predicted"][key]
-        # an accounting error (bytes x (ep-1), latency per copy, fp64 counted as fp32 ...) moves this by more than
-        # 30x at these sizes; the shared machine's load alone moved it 1.1-5x in quiet runs and past 10x while the
-        # whole suite and four other sessions ran, so the band only catches the former
-        assert 1 / 30 < ratio < 30, (key, ratio)
+    bw, lat = link["bandwidth_bytes_per_second"], link["latency_seconds"]
+    assert bw > 0 and lat >= 0
+    # the time the model charges on the fitted link, in closed form: two ranks make one exchange per ring direction
+    # and one peer for the all-to-all, so each is one latency plus its bytes (asserted exactly above) over the
+    # bandwidth; a latency per copy, bytes x (ep - 1) or fp64 counted as fp32 would break these
+    p = r["predicted"]
+    assert p["cp_ring_seconds"] == pytest.approx(lat + p["cp_bytes_model"] / bw)
+    assert p["cp_ring_backward_seconds"] == pytest.approx(lat + p["cp_backward_bytes_model"] / bw)
+    assert p["ep_all_to_all_seconds"] == pytest.approx(lat + p["ep_bytes_model"] / bw)
+    assert p["ep_all_to_all_backward_seconds"] == pytest.approx(lat + p["ep_backward_bytes_model"] / bw)
+    # measured against predicted is the benchmark's report (python -m planner.bench.cp_ep, docs/benchmark.md), not
+    # asserted: on this shared machine load alone moved the ratio 1.1-5x quiet, past 10x under the full suite and
+    # to 35x once in a clean-clone CI run, with the bytes exact
+    for key in p:
+        if key.endswith("_seconds"):
+            assert math.isfinite(r["measured"][key]) and r["measured"][key] > 0, key
