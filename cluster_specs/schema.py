@@ -98,6 +98,7 @@ CALIBRATION_KNOB_RANGES: dict[str, tuple[float, bool, float, str]] = {
     "gemm_half_efficiency_dim": (0.0, True, float("inf"), "a number >= 0"),
     "elementwise_traffic_factor": (0.0, True, float("inf"), "a number >= 0"),
     "per_process_overhead_bytes": (0.0, True, float("inf"), "a number >= 0"),
+    "nccl_bytes_scale": (0.0, True, float("inf"), "a number >= 0"),
     "dp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),
     "pp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),
     "tp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),

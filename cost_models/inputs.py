@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from cost_models.nccl import DEFAULT_GROUPS
+
 
 class Schedule(StrEnum):
     """Pipeline schedules (cost-models.md §5)."""
@@ -219,7 +221,11 @@ class Knobs:
     zero3_overlap_fraction: float = 0.5  # ZeRO-3/FSDP per-layer gathers and reduce-scatters hidden (prefetch)
     ddp_overlap_fraction: float | None = None  # ZeRO-0 (DDP) all-reduce hidden; None: dp_overlap_fraction
     pp_overlap_needs_virtual: bool = False  # steady-state p2p overlap only with virtual stages (Megatron)
-    per_process_overhead_bytes: float = 1.3e9  # CUDA context + NCCL + workspaces, outside the caching allocator
+    per_process_overhead_bytes: float = 1.3e9  # CUDA context + workspaces, outside the caching allocator
+    # process groups the framework's step runs collectives on (cost_models/nccl.py Group): each one's NCCL
+    # communicator is device memory outside the allocator (the generic profile's groups; a profile states its own)
+    nccl_groups: tuple[str, ...] = DEFAULT_GROUPS
+    nccl_bytes_scale: float = 1.0  # x the measured bytes per communicator (0: no NCCL, CPU ranks on gloo)
     allocator_reserve_fraction: float = 0.12  # caching allocator: reserved above the live dynamic bytes
     # the framework's memory recipe for 16-bit training: (param, grad, optimizer) bytes per parameter as step.py
     # places them (param unsharded below ZeRO-3, grad below ZeRO-2, optimizer below ZeRO-1); None: the precision's

@@ -51,6 +51,7 @@ from cost_models.memory import (
     sp_gathered_input_bytes,
     vocab_padded,
 )
+from cost_models.nccl import communicator_bytes, communicator_group_sizes
 
 # A layer's forward + backward is 3 forward passes' worth of work: backward = 2 x forward (Narayanan et al. 2021
 # Eq. 3, 72 = 3 x 24). The elementwise-traffic knob covers forward + backward, so the forward pays a third of it.
@@ -466,6 +467,7 @@ class StageModel(NamedTuple):
     full_layers: tuple[int, ...]  # fully recomputed layers per stage
     schedule: Schedule  # as run: 1f1b when there is no pipeline
     virtual_stages: int
+    overheads: tuple[float, ...]  # per stage, bytes outside the caching allocator (overhead_bytes_per_stage)
 
     @property
     def pp(self) -> int:
@@ -609,15 +611,15 @@ class StageModel(NamedTuple):
         w, g, o, fp8_shards, o_expert = self._states()
         ext, knobs, param_bytes = self.lc.extras, self.knobs, self.training.param_bytes
         fp8_w, expert_p = ext.fp8_weight_bytes, ext.expert_params
-        overhead, reserve = knobs.per_process_overhead_bytes, knobs.allocator_reserve_fraction
+        reserve = knobs.allocator_reserve_fraction
         stash = self.schedule == _PIPEDREAM_ASYNC
         dynamic_grads = knobs.dynamic_grads  # per-parameter grads allocated every step carry the reserve too
         stages, best, peak = [], 0.0, 0
         recv_acts, recv_grads = self.receive_buffer_bytes()
         last, output_acts = self.layout.pp - 1, self.lc.output_act_bytes * self.output_in_flight()
         rows = zip(self.split, params, self.in_flights(), self.activations_per_micro_batch(),
-                   self.transient_bytes(params), recv_acts, recv_grads, strict=True)
-        for i, (n, P, flight, per_mb, transient, recv_act, recv_grad) in enumerate(rows):
+                   self.transient_bytes(params), recv_acts, recv_grads, self.overheads, strict=True)
+        for i, (n, P, flight, per_mb, transient, recv_act, recv_grad, overhead) in enumerate(rows):
             weights = P * w + n * fp8_w / fp8_shards
             # routed experts' optimizer state shards over EDP instead of DP x CP
             opt = P * o if o_expert is None else P * o + n * expert_p * (o_expert - o)
@@ -652,7 +654,7 @@ class StageModel(NamedTuple):
         grow = 1 + self.knobs.allocator_reserve_fraction  # dynamic bytes carry the allocator's reserve (memory())
         per_state = w + o + g * (grow if self.knobs.dynamic_grads else 1.0)
         # transients as memory() counts them: buckets, CP/EP buffers, one recomputed layer (a safe bound)
-        fixed = self.knobs.per_process_overhead_bytes + (bucket_bytes(self.knobs, zero_stage=lay.zero_stage)
+        fixed = self.overheads[i] + (bucket_bytes(self.knobs, zero_stage=lay.zero_stage)
                                                          + lc.extras.transient_bytes
                                                          + lc.act_none_bytes) * grow
         (recv_act,), (recv_grad,) = self.receive_buffer_bytes(stages=(i,))
@@ -685,4 +687,21 @@ def stage_model(model: Transformer, training: Training, hw: Hardware, layout: La
     schedule = (_SCHEDULES.get(layout.schedule) or Schedule(layout.schedule)) if p > 1 else _ONE_F_ONE_B
     v = layout.virtual_stages if schedule == _INTERLEAVED else 1
     lc = layer_costs(model, training, hw, layout, knobs)
-    return StageModel(layout, training, knobs, lc, tuple(split), tuple(full), schedule, v)
+    return StageModel(layout, training, knobs, lc, tuple(split), tuple(full), schedule, v,
+                      overhead_bytes_per_stage(model, layout, knobs))
+
+
+def overhead_bytes_per_stage(model: Transformer, layout: Layout, knobs: Knobs) -> tuple[float, ...]:
+    """Memory outside the caching allocator on a GPU of each stage: the CUDA context and workspaces
+    (knobs.per_process_overhead_bytes) and the NCCL communicators of the groups the framework's step uses
+    (knobs.nccl_groups, cost_models/nccl.py): a stage with two pipeline neighbours holds one more send/recv pair."""
+    p = layout.pp
+
+    def at(stage: int) -> float:
+        return knobs.per_process_overhead_bytes + communicator_bytes(communicator_group_sizes(
+            knobs.nccl_groups, tp=layout.tp, dp=layout.dp, pp=p, stage=stage, cp=layout.cp, ep=layout.ep,
+            tied_embeddings=model.tied_embeddings), knobs.nccl_bytes_scale)
+    if p == 1:
+        return (at(0),)
+    middle = (at(1),) * (p - 2) if p > 2 else ()  # every inner stage holds the same groups
+    return (at(0), *middle, at(p - 1))

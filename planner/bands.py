@@ -167,7 +167,8 @@ def fit_verdict_of_result(result) -> str:
     gib = 2**30
     cap = result.case.cluster.gpu_spec().memory_gib * gib
     return fit_verdict(peak_allocated_bytes=result.predicted_allocated_gib * gib,
-                       overhead_bytes=result.case.knobs.per_process_overhead_bytes,
+                       overhead_bytes=(result.predicted_overhead_gib * gib if result.predicted_overhead_gib is not None
+                                       else result.case.knobs.per_process_overhead_bytes),
                        peak_memory_bytes_high=result.predicted_memory_gib * gib, capacity_bytes=cap,
                        host_fits=result.host_fits)
 

@@ -146,6 +146,7 @@ class CaseResult:
     predicted_allocated_gib: float | None = None
     host_fits: bool = True
     loso_error: float | None = None  # the same, knobs fitted without this row's source
+    predicted_overhead_gib: float | None = None  # outside the allocator on the peak stage: context + NCCL
 
 
 def _num(x):
@@ -738,6 +739,15 @@ def _candidates(case: Case) -> list[dict]:
 ZERO_RULES_NOT_CHECKED = frozenset({"zero_with_pipelining", "offload_needs_zero", "param_offload_needs_zero3"})
 
 
+def _may_run(est) -> bool:
+    """Whether a candidate is not judged 'does not fit' (planner.bands.fit_verdict): every stage's live tensors and
+    memory outside the allocator (context, NCCL) within the GPU. A published run ran, so among the candidates for its
+    unprinted fields the harness takes the fastest that may run, 'tight' ones included: the caching allocator's
+    reserve is what it frees and retries before an out-of-memory error."""
+    return (all(m.allocated_bytes + m.overhead_bytes <= est.gpu_memory_bytes for m in est.stages)
+            and est.host_memory_bytes_per_node <= est.host_memory_capacity_bytes)
+
+
 def evaluate(case: Case, knobs: Knobs | None = None) -> CaseResult:
     knobs = knobs or case.knobs
     best = None
@@ -758,7 +768,7 @@ def evaluate(case: Case, knobs: Knobs | None = None) -> CaseResult:
             return CaseResult(case, layout, None, None, False, None, "; ".join(problems))
         est = problem.estimate(layout)
         step = est.step_seconds * case.training.global_batch_size / training.global_batch_size
-        key = (not est.fits, step)
+        key = (not _may_run(est), step)
         if best is None or key < best[0]:
             best = (key, layout, est, step)
     if best is None:
@@ -767,6 +777,7 @@ def evaluate(case: Case, knobs: Knobs | None = None) -> CaseResult:
     err = (step - case.measured_step_seconds) / case.measured_step_seconds
     return CaseResult(case, layout, step, est.peak_memory_bytes / GIB, est.fits, err,
                       predicted_allocated_gib=est.peak_allocated_bytes / GIB,
+                      predicted_overhead_gib=est.stages[est.peak_stage].overhead_bytes / GIB,
                       host_fits=est.host_memory_bytes_per_node <= est.host_memory_capacity_bytes)
 
 
@@ -1109,15 +1120,19 @@ def _memory_section(report: Report) -> list[str]:
     as_1e9 = dict((r.case.row_id, e) for r, e in memory_rows(report, 1e9))
     out = ["## Memory against measured peaks", "",
            "Predicted device memory = reserved (live tensors + the caching allocator's reserve) + memory outside the "
-           "allocator (the CUDA context), the quantity nvidia-smi shows; allocated = live tensors only. "
+           "allocator (the CUDA context BigScience measured, and NCCL's communicators), the quantity nvidia-smi "
+           "shows; allocated = live tensors only. "
            "BigScience's tables print the memory in 'GB' as nvidia-smi showed it ('was quickly getting the memory "
            "snapshot with: pdsh ... nvidia-smi', chronicles-prequel.md); it is compared with device memory. "
            "nvidia-smi shows MiB, and the source writes GB in the units in which it calls the 81920 MiB card '80GB' "
            "('max is 77GB', its footnote): a printed GB is read as GiB (validation.PRINTED_MEMORY_UNIT_BYTES). The "
            "tables do not say so; the last column reads it as 10^9 bytes instead. "
-           "NCCL's communicator buffers, allocated outside torch's pool at each communicator's first collective, "
-           "are not predicted: NCCL's maintainers say they grow with the number of communicators and channels "
-           "(NVIDIA/nccl #864, #986) and no source prints them for these runs. "
+           "NCCL's communicators: torch builds one per process group at its first collective (and one per pair of "
+           "ranks for send/recv), with buffers outside torch's pool. The groups are those DeepSpeed's pipe engine and "
+           "Megatron's layers run collectives on in a step (default, TP, DP, TP x PP, PP, one send/recv pair per "
+           "neighbouring stage, the tied-embedding pair; profiles.py nccl_groups), at 688 MiB per communicator and "
+           "544 MiB per 2-rank one, as NVIDIA/nccl #964 measured them on A100s (cost_models/nccl.py): 2.0 GiB on the "
+           "single-node 20B row, 4.4 GiB on a first stage with DP > 1. The column 'NCCL GiB' gives each row's. "
            "The Megatron-DeepSpeed recipe is DeepSpeed's ZeRO-1 optimizer at its step (planner/frameworks/"
            "profiles.py), so 'allocated' here is the step's reserved model states plus the live activations, an "
            "upper bound of max_memory_allocated. Rows marked * printed memory but no throughput. The ZeRO-0 row ran "
@@ -1126,15 +1141,23 @@ def _memory_section(report: Report) -> list[str]:
            "before it first sharded the fp32 state over DP: it is predicted with that commit's unsharded bf16 "
            "optimizer (4 + 6 + 12 B/param and a 3 GB all-reduce bucket, profiles.DEEPSPEED_BF16_BRANCH_RECIPE), not "
            "the released BF16_Optimizer (2 + 4 + 12/d).", "",
-           "| row | layout | printed 'GB' | predicted allocated GiB | predicted device GiB | error | error if a "
-           "printed GB were 10^9 B |",
-           "|---|---|---|---|---|---|---|"]
+           "| row | layout | printed 'GB' | predicted allocated GiB | NCCL GiB | predicted device GiB | error | "
+           "error if a printed GB were 10^9 B |",
+           "|---|---|---|---|---|---|---|---|"]
     for r, e in mem:
         mark = " *" if r.case.measured_basis == "memory only" else ""
         out.append(f"| {r.case.row_id}{mark} | {r.layout.short() if r.layout else '-'} | {r.case.measured_memory_gib} "
-                   f"| {_gib(r.predicted_allocated_gib)} | {_gib(r.predicted_memory_gib)} | {e * 100:+.1f}% "
+                   f"| {_gib(r.predicted_allocated_gib)} | {_gib(_nccl_gib(r))} | {_gib(r.predicted_memory_gib)} "
+                   f"| {e * 100:+.1f}% "
                    f"| {as_1e9[r.case.row_id] * 100:+.1f}% |")
     return out + ["", MEMORY_NOT_PREDICTED]
+
+
+def _nccl_gib(r: CaseResult) -> float | None:
+    """The NCCL communicators' share of a row's memory outside the allocator (the rest is the CUDA context)."""
+    if r.predicted_overhead_gib is None:
+        return None
+    return r.predicted_overhead_gib - r.case.knobs.per_process_overhead_bytes / GIB
 
 
 def _coverage_cells(hits: list[BandHit]) -> str:

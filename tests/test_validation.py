@@ -117,23 +117,27 @@ def test_band_coverage_near_80_percent(report):
 def test_measured_memory_rows(report):
     # BLOOM-176B layout search (bigscience chronicles): nvidia-smi snapshots (device memory), a printed 'GB' read as
     # GiB (validation.PRINTED_MEMORY_UNIT_BYTES: the source calls the 81920 MiB card '80GB'). Megatron-DeepSpeed
-    # ZeRO-1 as DeepSpeedZeroOptimizer at the optimizer step (profiles.py) with the A100 CUDA context BigScience
-    # measured (1573 MiB): every row -14.7%..-3.4% (-8.4%..+3.8% if a printed GB were 10^9 bytes, the reading before
-    # this one). NCCL's communicator buffers are not predicted, and the rows with DP > 1 (more communicators) are the
-    # ones furthest under. The one ZeRO-0 row ran on a pre-release DeepSpeed branch ('currently can't test
-    # ZeRO_STAGE=0 on master ... need to retest', the source) on 2022-02-21, the day of that branch's 'Got bf16
-    # working' (6eb4f1fa9), before it sharded anything: 72 'GB' measured; its unsharded optimizer (4 + 6 + 12 B/param,
-    # a 3 GB fp32 + bf16 bucket, profiles.DEEPSPEED_BF16_BRANCH_RECIPE) predicts 64.4 GiB (-10.5%), where the
-    # released BF16_Optimizer's 2 + 4 + 12/d predicted 33.6 GiB (-53%)
+    # ZeRO-1 as DeepSpeedZeroOptimizer at the optimizer step (profiles.py), the A100 CUDA context BigScience measured
+    # (1573 MiB) and the NCCL communicators of the groups DeepSpeed's pipe engine and Megatron's layers use (default,
+    # TP, DP, TP x PP, PP, a send/recv pair per neighbour, the tied-embedding pair; 688 / 544 MiB each, NVIDIA/nccl
+    # #964): every row -7.2%..+2.3%, median |error| 2.0% (before the communicators: -14.7%..-3.4%, all under). The one
+    # row under by more than 5% is h13824 with 96 heads (-7.2%): its 128-head twin of the same layout printed 54.
+    # The ZeRO-0 row ran on a pre-release DeepSpeed branch ('currently can't test ZeRO_STAGE=0 on master ... need to
+    # retest', the source) on 2022-02-21, the day of that branch's 'Got bf16 working' (6eb4f1fa9), before it sharded
+    # anything: 72 'GB' measured; its unsharded optimizer (4 + 6 + 12 B/param, a 3 GB fp32 + bf16 bucket,
+    # profiles.DEEPSPEED_BF16_BRANCH_RECIPE) predicts 68.9 GiB (-4.4%), where the released BF16_Optimizer's
+    # 2 + 4 + 12/d predicted about half the measurement
     s = summary(report)
     assert s["memory_rows"] >= 15
-    assert s["memory_median_abs_error"] <= 0.10
+    assert s["memory_median_abs_error"] <= 0.03
     errors = {r.case.row_id: e for r, e in memory_rows(report)}
-    # the ZeRO-0 row and its ZeRO-1 twin of the same day and layout (37 'GB') are off by the same share: what
-    # differs between them, the optimizer's states, is predicted as the measured difference
-    zero0, zero1 = errors["bs-prequel-0221-zero0-h14336-pp12-mbs2"], errors["bs-prequel-0221-zero1-h14336-pp12-mbs2"]
-    assert abs(zero0 - zero1) <= 0.02
-    assert min(errors.values()) >= -0.15 and max(errors.values()) <= 0.0, errors
+    assert all(-0.10 <= e <= 0.10 for e in errors.values()), errors
+    assert [row for row, e in errors.items() if e < -0.05] == ["bs-prequel-nheads-h13824-heads96"], errors
+    # the ZeRO-0 row and its ZeRO-1 twin of the same day and layout (37 'GB'): what differs between them, the
+    # optimizer's states, is predicted at 31.0 GiB where 35 were measured (the same communicators and context in both)
+    gib = {r.case.row_id: r.predicted_memory_gib for r, _ in memory_rows(report)}
+    zero0, zero1 = "bs-prequel-0221-zero0-h14336-pp12-mbs2", "bs-prequel-0221-zero1-h14336-pp12-mbs2"
+    assert gib[zero0] - gib[zero1] == pytest.approx(35, rel=0.15)
     # the other reading of the printed unit moves every row by the same factor (1 GiB / 10^9 B)
     as_1e9 = {r.case.row_id: e for r, e in memory_rows(report, 1e9)}
     for row, e in errors.items():

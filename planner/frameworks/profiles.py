@@ -18,6 +18,7 @@ from typing import Any
 
 from cost_models.inputs import Knobs, Zero3Gather
 from cost_models.memory import TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT
+from cost_models.nccl import COMMUNICATOR_BYTES, DEFAULT_GROUPS, PAIR_COMMUNICATOR_BYTES
 from planner.frameworks import Framework
 
 GIB = 2**30
@@ -90,12 +91,22 @@ class Allocator:
     """
 
     reserve_fraction: Sourced
-    fixed_bytes: Sourced  # CUDA context + NCCL communicators + cuBLAS workspaces (outside torch's reserved pool)
+    fixed_bytes: Sourced  # CUDA context + cuBLAS workspaces (outside torch's reserved pool)
     fixed_bytes_by_generation: dict[str, Sourced] = field(default_factory=dict)  # where measured per GPU generation
+    nccl: NcclGroups | None = None  # the groups whose NCCL communicators the step builds (cost_models/nccl.py)
 
     def fixed_bytes_on(self, gpu_generation: str | None) -> float:
         """The memory outside the allocator on this GPU generation: its own measurement where there is one."""
         return self.fixed_bytes_by_generation.get(gpu_generation or "", self.fixed_bytes).value
+
+
+@dataclass(frozen=True, slots=True)
+class NcclGroups:
+    """The process groups a framework's training step runs collectives on (cost_models.nccl.Group names): each
+    builds an NCCL communicator whose buffers sit outside the caching allocator (cost_models/nccl.py)."""
+
+    groups: tuple[str, ...]
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +168,7 @@ class Profile:
             ddp_overlap_fraction=o.ddp.value if o.ddp is not None else None,
             pp_overlap_needs_virtual=o.pp_needs_virtual is not None,
             per_process_overhead_bytes=a.fixed_bytes_on(gpu_generation),
+            nccl_groups=a.nccl.groups if a.nccl is not None else base.nccl_groups,
             allocator_reserve_fraction=a.reserve_fraction.value,
             profile=self.framework.value,
             sp_saves_gathered_inputs=self.sp_gathered_inputs is not None,
@@ -186,7 +198,11 @@ class Profile:
              "(CUDA context, NCCL, workspaces)", a.fixed_bytes.source),
         ] + [
             (f"per_process_overhead_bytes[{gen}]", f"{v.value / GIB:.2f} GiB per GPU outside the allocator on {gen}",
-             v.source) for gen, v in a.fixed_bytes_by_generation.items()] + [
+             v.source) for gen, v in a.fixed_bytes_by_generation.items()] + ([
+            ("nccl_groups", f"an NCCL communicator per group the step uses ({', '.join(a.nccl.groups)}, where more "
+             f"than one rank): {COMMUNICATOR_BYTES / MIB:.0f} MiB each, {PAIR_COMMUNICATOR_BYTES / MIB:.0f} MiB a "
+             "2-rank one, outside the allocator", f"{a.nccl.source}; bytes: {NCCL_BYTES_SOURCE}")]
+            if a.nccl is not None else []) + [
             ("memory_recipe", f"{m.name}: {m.bytes_per_param:g} B/param", m.source),
         ] + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
@@ -347,17 +363,43 @@ _TORCH_LOSS = ("torchtitan's loss is torch's cross_entropy on the fp32-cast logi
                "cross_entropy_loss: pred.flatten(0, 1).float()): 12 B per logit at its backward "
                "(cost_models/memory.py TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT) where Megatron keeps 4")
 _CONTEXT = ("memory outside torch's pool, taken as the CUDA context measured on V100: ~1.3 GB (BigScience tr8-104B: "
-            "'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json) [U: NCCL's communicator buffers, "
-            "allocated at each communicator's first collective, are not in that measurement, nor is the context's "
-            "size under CUDA's lazy module loading]")
+            "'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json); NCCL's communicators, built at each "
+            "group's first collective, are not in that measurement and are counted apart (nccl_groups) [U: the "
+            "context's size under CUDA's lazy module loading]")
 _CONTEXT_V100_2022 = Sourced(1271 * MIB, "BigScience, tr8-104B on V100: 'also need to take into account the cuda "
-                             "kernels (1271MiB)' in nvidia-smi (tr11-176B-ml/chronicles-prequel.md) [U: NCCL's "
-                             "communicator buffers are not in it: the prediction errs low by them]")
+                             "kernels (1271MiB)' in nvidia-smi (tr11-176B-ml/chronicles-prequel.md); NCCL's "
+                             "communicators are not in it and are counted apart (nccl_groups)")
 _CONTEXT_A100_2022 = Sourced(1573 * MIB, "BigScience on Jean Zay's A100s: '40GB A100 takes 1573MiB for cuda kernels "
                              "(probably about the same for 80GB? may be a bit larger)', nvidia-smi after "
                              "torch.ones(1).cuda() (tr11-176B-ml/chronicles-prequel.md, 2022: the software of its "
-                             "runs) [U: measured on the 40 GB card; NCCL's communicator buffers are not in it: the "
-                             "prediction errs low by them]")
+                             "runs) [U: measured on the 40 GB card]; NCCL's communicators are not in it and "
+                             "are counted apart (nccl_groups)")
+NCCL_BYTES_SOURCE = ("NVIDIA/nccl #964: 544 MB per 2-rank group, 688 MB per larger group, 4 x A100 NVLink, measured "
+                     "(cost_models/nccl.py) [U: one NCCL version on one node; more channels on Hopper, more bytes]")
+_NCCL_TORCH_DEFAULT = ("the default group: torch.distributed.barrier() at start-up builds its communicator; "
+                       "torch's send/recv builds one 2-rank communicator per pair of ranks (ProcessGroupNCCL)")
+_NCCL_MEGATRON_DEEPSPEED = NcclGroups(
+    ("world", "tp", "dp", "model", "pipe", "p2p", "tied"),
+    "DeepSpeed's pipe engine of 2021-22 with Megatron's TP layers: activations and gradients go to the neighbouring "
+    "stages by dist.send/recv (pipe/p2p.py, torch >= 1.8); the last stage broadcasts the loss over the PP group "
+    "(engine.py _aggregate_total_loss); the first and last stage all-reduce the tied embedding's gradient "
+    "(PipelineModule.allreduce_tied_weight_gradients); the ZeRO optimizer reduces over DP and all-reduces its "
+    "overflow flag and gradient norm over the model-parallel (TP x PP) group (stage_1_and_2.py "
+    "_model_parallel_all_reduce); " + _NCCL_TORCH_DEFAULT)
+_NCCL_MEGATRON = NcclGroups(
+    DEFAULT_GROUPS,
+    "Megatron-LM / Megatron-Core: TP, DP x CP (gradient reduce, distributed-optimizer gathers), CP and EP groups; "
+    "send/recv to the neighbouring stages (p2p_communication.py); the embedding group (first and last stage, tied "
+    "embeddings); the gradient-norm all-reduce over the model-parallel group (get_grad_norm_fp32); "
+    + _NCCL_TORCH_DEFAULT + " [U: batched send/recv may share one communicator]")
+_NCCL_TORCHTITAN = NcclGroups(
+    ("world", "tp", "dp", "cp", "ep", "p2p"),
+    "torchtitan: the device mesh's TP, FSDP (DP x CP), CP and EP groups; torch.distributed.pipelining's send/recv "
+    "to the neighbouring stages; " + _NCCL_TORCH_DEFAULT + " [U: which default-group collectives run]")
+_NCCL_DEEPSPEED = NcclGroups(
+    ("world", "tp", "dp"),
+    "DeepSpeed's engine: gradient reduce and ZeRO gathers over its DP group, the model's TP group where it brings "
+    "one (mpu); " + _NCCL_TORCH_DEFAULT + " [U: without an mpu the DP group may be the default group's]")
 _DTENSOR_SP = ("torchtitan's TP plan (parallelize_llama: SequenceParallel norms, PrepareModuleInput Shard(1) -> "
                "Replicate, ColwiseParallel wq/wk/wv and w1/w3) all-gathers in forward, and autograd saves the "
                "gathered input for the weight gradient; counted on the CPU benchmark, which runs the same DTensor "
@@ -404,7 +446,7 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.9, "--overlap-p2p-communication, on by default with VPP (frameworks.md §2.3)"),
             pp_needs_virtual=_P2P_NEEDS_VPP,
         ),
-        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_MEGATRON),
         "allocated and reserved, MB = 2^20 B (report_memory, frameworks.md §2.5)", memory_fp16=_MEGATRON_FP16_RECIPE,
         expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU,
         attention_kernel=_TE_FUSED_ATTENTION, master_remainders=_MASTER_REMAINDERS),
@@ -421,7 +463,7 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.9, "VPP > 1 sets overlap_p2p_comm=True (comm_overlap.py L454-463, frameworks.md §4.4)"),
             pp_needs_virtual=_P2P_NEEDS_VPP,
         ),
-        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_MEGATRON),
         "allocated and reserved, MB (Megatron-Core report_memory)", memory_fp16=_MEGATRON_FP16_RECIPE,
         expert_kernel_gflop=_GROUPED_LINEAR, fused_swiglu=_FUSED_SWIGLU_NEMO,
         attention_kernel=_TE_FUSED_ATTENTION, master_remainders=_MASTER_REMAINDERS),
@@ -437,7 +479,7 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.0, "async TP only with compile.enable_async_tensor_parallel (off by default, frameworks.md §1.7)"),
             Sourced(0.5, "torch.distributed.pipelining sends asynchronously, no explicit overlap flag [U]"),
         ),
-        Allocator(Sourced(0.04, _EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        Allocator(Sourced(0.04, _EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_TORCHTITAN),
         "max_reserved GiB (DeviceMemoryMonitor, frameworks.md §1.6)",
         {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)},
         sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
@@ -455,7 +497,7 @@ PROFILES: dict[Framework, Profile] = {
             ddp=Sourced(0.0, "ZeRO-0: the engine all-reduces the gradients after backward (engine.py "
                              "allreduce_gradients -> buffered_allreduce_fallback); overlap_comm does not apply"),
         ),
-        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_DEEPSPEED),
         "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]"),
     Framework.MEGATRON_DEEPSPEED: Profile(
         Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _DEEPSPEED_ZERO1_PIPE_RECIPE,
@@ -468,7 +510,8 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.0, "async TP all-reduce turned off under --deepspeed (megatron/arguments.py L390-400)"),
             Sourced(0.0, "blocking pipeline send/recv (DeepSpeed pipe engine) [U]"),
         ),
-        Allocator(Sourced(0.12, _NO_EXPANDABLE), _CONTEXT_V100_2022, {"ampere": _CONTEXT_A100_2022}),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), _CONTEXT_V100_2022, {"ampere": _CONTEXT_A100_2022},
+                  _NCCL_MEGATRON_DEEPSPEED),
         "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
         {"ampere": Sourced(MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY, _MEGATRON_DEEPSPEED_AMPERE)},
         memory_fp16=_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE),
@@ -484,7 +527,7 @@ PROFILES: dict[Framework, Profile] = {
             Sourced(0.0, "TP all-reduces on the critical path (no tp-comm-overlap)"),
             Sourced(0.5, "steady-state send/recv half hidden [U]"),
         ),
-        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT)),
+        Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_MEGATRON),
         "predicted reserved", memory_fp16=_MEGATRON_FP16_RECIPE),
 }
 
