@@ -22,13 +22,17 @@ class DataParallelTraffic:
 
 
 def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: float, param_bytes: float, dp: int,
-                      layers: int, num_micro_batches: int, link: Link, modules_per_layer: int = 1) -> float:
+                      layers: int, num_micro_batches: int, link: Link, modules_per_layer: int = 1,
+                      gathers_per_layer: int | None = None) -> float:
     """One stage's data-parallel traffic per step (ZeRO paper §7 for the volumes):
 
     ZeRO-0: one all-reduce of the gradients; ZeRO-1: reduce-scatter of the gradients + all-gather of the updated
     parameters; ZeRO-2: the reduce-scatter after every micro-batch (gradients are sharded, so accumulation cannot
     wait) + one all-gather; ZeRO-3 / FSDP: per layer and micro-batch an all-gather in forward, one in backward, and
-    a reduce-scatter (1.5x the DP volume), each paying the ring latency per layer.
+    a reduce-scatter (1.5x the DP volume), each paying the ring latency per layer. `modules_per_layer` units are
+    gathered and reduced one at a time; `gathers_per_layer` (None: as many) all-gathers split the same bytes where
+    the gathers are finer than the reduces (DeepSpeed's ZeRO-3 of 2021 gathered each parameter tensor on its own):
+    more latency, the same bandwidth term.
     """
     grad_msg, param_msg, m = params * grad_reduce_bytes, params * param_bytes, num_micro_batches
     if zero_stage == 0:
@@ -40,8 +44,9 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
         return (m * reduce_scatter_seconds(message_bytes=grad_msg, group_size=dp, link=link)
                 + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))
     units = max(1, layers) * modules_per_layer
-    return m * units * (2 * all_gather_seconds(message_bytes=param_msg / units, group_size=dp, link=link)
-                        + reduce_scatter_seconds(message_bytes=grad_msg / units, group_size=dp, link=link))
+    gathers = max(1, layers) * (modules_per_layer if gathers_per_layer is None else gathers_per_layer)
+    return m * (2 * gathers * all_gather_seconds(message_bytes=param_msg / gathers, group_size=dp, link=link)
+                + units * reduce_scatter_seconds(message_bytes=grad_msg / units, group_size=dp, link=link))
 
 
 def overlap_window_seconds(*, zero_stage: int, forward_seconds: float, backward_seconds: float,

@@ -75,7 +75,7 @@ _NAIVE, _PIPEDREAM_ASYNC, _INTERLEAVED, _ONE_F_ONE_B = (Schedule.NAIVE, Schedule
                                                         Schedule.INTERLEAVED_1F1B, Schedule.ONE_F_ONE_B)
 _REC_NONE, _REC_FULL, _REC_SELECTIVE = Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE
 _OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
-_GATHER_MODULE = Zero3Gather.MODULE
+_GATHER_LAYER = Zero3Gather.LAYER
 # StageMemory(...) of the fields in order, without the named tuple's Python-level __new__ (16 stages per estimate)
 _new_tuple = tuple.__new__
 _RECOMPUTES = {r.value: r for r in Recompute}  # value -> member: a dict lookup instead of EnumType.__call__
@@ -586,7 +586,7 @@ class StageModel(NamedTuple):
         out[-1] += lc.loss_transient_bytes  # the loss's backward, on the last stage
         if lay.zero_stage >= 3 or lay.offload == _OFFLOAD_PARAMS:
             # the gathered unit (and the prefetched next one) plus its unsharded gradient before reduce-scatter
-            module = self.knobs.zero3_gather == _GATHER_MODULE
+            module = self.knobs.zero3_gather != _GATHER_LAYER  # a Linear (or a parameter) at a time
             unit = lc.largest_module_params if module else lc.layer_params
             # the next unit is prefetched unless two would exceed DeepSpeed's stage3_max_live_parameters
             live = 1 if module and 2 * unit * lay.tp > ZERO3_MAX_LIVE_PARAMETERS else 2

@@ -15,7 +15,17 @@ from cost_models.communication import group_link, p2p_seconds, pp_neighbour_link
 from cost_models.compute import recompute_extra_forward_flops, step_flops
 from cost_models.data_parallel import embedding_sync_seconds, overlap_window_seconds, zero_comm_seconds
 from cost_models.fp8 import param_all_gather_bytes
-from cost_models.inputs import Hardware, Knobs, Layout, Link, Offload, Schedule, Training, Transformer
+from cost_models.inputs import (
+    Hardware,
+    Knobs,
+    Layout,
+    Link,
+    Offload,
+    Schedule,
+    Training,
+    Transformer,
+    Zero3Gather,
+)
 from cost_models.pipeline import Makespan, pipeline_makespan
 from cost_models.stage import (
     TP_ALL_REDUCES_PER_LAYER,
@@ -39,8 +49,28 @@ CPU_ADAM_PARAMS_PER_SECOND_PER_NODE = 2e9  # DeepSpeedCPUAdam order of magnitude
 # (ZeRO-Offload, Ren et al. 2021 §4.1; DeepSpeed stage_1_and_2.py keeps single_partition_of_fp32_groups).
 HOST_GRAD_BYTES = 4
 ZERO3_MODULES_PER_LAYER = 4  # Linear modules DeepSpeed ZeRO-3 fetches one by one: QKV, proj, FC1, FC2 (GPT/Llama)
+
+
+def parameter_tensors_per_layer(model: Transformer) -> int:
+    """Parameter tensors of one layer as Megatron's GPT builds it (fused QKV, fused gate and up under SwiGLU): the
+    four Linear weights, their biases where the model has them, and the two norms' weights (and LayerNorm's biases)."""
+    return ZERO3_MODULES_PER_LAYER * (2 if model.bias else 1) + 2 * (1 if model.rms_norm else 2)
+
+
+def zero3_units_per_layer(model: Transformer, knobs: Knobs) -> tuple[int, int]:
+    """(all-gathers, reduce-scatters) per layer of ZeRO-3 / FSDP: one each for a whole block (FSDP); one each per
+    Linear module (DeepSpeed); one gather per parameter tensor and one reduce per module (DeepSpeed's ZeRO-3 of 2021,
+    whose reduces went through its bucket: Zero3Gather.PARAMETER)."""
+    if knobs.zero3_gather == _GATHER_PARAMETER:
+        return parameter_tensors_per_layer(model), ZERO3_MODULES_PER_LAYER
+    if knobs.zero3_gather == _GATHER_MODULE:
+        return ZERO3_MODULES_PER_LAYER, ZERO3_MODULES_PER_LAYER
+    return 1, 1
+
+
 # enum members as module constants (reading them off the class is slow on Python 3.11; cost_models/stage.py)
 _NAIVE, _ZERO_BUBBLE = Schedule.NAIVE, Schedule.ZERO_BUBBLE
+_GATHER_MODULE, _GATHER_PARAMETER = Zero3Gather.MODULE, Zero3Gather.PARAMETER
 _OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
 
 
@@ -128,6 +158,7 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     if tied:  # embedding-gradient sync, first <-> last stage: not overlapped, it runs after the last backward
         sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
                                       * model.hidden_size / lay.tp * training.grad_reduce_bytes)
+    units = zero3_units_per_layer(model, knobs)
     # stages alike in parameters, layers and compute move the same traffic: computed once per kind of stage
     known: dict[tuple[float, int, float, float], tuple[float, float]] = {}
     total = exposed = 0.0
@@ -136,7 +167,7 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     for i, (P, n, t) in enumerate(zip(params, sm.split, times, strict=True)):
         if t is not seen[2] or P != seen[0] or n != seen[1]:  # a run of alike stages shares one StageTime object
             seen, key = (P, n, t), (P, n, t.forward_seconds, t.backward_seconds)
-            traffic = known.get(key) or known.setdefault(key, _stage_dp_traffic(training, knobs, lay, link, key))
+            traffic = known.get(key) or known.setdefault(key, _stage_dp_traffic(training, knobs, lay, link, key, units))
         comm, hidden = traffic
         if tied and (i == 0 or i == p - 1):
             comm, hidden = comm + sync, hidden + sync
@@ -148,7 +179,7 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
 
 
 def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, link: Link,
-                      stage: tuple[float, int, float, float]) -> tuple[float, float]:
+                      stage: tuple[float, int, float, float], units: tuple[int, int] = (1, 1)) -> tuple[float, float]:
     """(traffic, exposed traffic) of one stage of (parameters, layers, forward and backward seconds per
     micro-batch) under the layout's ZeRO stage."""
     params, layers, forward_seconds, backward_seconds = stage
@@ -161,7 +192,7 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, link: Link,
                                                                     recipe=training.fp8_recipe,
                                                                     fp8_param_gather=training.fp8_param_gather),
                                  num_micro_batches=m, link=link,
-                                 modules_per_layer=ZERO3_MODULES_PER_LAYER if knobs.zero3_gather == "module" else 1)
+                                 modules_per_layer=units[1], gathers_per_layer=units[0])
         window = overlap_window_seconds(zero_stage=lay.zero_stage, forward_seconds=forward_seconds,
                                         backward_seconds=backward_seconds, num_micro_batches=m)
     # the overlap knob is the share of this traffic hidden; it cannot hide behind more compute than there is

@@ -116,7 +116,7 @@ class _MemoryParts(_Strict):
     PARTS: ClassVar[dict[str, str]] = {"weights_bytes": "weights", "gradients_bytes": "gradients",
                                        "optimizer_bytes": "optimizer", "activations_bytes": "activations",
                                        "transient_bytes": "transient", "reserve_bytes": "allocator reserve",
-                                       "overhead_bytes": "context (outside the allocator)"}
+                                       "overhead_bytes": "context + NCCL (outside the allocator)"}
 
     weights_bytes: float = Field(description="Parameters held by one GPU (after ZeRO-3 sharding).")
     gradients_bytes: float = Field(description="Gradients held by one GPU (after ZeRO-2/3 sharding).")

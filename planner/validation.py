@@ -22,7 +22,7 @@ from typing import Any
 
 from cluster_specs import ClusterSpec, SpecError, load_cluster, load_gpu
 from cost_models import compute
-from cost_models.inputs import Knobs
+from cost_models.inputs import Knobs, Zero3Gather
 from cost_models.memory import FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
 from cost_models.stage import stage_split
 from planner.bands import DOES_NOT_FIT, cluster_generation, fit_verdict_of_result
@@ -81,7 +81,10 @@ ASSUMPTIONS = [
     "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3). "
     "DeepSpeed ZeRO-3 rows dated 2021 or earlier hide none of their ZeRO-3 traffic: DeepSpeed's ZeRO-3 of "
     "2021 (v0.3.13-v0.5.4) synchronised the device before every per-parameter gather (DeepSpeed PR #1188: 'the "
-    "async version is not async at all'). Megatron-DeepSpeed bf16 rows at ZeRO-0 measured before 2022-02-24 (the "
+    "async version is not async at all'), and gathered each parameter tensor on its own (partition_parameters.py "
+    "_allgather_param: 12 tensors a GPT layer with biases and LayerNorms, each paying the ring's latency; "
+    "Zero3Gather.PARAMETER), reducing through its bucket (one reduce-scatter per Linear module here). "
+    "Megatron-DeepSpeed bf16 rows at ZeRO-0 measured before 2022-02-24 (the "
     "date in their notes) ran DeepSpeed's bf16 branch before it sharded anything (DEEPSPEED_BF16_SHARDED_FROM).",
     "Unknown micro-batch size: the fastest fitting choice among mbs 1/2/4/8, except Megatron-LM rows dated 2020, "
     "which ran the whole per-replica batch at once (global batch / DP): their Megatron-LM had no micro-batches "
@@ -309,7 +312,7 @@ def family_knobs(family: str, precision: str = "bf16", year: int | None = None,
         knobs = replace(knobs, dp_overlap_fraction=0.0, pp_overlap_fraction=0.0, tp_overlap_fraction=0.0,
                         attention_kernel_efficiency=0.0)
     if family == "deepspeed" and year is not None and year <= ZERO3_SYNC_GATHERS_UNTIL:
-        knobs = replace(knobs, zero3_overlap_fraction=0.0)
+        knobs = replace(knobs, zero3_overlap_fraction=0.0, zero3_gather=Zero3Gather.PARAMETER)
     return knobs
 
 

@@ -276,12 +276,12 @@ def test_pp_p2p_naive_sends_the_whole_batch_once_and_no_pipeline_sends_nothing()
 # ---- step.py: data-parallel traffic per stage ---------------------------------------------------------------
 
 
-def _zero_traffic(zero, params, layers, bwd, fwd=0.0, d=4, m=2, share=0.5, modules=1):
+def _zero_traffic(zero, params, layers, bwd, fwd=0.0, d=4, m=2, share=0.5, modules=1, gathers=None):
     """(comm, exposed) by hand: the ZeRO volumes of data_parallel.zero_comm_seconds on the DP group's link, hidden up
     to the share and the window (the last backward at ZeRO 0/1, every backward at ZeRO-2, everything at ZeRO-3)."""
     link = group_link(HW, group_size=d, stride=1).link
     comm = zero_comm_seconds(zero_stage=zero, params=params, dp=d, layers=layers, grad_reduce_bytes=4, param_bytes=2,
-                             num_micro_batches=m, link=link, modules_per_layer=modules)
+                             num_micro_batches=m, link=link, modules_per_layer=modules, gathers_per_layer=gathers)
     window = {0: bwd, 1: bwd, 2: m * bwd, 3: m * (fwd + bwd)}[zero]
     return comm, comm - min(share * comm, window)
 
@@ -332,18 +332,29 @@ def test_tied_embedding_sync_is_paid_by_the_first_and_last_stage_only():
     (1, 4, "layer", Knobs(dp_overlap_fraction=0.3, ddp_overlap_fraction=0.9), 0.3),  # ... and only there
     (3, 4, "layer", Knobs(dp_overlap_fraction=0.3, zero3_overlap_fraction=0.6), 0.6),
     (3, 4, "module", Knobs(dp_overlap_fraction=0.3, zero3_overlap_fraction=0.6, zero3_gather="module"), 0.6),
+    (3, 4, "parameter", Knobs(dp_overlap_fraction=0.3, zero3_overlap_fraction=0.6, zero3_gather="parameter"), 0.6),
 ])
 def test_stage_dp_traffic_share_window_and_zero3_units(zero, d, gather, knobs, share):
-    """One stage's (traffic, exposed): ZeRO-3 gathers layer by layer (FSDP) or Linear by Linear (DeepSpeed: 4 modules
-    a layer, step.py ZERO3_MODULES_PER_LAYER), the overlap share is the ZeRO-3 knob at ZeRO-3, DDP's own at ZeRO-0
-    when set, the DP knob otherwise, capped by the window."""
+    """One stage's (traffic, exposed): ZeRO-3 gathers layer by layer (FSDP), Linear by Linear (DeepSpeed: 4 modules
+    a layer, step.py ZERO3_MODULES_PER_LAYER) or parameter tensor by tensor (DeepSpeed of 2021: 12 for a GPT layer
+    with biases and LayerNorms, reduced per module); the overlap share is the ZeRO-3 knob at ZeRO-3, DDP's own at
+    ZeRO-0 when set, the DP knob otherwise, capped by the window."""
+    from cost_models.step import parameter_tensors_per_layer, zero3_units_per_layer
+
     lay = Layout(dp=d, tp=1, pp=1, zero_stage=zero, num_micro_batches=2)
     link = group_link(HW, group_size=d, stride=1).link
-    got = _stage_dp_traffic(BF16, knobs, lay, link, (1e9, 3, 1.0, 50.0))
-    want = _zero_traffic(zero, 1e9, 3, 50.0, fwd=1.0, d=d, share=share, modules=4 if gather == "module" else 1)
+    units = zero3_units_per_layer(SMALL, knobs)
+    assert units == {"layer": (1, 1), "module": (4, 4), "parameter": (12, 4)}[gather]
+    assert parameter_tensors_per_layer(gpt_shape(bias=False, rms_norm=True)) == 6  # Llama: 4 weights, 2 RMSNorms
+    got = _stage_dp_traffic(BF16, knobs, lay, link, (1e9, 3, 1.0, 50.0), units)
+    modules = {"layer": 1, "module": 4, "parameter": 4}[gather]
+    want = _zero_traffic(zero, 1e9, 3, 50.0, fwd=1.0, d=d, share=share, modules=modules,
+                         gathers=12 if gather == "parameter" else None)
     assert got == (pytest.approx(want[0], rel=1e-12), pytest.approx(want[1], rel=1e-12))
     if gather == "module":
         assert want[0] > _zero_traffic(3, 1e9, 3, 50.0, fwd=1.0, modules=1)[0]
+    if gather == "parameter":  # the same bytes in more gathers: more latency
+        assert want[0] > _zero_traffic(3, 1e9, 3, 50.0, fwd=1.0, modules=4)[0]
 
 
 def test_stage_dp_traffic_without_data_parallelism_is_zero():
