@@ -127,6 +127,7 @@ class Case:
     family: str = "megatron-classic"
     recompute_choices: tuple[str, ...] = RECOMPUTE_POLICIES  # searched when the row printed none
     inferred: list[str] = field(default_factory=list)  # fields set by a stated rule, not printed by the source
+    memory_basis: str = "device"  # what the printed memory measures (memory_basis_of): device, reserved, allocated
 
     @property
     def gpu_generation(self) -> str:
@@ -150,6 +151,15 @@ class CaseResult:
     host_fits: bool = True
     loso_error: float | None = None  # the same, knobs fitted without this row's source
     predicted_overhead_gib: float | None = None  # outside the allocator on the peak stage: context + NCCL
+
+    def predicted_memory_on(self, basis: str) -> float | None:
+        """The predicted peak (GiB) of the quantity a source printed: device (reserved + context + NCCL), reserved
+        (torch's pool: device less what sits outside the allocator) or allocated (live tensors)."""
+        if basis == "allocated":
+            return self.predicted_allocated_gib
+        if basis == "reserved" and self.predicted_memory_gib is not None and self.predicted_overhead_gib is not None:
+            return self.predicted_memory_gib - self.predicted_overhead_gib
+        return self.predicted_memory_gib
 
 
 def _num(x):
@@ -681,7 +691,26 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     if gating_note:
         inferred.append(gating_note)
     return Case(row["id"], row.get("source", "")[:60], model_spec, training, cluster, fields, knobs, measured, basis,
-                mem, searched, family=family, recompute_choices=options, inferred=inferred)
+                mem, searched, family=family, recompute_choices=options, inferred=inferred,
+                memory_basis=memory_basis_of(row))
+
+
+MEMORY_BASES = ("device", "reserved", "allocated")
+
+
+def memory_basis_of(row: dict) -> str:
+    """What a row's printed peak memory measures, from its memory_definition: 'reserved' (torch's
+    max_memory_reserved, e.g. torchtitan's Memory(GiB) or Megatron's 'max reserved'), 'allocated'
+    (max_memory_allocated), else 'device' (nvidia-smi, or a definition that names neither: what decides an OOM).
+    Compared with the prediction of the same quantity (CaseResult.predicted_memory_on)."""
+    text = str(row.get("memory_definition") or "").lower()
+    if "nvidia-smi" in text:
+        return "device"
+    if "reserved" in text:
+        return "reserved"
+    if "allocated" in text:
+        return "allocated"
+    return "device"
 
 
 def _measured_step(row, model: ModelSpec, training: TrainingSpec, n: int) -> tuple[float | None, str]:
@@ -990,13 +1019,15 @@ the memory band on the safe side of an out-of-memory verdict."""
 
 
 def memory_rows(report: Report, unit_bytes: float = PRINTED_MEMORY_UNIT_BYTES) -> list[tuple[CaseResult, float]]:
-    """(result, signed error of the predicted device memory vs the printed peak, read in `unit_bytes` per printed
-    GB) for rows that printed memory."""
+    """(result, signed error of the predicted peak vs the printed one, read in `unit_bytes` per printed GB) for rows
+    that printed memory; each row against the prediction of what it printed (Case.memory_basis: device memory for
+    nvidia-smi, reserved for torch's max_memory_reserved, allocated for max_memory_allocated)."""
     out = []
     for r in report.results + report.memory_only:
-        if r.case.measured_memory_gib and r.predicted_memory_gib:
+        predicted = r.predicted_memory_on(r.case.memory_basis)
+        if r.case.measured_memory_gib and predicted:
             measured_gib = r.case.measured_memory_gib * unit_bytes / GIB
-            out.append((r, (r.predicted_memory_gib - measured_gib) / measured_gib))
+            out.append((r, (predicted - measured_gib) / measured_gib))
     return out
 
 
@@ -1136,6 +1167,10 @@ def _memory_section(report: Report) -> list[str]:
            "neighbouring stage, the tied-embedding pair; profiles.py nccl_groups), at 688 MiB per communicator and "
            "544 MiB per 2-rank one, as NVIDIA/nccl #964 measured them on A100s (cost_models/nccl.py): 2.0 GiB on the "
            "single-node 20B row, 4.4 GiB on a first stage with DP > 1. The column 'NCCL GiB' gives each row's. "
+           "Each row is compared with the prediction of what its memory_definition says it printed "
+           "(validation.memory_basis_of; column 'compared with'): nvidia-smi, or a definition naming neither of the "
+           "others, with device memory; torch's max_memory_reserved (torchtitan's Memory(GiB), Megatron's 'max "
+           "reserved') with reserved, which leaves out the context and NCCL; max_memory_allocated with allocated. "
            "The Megatron-DeepSpeed recipe is DeepSpeed's ZeRO-1 optimizer at its step (planner/frameworks/"
            "profiles.py), so 'allocated' here is the step's reserved model states plus the live activations, an "
            "upper bound of max_memory_allocated. Rows marked * printed memory but no throughput. The ZeRO-0 row ran "
@@ -1144,12 +1179,13 @@ def _memory_section(report: Report) -> list[str]:
            "before it first sharded the fp32 state over DP: it is predicted with that commit's unsharded bf16 "
            "optimizer (4 + 6 + 12 B/param and a 3 GB all-reduce bucket, profiles.DEEPSPEED_BF16_BRANCH_RECIPE), not "
            "the released BF16_Optimizer (2 + 4 + 12/d).", "",
-           "| row | layout | printed 'GB' | predicted allocated GiB | NCCL GiB | predicted device GiB | error | "
-           "error if a printed GB were 10^9 B |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| row | layout | printed 'GB' | compared with | predicted allocated GiB | NCCL GiB | predicted device GiB "
+           "| error | error if a printed GB were 10^9 B |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r, e in mem:
         mark = " *" if r.case.measured_basis == "memory only" else ""
         out.append(f"| {r.case.row_id}{mark} | {r.layout.short() if r.layout else '-'} | {r.case.measured_memory_gib} "
+                   f"| {r.case.memory_basis} "
                    f"| {_gib(r.predicted_allocated_gib)} | {_gib(_nccl_gib(r))} | {_gib(r.predicted_memory_gib)} "
                    f"| {e * 100:+.1f}% "
                    f"| {as_1e9[r.case.row_id] * 100:+.1f}% |")

@@ -144,6 +144,34 @@ def test_measured_memory_rows(report):
         assert as_1e9[row] + 1 == pytest.approx((e + 1) * GIB / 1e9)
 
 
+def test_memory_is_compared_with_what_each_row_printed():
+    """Issue 10 point 4 ('say allocated or reserved, per source'): a row's memory_definition says what its peak
+    measures, and it is compared with the prediction of that quantity. nvidia-smi (BigScience: every published row
+    today) is device memory; torch's max_memory_reserved (torchtitan's Memory(GiB)) leaves out the CUDA context and
+    the NCCL communicators; max_memory_allocated is the live tensors."""
+    from planner.validation import Report, memory_basis_of
+
+    rows = [r for r in load_rows(VALIDATION) if r.get("peak_memory_gb_per_gpu")]
+    assert rows and {memory_basis_of(r) for r in rows} == {"device"}
+    assert memory_basis_of({"memory_definition": "torchtitan Memory(GiB): torch.cuda.max_memory_reserved"}) == "reserved"
+    assert memory_basis_of({"memory_definition": "torch.cuda.max_memory_allocated() after 10 steps"}) == "allocated"
+    assert memory_basis_of({"memory_definition": "nvidia-smi: memory reserved by the process"}) == "device"
+    assert memory_basis_of({}) == "device"
+    row = next(r for r in rows if r["id"] == "bs-prequel-0217-fp16-20B-8gpu")
+    for definition, basis in (("nvidia-smi", "device"), ("max_memory_reserved", "reserved"),
+                              ("max_memory_allocated", "allocated")):
+        case = build_case(dict(row, memory_definition=definition))
+        assert case.memory_basis == basis
+        res = evaluate(case, case_knobs(case, {}))
+        predicted = {"device": res.predicted_memory_gib, "allocated": res.predicted_allocated_gib,
+                     "reserved": res.predicted_memory_gib - res.predicted_overhead_gib}[basis]
+        assert res.predicted_memory_on(basis) == pytest.approx(predicted, rel=1e-12)
+        (got, err), = memory_rows(Report([res], [], {}))
+        assert err == pytest.approx(predicted / 67 - 1, rel=1e-9)  # 67 'GB' printed, read as GiB
+    # the reserved pool sits between the live tensors and the device figure by the context and communicators
+    assert res.predicted_allocated_gib < res.predicted_memory_on("reserved") < res.predicted_memory_gib
+
+
 def test_korthikanti_table5_rows(report):
     # Korthikanti et al. 2022 Table 5, measured iteration times, held out by source
     rows = [r for r in report.results if r.case.row_id.startswith("korthikanti22")]
