@@ -50,16 +50,15 @@ def communicator_group_sizes(groups: Sequence[str], *, tp: int, dp: int, pp: int
                              ep: int = 1, tied_embeddings: bool = False) -> tuple[int, ...]:
     """The size of each communicator a GPU of pipeline stage `stage` holds, for the groups a framework's step uses.
     A group of one rank needs no communicator."""
+    size = {Group.WORLD: tp * dp * cp * pp, Group.TP: tp, Group.DP: dp * cp, Group.CP: cp, Group.EP: ep,
+            Group.MODEL: tp * pp, Group.PIPE: pp,
+            Group.P2P: 2, Group.TIED: 2}  # a send/recv pair; the first and last stage's tied pair
+    count = {Group.P2P: (stage > 0) + (stage < pp - 1),
+             Group.TIED: int(tied_embeddings and pp > 1 and stage in (0, pp - 1))}
     sizes: list[int] = []
-    for g in groups:
-        g = Group(g)
-        if g is Group.P2P:
-            sizes += [2] * ((stage > 0) + (stage < pp - 1))
-        elif g is Group.TIED:
-            sizes += [2] if tied_embeddings and pp > 1 and stage in (0, pp - 1) else []
-        else:
-            sizes.append({Group.WORLD: tp * dp * cp * pp, Group.TP: tp, Group.DP: dp * cp, Group.CP: cp,
-                          Group.EP: ep, Group.MODEL: tp * pp, Group.PIPE: pp}[g])
+    for name in groups:
+        g = Group(name)
+        sizes += [size[g]] * count.get(g, 1)
     return tuple(s for s in sizes if s > 1)
 
 

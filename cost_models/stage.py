@@ -655,8 +655,7 @@ class StageModel(NamedTuple):
         per_state = w + o + g * (grow if self.knobs.dynamic_grads else 1.0)
         # transients as memory() counts them: buckets, CP/EP buffers, one recomputed layer (a safe bound)
         fixed = self.overheads[i] + (bucket_bytes(self.knobs, zero_stage=lay.zero_stage)
-                                                         + lc.extras.transient_bytes
-                                                         + lc.act_none_bytes) * grow
+                                     + lc.extras.transient_bytes + lc.act_none_bytes) * grow
         (recv_act,), (recv_grad,) = self.receive_buffer_bytes(stages=(i,))
         fixed += (recv_act + recv_grad) * grow
         if i == 0:

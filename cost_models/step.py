@@ -50,6 +50,11 @@ CPU_ADAM_PARAMS_PER_SECOND_PER_NODE = 2e9  # DeepSpeedCPUAdam order of magnitude
 HOST_GRAD_BYTES = 4
 ZERO3_MODULES_PER_LAYER = 4  # Linear modules DeepSpeed ZeRO-3 fetches one by one: QKV, proj, FC1, FC2 (GPT/Llama)
 
+# enum members as module constants (reading them off the class is slow on Python 3.11; cost_models/stage.py)
+_NAIVE, _ZERO_BUBBLE = Schedule.NAIVE, Schedule.ZERO_BUBBLE
+_GATHER_MODULE, _GATHER_PARAMETER = Zero3Gather.MODULE, Zero3Gather.PARAMETER
+_OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
+
 
 def parameter_tensors_per_layer(model: Transformer) -> int:
     """Parameter tensors of one layer as Megatron's GPT builds it (fused QKV, fused gate and up under SwiGLU): the
@@ -66,12 +71,6 @@ def zero3_units_per_layer(model: Transformer, knobs: Knobs) -> tuple[int, int]:
     if knobs.zero3_gather == _GATHER_MODULE:
         return ZERO3_MODULES_PER_LAYER, ZERO3_MODULES_PER_LAYER
     return 1, 1
-
-
-# enum members as module constants (reading them off the class is slow on Python 3.11; cost_models/stage.py)
-_NAIVE, _ZERO_BUBBLE = Schedule.NAIVE, Schedule.ZERO_BUBBLE
-_GATHER_MODULE, _GATHER_PARAMETER = Zero3Gather.MODULE, Zero3Gather.PARAMETER
-_OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +178,9 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
 
 
 def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, link: Link,
-                      stage: tuple[float, int, float, float], units: tuple[int, int] = (1, 1)) -> tuple[float, float]:
+                      stage: tuple[float, int, float, float], units: tuple[int, int]) -> tuple[float, float]:
     """(traffic, exposed traffic) of one stage of (parameters, layers, forward and backward seconds per
-    micro-batch) under the layout's ZeRO stage."""
+    micro-batch) under the layout's ZeRO stage; `units`: zero3_units_per_layer."""
     params, layers, forward_seconds, backward_seconds = stage
     d, m = lay.dp * lay.cp, lay.num_micro_batches
     comm = window = 0.0

@@ -167,10 +167,18 @@ def fit_verdict_of_result(result) -> str:
     gib = 2**30
     cap = result.case.cluster.gpu_spec().memory_gib * gib
     return fit_verdict(peak_allocated_bytes=result.predicted_allocated_gib * gib,
-                       overhead_bytes=(result.predicted_overhead_gib * gib if result.predicted_overhead_gib is not None
-                                       else result.case.knobs.per_process_overhead_bytes),
+                       overhead_bytes=result.predicted_overhead_gib * gib,
                        peak_memory_bytes_high=result.predicted_memory_gib * gib, capacity_bytes=cap,
                        host_fits=result.host_fits)
+
+
+def estimate_verdict(est, *, capacity_bytes: float, peak_memory_bytes_high: float) -> str:
+    """fit_verdict of a StepEstimate: its peak stage's live tensors and memory outside the allocator (context,
+    NCCL), and the given high end of its peak."""
+    return fit_verdict(peak_allocated_bytes=est.peak_allocated_bytes,
+                       overhead_bytes=est.stages[est.peak_stage].overhead_bytes,
+                       peak_memory_bytes_high=peak_memory_bytes_high, capacity_bytes=capacity_bytes,
+                       host_fits=est.host_memory_bytes_per_node <= est.host_memory_capacity_bytes)
 
 
 def band_for(problem, est) -> Band:
@@ -181,11 +189,8 @@ def band_for(problem, est) -> Band:
 
 
 def verdict_for(problem, est, band: Band) -> str:
-    capacity = est.gpu_memory_bytes - problem.knobs.memory_headroom_bytes
-    overhead = est.stages[est.peak_stage].overhead_bytes
-    return fit_verdict(peak_allocated_bytes=est.peak_allocated_bytes, overhead_bytes=overhead,
-                       peak_memory_bytes_high=band.peak_memory_bytes_high, capacity_bytes=capacity,
-                       host_fits=est.host_memory_bytes_per_node <= est.host_memory_capacity_bytes)
+    return estimate_verdict(est, capacity_bytes=est.gpu_memory_bytes - problem.knobs.memory_headroom_bytes,
+                            peak_memory_bytes_high=band.peak_memory_bytes_high)
 
 
 def trust_json(problem, est) -> dict:

@@ -25,7 +25,7 @@ from cost_models import compute
 from cost_models.inputs import Knobs, Zero3Gather
 from cost_models.memory import FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
 from cost_models.stage import stage_split
-from planner.bands import DOES_NOT_FIT, cluster_generation, fit_verdict_of_result
+from planner.bands import DOES_NOT_FIT, cluster_generation, estimate_verdict, fit_verdict_of_result
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities, fp8_gathers_params
 from planner.frameworks.megatron_split import account_for_splits
@@ -695,9 +695,6 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
                 memory_basis=memory_basis_of(row))
 
 
-MEMORY_BASES = ("device", "reserved", "allocated")
-
-
 def memory_basis_of(row: dict) -> str:
     """What a row's printed peak memory measures, from its memory_definition: 'reserved' (torch's
     max_memory_reserved, e.g. torchtitan's Memory(GiB) or Megatron's 'max reserved'), 'allocated'
@@ -772,12 +769,12 @@ ZERO_RULES_NOT_CHECKED = frozenset({"zero_with_pipelining", "offload_needs_zero"
 
 
 def _may_run(est) -> bool:
-    """Whether a candidate is not judged 'does not fit' (planner.bands.fit_verdict): every stage's live tensors and
-    memory outside the allocator (context, NCCL) within the GPU. A published run ran, so among the candidates for its
-    unprinted fields the harness takes the fastest that may run, 'tight' ones included: the caching allocator's
-    reserve is what it frees and retries before an out-of-memory error."""
-    return (all(m.allocated_bytes + m.overhead_bytes <= est.gpu_memory_bytes for m in est.stages)
-            and est.host_memory_bytes_per_node <= est.host_memory_capacity_bytes)
+    """Whether a candidate is not judged 'does not fit' (planner.bands.estimate_verdict on the run's own GPU, at the
+    point estimate). A published run ran, so among the candidates for its unprinted fields the harness takes the
+    fastest that may run, 'tight' ones included: the caching allocator's reserve is what it frees and retries before
+    an out-of-memory error."""
+    return estimate_verdict(est, capacity_bytes=est.gpu_memory_bytes,
+                            peak_memory_bytes_high=est.peak_memory_bytes) != DOES_NOT_FIT
 
 
 def evaluate(case: Case, knobs: Knobs | None = None) -> CaseResult:

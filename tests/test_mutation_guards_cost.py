@@ -359,7 +359,7 @@ def test_stage_dp_traffic_share_window_and_zero3_units(zero, d, gather, knobs, s
 
 def test_stage_dp_traffic_without_data_parallelism_is_zero():
     lay = Layout(dp=1, tp=1, pp=1, zero_stage=1, num_micro_batches=2)
-    assert _stage_dp_traffic(BF16, Knobs(), lay, HW.intra_node, (1e9, 3, 1.0, 50.0)) == (0.0, 0.0)
+    assert _stage_dp_traffic(BF16, Knobs(), lay, HW.intra_node, (1e9, 3, 1.0, 50.0), (1, 1)) == (0.0, 0.0)
 
 
 # ---- step.py: the estimate is the composition of its parts ----------------------------------------------------

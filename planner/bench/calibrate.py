@@ -391,12 +391,11 @@ def _intra(r0: dict, nproc: int, cuda: bool) -> dict:
 
 def cpu_knobs(reports: list[dict], gpu: dict, nproc: int, dtype: str) -> tuple[dict, list[dict], list[dict]]:
     """Knobs for CPU ranks: measured peaks already include everything a CPU step pays, gloo allocates no NCCL
-    communicators, and nothing overlaps under gloo; a layer of small GEMMs pays per-operator costs (and, on a shared machine, waits for a core) that the GEMM
-    line does not see, so x_half and the end-to-end factor are fitted to whole layers measured the same way, and
-    tensor parallelism's dispatch cost to the same layers at tp=2."""
+    communicators, and nothing overlaps under gloo; a layer of small GEMMs pays per-operator costs (and, on a shared
+    machine, waits for a core) that the GEMM line does not see, so x_half and the end-to-end factor are fitted to
+    whole layers measured the same way, and tensor parallelism's dispatch cost to the same layers at tp=2."""
     knobs: dict = {"end_to_end_efficiency": 1.0, "per_process_overhead_bytes": 0.0, "nccl_bytes_scale": 0.0,
-                   "dp_overlap_fraction": 0.0,
-                   "pp_overlap_fraction": 0.0, "elementwise_traffic_factor": 8.0,
+                   "dp_overlap_fraction": 0.0, "pp_overlap_fraction": 0.0, "elementwise_traffic_factor": 8.0,
                    "gemm_half_efficiency_dim": 0.0}
     fitted, probes = layer_probe_fit(reports, gpu, knobs, dtype)
     knobs.update(fitted)

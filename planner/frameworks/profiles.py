@@ -195,7 +195,7 @@ class Profile:
             ("allocator_reserve_fraction", f"caching allocator reserves {a.reserve_fraction.value:.0%} above the "
              "live activations and buffers", a.reserve_fraction.source),
             ("per_process_overhead_bytes", f"{a.fixed_bytes.value / GIB:.2f} GiB per GPU outside the allocator "
-             "(CUDA context, NCCL, workspaces)", a.fixed_bytes.source),
+             "(CUDA context, workspaces; NCCL apart)", a.fixed_bytes.source),
         ] + [
             (f"per_process_overhead_bytes[{gen}]", f"{v.value / GIB:.2f} GiB per GPU outside the allocator on {gen}",
              v.source) for gen, v in a.fixed_bytes_by_generation.items()] + ([
