@@ -282,6 +282,10 @@ class Knobs:
     # it runs (the causal half of the score matrix); 0: not stated, the core is costed as its full-s^2 FLOPs at the
     # layer's GEMM rate (stage.attention_core_gemm_equivalent_flops)
     attention_kernel_efficiency: float = 0.0
+    # with no kernel stated (0 above), the flash kernel's rate relative to that GEMM-rate convention: 1, or below 1
+    # for a kernel built on an older GPU's tensor-core instructions (an Ampere kernel on Hopper:
+    # planner/frameworks/profiles.py ampere_kernel_convention_rate)
+    attention_convention_rate: float = 1.0
     # 'selective' is torchtitan's per-op SAC (cost_models/op_sac.py: every 2nd matmul and all elementwise ops
     # recomputed, the attention output kept), not Megatron's core-attention recompute
     selective_op_sac: bool = False

@@ -153,11 +153,15 @@ def attention_core_gemm_equivalent_flops(model: Transformer, knobs: Knobs, *, co
     profile states it for the GPU (planner/frameworks/profiles.py), times the same end-to-end factor as the GEMMs
     (and not the GEMMs' size or shape terms). Without a stated kernel (0), or with unfused attention (which computes
     the whole masked matrix), the core is its full FLOPs at the GEMM rate: the convention of the fitted knobs,
-    ~0.35-0.40 of H100 peak on the causal FLOPs, between FlashAttention-2 (0.30-0.33) and cuDNN (0.48-0.53).
+    ~0.35-0.40 of H100 peak on the causal FLOPs, between FlashAttention-2 (0.30-0.33) and cuDNN (0.48-0.53). A
+    flash kernel under the convention runs at `attention_convention_rate` of it: 1, or less for a kernel written for
+    an older GPU's tensor-core instructions, which the GEMMs (cuBLAS) do not share (an Ampere kernel on Hopper).
     """
     kernel = knobs.attention_kernel_efficiency
-    if kernel <= 0 or not model.flash_attention:
+    if not model.flash_attention:
         return core_flops
+    if kernel <= 0:
+        return core_flops / knobs.attention_convention_rate
     causal_share = window_context(seq_length, seq_length) / seq_length
     return core_flops * causal_share * gemm_efficiency / (kernel * knobs.end_to_end_efficiency)
 

@@ -30,9 +30,11 @@ from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities, fp8_gathers_params
 from planner.frameworks.megatron_split import account_for_splits
 from planner.frameworks.profiles import (
+    AMPERE_REFERENCE_GPU,
     DEEPSPEED_BF16_BRANCH_RECIPE,
     FLASH_ATTENTION_2_HOPPER,
     MemoryRecipe,
+    ampere_kernel_convention_rate,
     profile_for,
 )
 from planner.inputs.specs import GATED_MLPS, LayoutSpec, ModelSpec, TrainingSpec
@@ -62,8 +64,13 @@ ASSUMPTIONS = [
     "(validation.py TORCHTITAN_FLASH_ATTENTION_2_YEAR). llm-foundry's rows ran its own Triton flash attention: "
     "attn_impl 'triton', the default of scripts/train/benchmarking/submit_benchmarks.py when its H100 tables were "
     "added (b2a43a14, 2023-10-19), whose sweep.sh passes no --attn_impl; pre-MLIR Triton (setup.py: "
-    "triton-pre-mlir, branch triton_pre_mlir_sm90), with no published H100 figure, so they keep the full-s^2 "
-    "GEMM-rate convention [U: the 2024-01 large-scale H100 sweep, s = 2048, passes 'flash' for some models].",
+    "triton-pre-mlir, branch triton_pre_mlir_sm90). On A100 they keep the full-s^2 GEMM-rate convention. On H100 "
+    "that Triton is an Ampere kernel: its code generator, frozen when Triton moved to MLIR, emits Ampere's mma.sync "
+    "(Hopper's wgmma and TMA came only to the MLIR backend), and the sm90 branch only let it run there "
+    "('enables it to run on SM90 GPUs', llm-foundry#251, 2023-05). It runs at the share of the convention "
+    "FlashAttention-2, an Ampere kernel too, keeps from A100 to H100: (0.315 / 0.615) x (A100 MAMF / H100 MAMF) = "
+    "0.55 (profiles.py ampere_kernel_convention_rate; FlashAttention-2 and -3 papers) [U: the 2024-01 large-scale "
+    "H100 sweep, s = 2048, passes 'flash' for some models, flash-attn 2, itself an Ampere kernel].",
     "ZeRO: the printed stage; FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2; unprinted = 0 (plain DP), except "
     "NeMo/Megatron-Core rows (distributed optimizer = 1).",
     "Framework profile (planner/frameworks/profiles.py, the same one `estimate --framework` uses): Megatron-Core "
@@ -518,6 +525,16 @@ def fsdp_attention_kernel(row: dict, profile_value: float) -> float:
     return FLASH_ATTENTION_2_HOPPER if year == TORCHTITAN_FLASH_ATTENTION_2_YEAR else 0.0
 
 
+def fsdp_attention_convention_rate(row: dict, cluster: ClusterSpec) -> float:
+    """Knobs.attention_convention_rate of a PyTorch FSDP row: llm-foundry's rows on Hopper ran pre-MLIR Triton's
+    flash attention, an Ampere kernel there (ASSUMPTIONS), at profiles.ampere_kernel_convention_rate; every other
+    row at the convention itself (1)."""
+    if not _is_llm_foundry(row) or cluster_generation(cluster) != "hopper":
+        return 1.0
+    return ampere_kernel_convention_rate(gpu_matmul_efficiency=cluster.gpu_spec().matmul_efficiency,
+                                         ampere_matmul_efficiency=load_gpu(AMPERE_REFERENCE_GPU).matmul_efficiency)
+
+
 def _row_year(row: dict) -> int | None:
     """The year a row's software or source is dated (the framework field first, then the source); arXiv ids such
     as 2005.14165 are not years."""
@@ -679,7 +696,8 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
         knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT, fp8_torchao_linear=False)
     if family == "fsdp":
         kernel = fsdp_attention_kernel(row, knobs.attention_kernel_efficiency)
-        knobs = replace(knobs, attention_kernel_efficiency=kernel)
+        knobs = replace(knobs, attention_kernel_efficiency=kernel,
+                        attention_convention_rate=fsdp_attention_convention_rate(row, cluster))
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
     if measured is None and memory_only and mem:

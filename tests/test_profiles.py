@@ -62,8 +62,9 @@ def test_profiles_differ_where_the_frameworks_do():
     assert profile_knobs("torchtitan").allocator_reserve_fraction < profile_knobs("megatron").allocator_reserve_fraction
     # kernel efficiency by generation applies only where the profile names it
     base = Knobs()
-    assert profile_knobs("torchtitan", base, gpu_generation="hopper").end_to_end_efficiency < base.end_to_end_efficiency
-    assert profile_knobs("torchtitan", base, gpu_generation="ampere").end_to_end_efficiency == base.end_to_end_efficiency
+    mds = "megatron-deepspeed"
+    assert profile_knobs(mds, base, gpu_generation="ampere").end_to_end_efficiency < base.end_to_end_efficiency
+    assert profile_knobs(mds, base, gpu_generation="hopper").end_to_end_efficiency == base.end_to_end_efficiency
 
 
 def test_megatron_deepspeed_context_is_the_one_bigscience_measured_on_each_gpu():
@@ -236,6 +237,40 @@ def test_a_stated_attention_kernel_runs_the_causal_half_at_its_own_rate(cp):
     assert unfused_plain == unfused_stated
 
 
+def test_an_ampere_kernel_under_the_convention_runs_its_core_at_the_stated_share_of_the_gemm_rate():
+    """Llama 3 8B, 8192 tokens, one H100, no kernel stated: the flash core's forward (4 x 8192 x 8192 x 4096 FLOPs)
+    runs at the layer's GEMM rate times attention_convention_rate, so at rate 0.5 it takes exactly one more
+    core-at-GEMM-rate; a stated kernel and unfused attention ignore the rate."""
+    base = Knobs(end_to_end_efficiency=0.8)
+    slow = replace(base, attention_convention_rate=0.5)
+    plain, _ = _h100_layer(base)
+    ampere, _ = _h100_layer(slow)
+    core_at_gemm_rate = 4.0 * 8192 * 8192 * 4096 / plain.rate_flops_per_second
+    assert ampere.t_layer_forward - plain.t_layer_forward == pytest.approx(core_at_gemm_rate, rel=1e-9)
+    stated = replace(base, attention_kernel_efficiency=0.5)
+    assert _h100_layer(replace(stated, attention_convention_rate=0.5))[0] == _h100_layer(stated)[0]
+    assert _h100_layer(slow, flash=False)[0] == _h100_layer(base, flash=False)[0]
+
+
+def test_llm_foundry_triton_attention_is_an_ampere_kernel_on_hopper():
+    """llm-foundry's rows ran pre-MLIR Triton's flash attention, whose code generator emits Ampere's mma.sync, not
+    Hopper's wgmma. On H100 it keeps FlashAttention-2's share of peak from A100 to H100 (0.30-0.33 of H100's,
+    FlashAttention-3 Figs. 5-6; 50-73% of A100's, FlashAttention-2's abstract: 0.315 / 0.615), while the GEMMs of
+    the convention go from A100's MAMF fraction (0.869) to H100's (794.5 / 989): 0.554 of the convention. On A100,
+    and for torchtitan's rows, the convention itself (1)."""
+    from cluster_specs import load_cluster
+    from planner.validation import fsdp_attention_convention_rate
+
+    expected = (0.315 / 0.615) * (0.869 / (794.5 / 989))
+    foundry = {"framework": "llm-foundry/Composer FSDP FULL_SHARD (MP mode DEFAULT), FlashAttention"}
+    titan = {"framework": "torchtitan (FSDP2)"}
+    h100, a100 = load_cluster("dgx-h100", nodes=1), load_cluster("dgx-a100-80gb", nodes=1)
+    assert fsdp_attention_convention_rate(foundry, h100) == pytest.approx(expected, rel=1e-3)
+    assert 0.55 < expected < 0.56
+    assert fsdp_attention_convention_rate(foundry, a100) == 1.0
+    assert fsdp_attention_convention_rate(titan, h100) == 1.0
+
+
 @pytest.mark.parametrize("framework, batch, layout_text, source", [
     ("nemo", 128, "tp=1,pp=1,dp=4,cp=2,zero=1,mbs=1,recompute=full", "Transformer Engine"),
     ("torchtitan", 16, "tp=1,pp=1,dp=8,zero=3,mbs=2,recompute=selective", "torchtitan#1776"),
@@ -260,7 +295,8 @@ def test_torchtitan_asks_for_cudnn_attention_and_its_older_runs_for_flash_attent
     Its runs of 2025 took FlashAttention-2 first (torchtitan#1196; torch's own order from pytorch#141274): 0.315
     (FlashAttention-3 paper, Figs. 5-6: 0.30-0.33); those of 2024 (torch 2.4 FlashAttention-2, 2.5.0 cuDNN, torch not
     printed) keep the GEMM-rate convention, which lies between the two (~0.35-0.40 of peak on the causal FLOPs for
-    Llama 3 8B at 8192 tokens); llm-foundry's rows ran its own Triton kernel and keep it too. Ampere: nothing
+    Llama 3 8B at 8192 tokens); llm-foundry's rows ran its own Triton kernel and keep it too (on Hopper at an Ampere
+    kernel's share of it: test_llm_foundry_triton_attention_is_an_ampere_kernel_on_hopper). Ampere: nothing
     stated (a plan names it: test_the_attention_kernel_is_an_assumption_a_hopper_plan_names)."""
     from planner.frameworks.profiles import FLASH_ATTENTION_2_HOPPER, TE_FUSED_ATTENTION_HOPPER
     from planner.validation import fsdp_attention_kernel

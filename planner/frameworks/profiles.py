@@ -265,6 +265,25 @@ _TE_FUSED_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "Transformer
 # achieving only 35% utilization on the H100", its abstract): what validation states for torchtitan's runs of
 # 2025 (validation.py fsdp_attention_kernel).
 FLASH_ATTENTION_2_HOPPER = 0.315
+# FlashAttention-2 on A100: "50-73% of the theoretical maximum FLOPs/s on A100" (Dao 2023, arXiv:2307.08691,
+# abstract; 73% is its forward at best, "up to 230 TFLOPs/s", §4.1): the midpoint [U: the range spans forward,
+# backward and head dims; the Hopper figure above is causal, head dim 128, forward and backward].
+FLASH_ATTENTION_2_AMPERE = 0.615
+# The GPU the A100 side of that ratio was measured on, whose MAMF fraction the convention's GEMMs reach there.
+AMPERE_REFERENCE_GPU = "A100-SXM4-80GB"
+
+
+def ampere_kernel_convention_rate(*, gpu_matmul_efficiency: float, ampere_matmul_efficiency: float) -> float:
+    """The rate, as a fraction of the GEMM-rate convention (Knobs.attention_convention_rate), of a flash attention
+    kernel built on Ampere's tensor-core instructions (mma.sync; no Hopper wgmma or TMA) that runs at the convention on
+    A100, when it runs on a Hopper GPU whose GEMMs (cuBLAS, built for Hopper) reach `gpu_matmul_efficiency` of peak.
+
+    FlashAttention-2 is such a kernel: it reaches FLASH_ATTENTION_2_AMPERE of A100's peak and
+    FLASH_ATTENTION_2_HOPPER of H100's ("only 35% utilization on the H100", FlashAttention-3 abstract: Hopper's
+    peak needs wgmma). An Ampere kernel keeps that ratio of fraction of peak, where the convention keeps the GEMMs'
+    (MAMF) fraction, which moves from A100's to this GPU's: (FA-2 on Hopper / on Ampere) x (MAMF A100 / MAMF here).
+    """
+    return (FLASH_ATTENTION_2_HOPPER / FLASH_ATTENTION_2_AMPERE) * (ampere_matmul_efficiency / gpu_matmul_efficiency)
 _TORCHTITAN_CUDNN_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "torchtitan runs SDPA with cuDNN first "
                                                  "(sdpa_kernel set_priority, torchtitan#1776, 2025-10); "
                                                  f"{_CUDNN_HOPPER_FIGURE}")}
@@ -338,10 +357,11 @@ DEEPSPEED_BF16_BRANCH_RECIPE = MemoryRecipe(
 'currently can't test ZeRO_STAGE=0 on master') is predicted with it (planner/validation.py
 DEEPSPEED_BF16_SHARDED_FROM)."""
 
-FSDP_HOPPER_KERNEL_EFFICIENCY = 0.925
-_FSDP_HOPPER = ("PyTorch FSDP stacks reach a lower share of H100 peak than of A100 peak (llm-foundry's benchmark "
-                "README and torchtitan's performance page print lower MFU on H100 for the same models); the factor is "
-                "fitted leave-one-source-out with the global efficiency (docs/validation.md)")
+FSDP_HOPPER_KERNEL_EFFICIENCY = 1.0
+_FSDP_HOPPER = ("fitted leave-one-source-out with the global efficiency (docs/validation.md): 1.0, no slowdown of PyTorch "
+                "FSDP stacks on H100, once llm-foundry's H100 runs are costed with the Ampere attention kernel they ran "
+                "(validation.fsdp_attention_convention_rate); 0.925 before, which absorbed that kernel's slowdown "
+                "[U: torchtitan's rows alone choose 0.925]")
 MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY = 0.8
 _MEGATRON_DEEPSPEED_AMPERE = (
     "fitted: MT-NLG 126 vs Megatron-LM 159 TFLOP/s per GPU at one layout on the same A100s (Megatron-DeepSpeed "
