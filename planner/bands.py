@@ -4,7 +4,8 @@
 the spread of those out-of-sample errors per regime (framework family, GPU generation, scale) to
 planner/data/error_bands.json. `prediction_band` turns a point prediction into an interval from that table:
 with e = (predicted - measured) / measured, the measured value lies in [predicted / (1 + e_hi),
-predicted / (1 + e_lo)] for the central `quantile_level` of past errors. A regime with fewer than MIN_ROWS rows
+predicted / (1 + e_lo)] for the central `quantile_level` of past errors, each source weighing the same
+(source_weighted_quantile: a new setup is a new source). A regime with fewer than MIN_ROWS rows
 or MIN_SOURCES sources falls back to a coarser one (family and generation, family, all rows), and the band says
 which it used.
 
@@ -82,13 +83,37 @@ def _quantile(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
+def source_weighted_quantile(rows: list[tuple[str, float]], q: float) -> float:
+    """The q-quantile of (source, value) rows with each source weighing the same (a row 1 / its source's rows):
+    the spread of errors across sources, which is what a new setup meets, not that of the source with most rows.
+    Each row sits at the middle of its weight on the cumulative scale; between rows, linear; beyond, the ends."""
+    per_source: dict[str, int] = {}
+    for src, _ in rows:
+        per_source[src] = per_source.get(src, 0) + 1
+    ordered = sorted((v, 1.0 / per_source[src]) for src, v in rows)
+    total = float(len(per_source))
+    points, cum = [], 0.0
+    for v, w in ordered:
+        points.append(((cum + w / 2) / total, v))
+        cum += w
+    if q <= points[0][0]:
+        return points[0][1]
+    for (p0, v0), (p1, v1) in zip(points, points[1:]):
+        if q <= p1:
+            return v0 if p1 == p0 else v0 + (v1 - v0) * (q - p0) / (p1 - p0)
+    return points[-1][1]
+
+
 def build_table(residuals: list[tuple[str, str, str, int, float]], memory_residuals: list[float],
                 level: float = BAND_COVERAGE) -> dict:
     """residuals: (source, family, generation, num_gpus, LOSO signed error) per row; memory_residuals: signed
     errors of predicted device memory against printed peaks. Returns the JSON table `prediction_band` reads, with
-    the central `level` of each regime's errors. A regime needs MIN_ROWS rows from at least MIN_SOURCES sources:
-    one source's spread says how that source scatters, not how far a new setup may be off. The memory band's high
-    end is the 90th percentile of under-predictions (one-sided, the measured peaks printed with the rows)."""
+    the central `level` of each regime's errors, each source weighing the same (source_weighted_quantile: a source
+    with many rows, llm-foundry's 2/3 of them, would otherwise set every spread it joins, as the knob fit's
+    objective already avoids, validation.source_balanced_objective). A regime needs MIN_ROWS rows from at least
+    MIN_SOURCES sources: one source's spread says how that source scatters, not how far a new setup may be off.
+    The memory band's high end is the 90th percentile of under-predictions (one-sided, the measured peaks printed
+    with the rows)."""
     groups: dict[str, list[tuple[str, float]]] = {}
     for src, fam, gen, n, e in residuals:
         for key in set(regime_keys(fam, gen, n)) | set(regime_keys(None, gen, n)):
@@ -96,9 +121,9 @@ def build_table(residuals: list[tuple[str, str, str, int, float]], memory_residu
     lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
     time = {}
     for k, rows in sorted(groups.items()):
-        errs = [e for _, e in rows]
         if len(rows) >= MIN_ROWS and len({src for src, _ in rows}) >= MIN_SOURCES:
-            time[k] = {"rows": len(rows), "error_low": _quantile(errs, lo_q), "error_high": _quantile(errs, hi_q)}
+            time[k] = {"rows": len(rows), "error_low": source_weighted_quantile(rows, lo_q),
+                       "error_high": source_weighted_quantile(rows, hi_q)}
     under = [max(0.0, -e / (1 + e)) for e in memory_residuals]  # measured / predicted - 1 where under-predicted
     memory = {"rows": len(under), "high_fraction": _quantile(under, 0.9) if under else 0.0}
     return {"coverage": BAND_COVERAGE, "quantile_level": level, "min_rows": MIN_ROWS, "time": time,

@@ -1092,12 +1092,27 @@ class BandHit:
     width: float  # (high - low) / predicted step time
 
 
+def case_band(table: dict, case: Case, predicted_step_seconds: float):
+    """The step-time band (planner.bands.Band) `table` gives a case's regime (family, GPU generation, scale)
+    around a prediction; the shipped table (planner.bands.load_table) gives what `estimate` would show."""
+    from planner.bands import band_from_table, regime_keys
+
+    return band_from_table(table, regime_keys(case.family, case.gpu_generation, case.num_gpus),
+                           predicted_step_seconds, 0.0)
+
+
+def band_text(table: dict, result: CaseResult) -> str:
+    """'low-high in' (or 'out'): the step-time band `table` gives a predicted row, and whether its measured step
+    lies inside it (the outside probes' column)."""
+    band = case_band(table, result.case, result.predicted_step_seconds)
+    inside = band.step_seconds_low <= result.case.measured_step_seconds <= band.step_seconds_high
+    return f"{band.step_seconds_low:.2f}-{band.step_seconds_high:.2f} {'in' if inside else 'out'}"
+
+
 def band_hits(report: Report, level: float | None = None, *, exclude: frozenset[str] = frozenset(),
               levels: dict[str, float] | None = None) -> list[BandHit]:
     """Every row of every source not in `exclude`, against the band built without its source (and without
     `exclude`), at `level` or at the source's own level in `levels`."""
-    from planner.bands import band_from_table, regime_keys
-
     hits = []
     for src in dict.fromkeys(r.case.source for r in report.results):
         if src in exclude:
@@ -1107,8 +1122,7 @@ def band_hits(report: Report, level: float | None = None, *, exclude: frozenset[
             if r.case.source != src or r.loso_error is None:
                 continue
             predicted = r.case.measured_step_seconds * (1 + r.loso_error)
-            band = band_from_table(table, regime_keys(r.case.family, r.case.gpu_generation, r.case.num_gpus),
-                                   predicted, 0.0)
+            band = case_band(table, r.case, predicted)
             inside = band.step_seconds_low <= r.case.measured_step_seconds <= band.step_seconds_high
             hits.append(BandHit(r, inside, (band.step_seconds_high - band.step_seconds_low) / predicted))
     return hits

@@ -30,7 +30,7 @@ from dataclasses import replace
 from planner.bands import load_table
 from planner.inputs.layout_string import parse_optimizer_states
 from planner.inputs.specs import TrainingSpec
-from planner.validation import build_case, case_knobs, evaluate
+from planner.validation import band_text, build_case, case_knobs, evaluate
 
 SOURCE = "NVIDIA/dgxc-benchmarking {path} (v25.02, commit 8f5cbb3799)"
 BRIDGE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md (25.11 NeMo container, DGX-H100, FP8-CS; "
@@ -107,7 +107,8 @@ def maxtext_row(n, precision, step) -> dict:
 
 def main() -> None:
     fitted = load_table()["fitted_knobs"]  # the shipped knobs, as `planner estimate` runs (validation fits them)
-    print(f"{'row':34} {'layout':58} {'step s meas/pred':>18} {'err':>7}")
+    table = load_table()
+    print(f"{'row':34} {'layout':58} {'step s meas/pred':>18} {'err':>7} {'band (shipped)':>15}")
     errors: dict[str, list[float]] = {}
     for r in [row(*spec) for spec in ROWS] + [maxtext_row(*spec) for spec in MAXTEXT]:
         case = build_case(r)
@@ -127,7 +128,7 @@ def main() -> None:
         text = (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} cp{lay.cp} vp{lay.virtual_stages} mbs{lay.micro_batch_size} "
                 f"{lay.recompute}") if lay else ""
         print(f"{r['id']:34} {text:58} {case.measured_step_seconds:8.2f}/{res.predicted_step_seconds:<8.2f} "
-              f"{res.error:+7.1%}{'' if res.fits else '  (judged OOM)'}")
+              f"{res.error:+7.1%} {band_text(table, res):>15}{'' if res.fits else '  (judged OOM)'}")
     for stack, errs in errors.items():
         print(f"{stack}: median |error| {statistics.median(abs(e) for e in errs):.1%}, mean signed "
               f"{statistics.fmean(errs):+.1%} over {len(errs)} rows")

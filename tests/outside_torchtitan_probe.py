@@ -17,7 +17,7 @@ part), AsyncTP."""
 from __future__ import annotations
 
 from planner.bands import load_table
-from planner.validation import build_case, case_knobs, evaluate
+from planner.validation import band_text, build_case, case_knobs, evaluate
 
 SOURCE = "pytorch/torchtitan docs/performance.md (commit eaea6f6a, 2025-02-02)"
 LLAMA3 = {  # Llama 3.1 (HF configs): layers, hidden, heads, KV heads, FFN
@@ -52,7 +52,8 @@ def row(rid, size, n, dp, tp, lbs, recompute, precision, tps, gib, table) -> dic
 
 def main() -> None:
     fitted = load_table()["fitted_knobs"]  # the shipped knobs, as `planner estimate` runs (validation fits them)
-    print(f"{'row':34} {'step s meas/pred':>18} {'err':>7} {'GiB meas/pred':>15} {'err':>7}")
+    table = load_table()
+    print(f"{'row':34} {'step s meas/pred':>18} {'err':>7} {'band (shipped)':>15} {'GiB meas/pred':>15} {'err':>7}")
     for spec in ROWS:
         r = row(*spec)
         case = build_case(r)
@@ -67,7 +68,8 @@ def main() -> None:
         predicted = res.predicted_memory_on(case.memory_basis)  # reserved: what torchtitan prints
         mem_err = (predicted - gib) / gib
         print(f"{r['id']:34} {case.measured_step_seconds:8.2f}/{res.predicted_step_seconds:<8.2f} {res.error:+7.1%} "
-              f"{gib:6.1f}/{predicted:<7.1f} {mem_err:+7.1%}{'' if res.fits else '  (judged OOM)'}")
+              f"{band_text(table, res):>15} {gib:6.1f}/{predicted:<7.1f} {mem_err:+7.1%}"
+              f"{'' if res.fits else '  (judged OOM)'}")
 
 
 if __name__ == "__main__":

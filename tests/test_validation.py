@@ -489,3 +489,20 @@ def test_torchtitan_fp8_rows_gather_their_parameters_as_a_torchtitan_plan_does()
                            knobs)
     assert gathered.predicted_step_seconds < bf16_gather.predicted_step_seconds
     assert abs(gathered.error) < 0.05 < bf16_gather.error
+
+
+def test_band_quantiles_weigh_each_source_the_same():
+    """Source a has one row (0.0), source b three (1, 2, 3): each source weighs 1, so a's row sits at 0.25 of the
+    cumulative scale and b's at 0.583, 0.75, 0.917 (the middle of each row's weight over 2). The median is
+    0 + (0.5 - 0.25) / (0.583 - 0.25) = 0.75, where pooling the rows gives 1.5 (b outvoting a); the ends clamp.
+    Equal-sized sources give the rows' own midpoint quantile. build_table takes its time bands this way."""
+    from planner.bands import build_table, source_weighted_quantile
+
+    rows = [("a", 0.0), ("b", 1.0), ("b", 2.0), ("b", 3.0)]
+    assert source_weighted_quantile(rows, 0.5) == pytest.approx(0.75)
+    assert source_weighted_quantile(rows, 0.1) == 0.0 and source_weighted_quantile(rows, 0.95) == 3.0
+    assert source_weighted_quantile([("a", 1.0), ("b", 3.0)], 0.5) == pytest.approx(2.0)
+    residuals = [(src, "fsdp", "hopper", 8, e) for src, e in rows * 2]
+    table = build_table(residuals, [], level=0.5)
+    assert table["time"]["fsdp|hopper"]["error_low"] == pytest.approx(source_weighted_quantile(rows, 0.25))
+    assert table["time"]["fsdp|hopper"]["error_high"] == pytest.approx(source_weighted_quantile(rows, 0.75))
