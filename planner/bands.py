@@ -21,6 +21,7 @@ Other modules call `prediction_band` (bench short list, ties, sensitivity) and `
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -98,7 +99,7 @@ def source_weighted_quantile(rows: list[tuple[str, float]], q: float) -> float:
         cum += w
     if q <= points[0][0]:
         return points[0][1]
-    for (p0, v0), (p1, v1) in zip(points, points[1:]):
+    for (p0, v0), (p1, v1) in itertools.pairwise(points):
         if q <= p1:
             return v0 if p1 == p0 else v0 + (v1 - v0) * (q - p0) / (p1 - p0)
     return points[-1][1]

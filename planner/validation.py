@@ -1103,7 +1103,9 @@ def case_band(table: dict, case: Case, predicted_step_seconds: float):
 
 def band_text(table: dict, result: CaseResult) -> str:
     """'low-high in' (or 'out'): the step-time band `table` gives a predicted row, and whether its measured step
-    lies inside it (the outside probes' column)."""
+    lies inside it (the outside probes' column); '-' for a row not predicted."""
+    if result.predicted_step_seconds is None:
+        return "-"
     band = case_band(table, result.case, result.predicted_step_seconds)
     inside = band.step_seconds_low <= result.case.measured_step_seconds <= band.step_seconds_high
     return f"{band.step_seconds_low:.2f}-{band.step_seconds_high:.2f} {'in' if inside else 'out'}"
