@@ -284,6 +284,8 @@ def ampere_kernel_convention_rate(*, gpu_matmul_efficiency: float, ampere_matmul
     (MAMF) fraction, which moves from A100's to this GPU's: (FA-2 on Hopper / on Ampere) x (MAMF A100 / MAMF here).
     """
     return (FLASH_ATTENTION_2_HOPPER / FLASH_ATTENTION_2_AMPERE) * (ampere_matmul_efficiency / gpu_matmul_efficiency)
+
+
 _TORCHTITAN_CUDNN_ATTENTION = {"hopper": Sourced(TE_FUSED_ATTENTION_HOPPER, "torchtitan runs SDPA with cuDNN first "
                                                  "(sdpa_kernel set_priority, torchtitan#1776, 2025-10); "
                                                  f"{_CUDNN_HOPPER_FIGURE}")}
