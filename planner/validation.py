@@ -1244,7 +1244,8 @@ def _band_section(report: Report, hits: list[BandHit], levels: dict[str, float])
     nominal = band_hits(report, BAND_COVERAGE)
     out = ["## Error band coverage", "",
            f"Each source's rows against the band built from the other sources' LOSO residuals. Nominal: the central "
-           f"{BAND_COVERAGE:.0%} of those residuals per regime. Calibrated: the central quantile level at which the "
+           f"{BAND_COVERAGE:.0%} of those residuals per regime, each source weighing the same "
+           "(planner/bands.py source_weighted_quantile). Calibrated: the central quantile level at which the "
            f"bands cover >= {BAND_COVERAGE:.0%} of held-out rows, chosen for each source on the other sources only "
            f"(nested leave-one-source-out), so the coverage below is out of sample; the shipped table uses the level "
            f"chosen on every source, {shipped_band_level(report):.0%}. Width: (high - low) / predicted step time.", "",
@@ -1297,7 +1298,7 @@ def _summary_bullets(report: Report, s: dict, hits: list[BandHit]) -> list[str]:
         f"- False out-of-memory verdicts (a run that ran, judged 'does not fit'): **{s['false_out_of_memory']}**.",
         f"- Error band coverage (held out twice, below): {inside} of {total} rows ({_pct(inside / total)}) lie "
         f"inside their band; the shipped band takes the central {shipped_band_level(report):.0%} of each regime's "
-        "LOSO errors (planner/bands.py).",
+        "LOSO errors, each source weighing the same (planner/bands.py).",
         f"- Memory: {s['memory_rows']} rows with a measured peak, median |error| {_pct(s['memory_median_abs_error'])},"
         f" worst under-prediction {_pct(s['memory_worst_under_prediction'])} (table below; median |error| "
         f"{_pct(s['memory_median_abs_error_if_printed_gb_is_1e9_bytes'])} if the printed GB were 10^9 bytes).",
