@@ -46,7 +46,9 @@ GIB = 2**30
 ASSUMPTIONS = [
     "GPU memory: 'A100' without '40GB' is the 80 GB part (Selene and Jean Zay nodes are A100 80GB); "
     "a row that states its GPU memory (gpu_memory_gb, or a size in its GPU text: 'H100 SXM 95GB') more than "
-    "10% away from its preset's runs on the stated size, read as 10^9 bytes.",
+    "10% away from its preset's runs on the stated size, read as 10^9 bytes. An 'H100 ... HBM2e' row (torchtitan's "
+    "Grand Teton, 'lower TDP', 500 W) runs on that part, whose peak torchtitan puts 'between SXM and NVL' "
+    "(cluster_specs/gpus.yaml H100-SXM-HBM2e-500W: the midpoint, 912 TFLOP/s BF16 [U]).",
     "Network when not printed: DGX A100 8 x HDR 200 Gb/s, DGX H100 8 x NDR 400 Gb/s, DGX-2 8 x EDR 100 Gb/s, "
     "Jean Zay 4 x Omni-Path 100 Gb/s [U].",
     "Model family: Llama rows (KV heads or 'Llama' in the name) are SwiGLU/RMSNorm/untied/no-bias; Nemotron-4 and "
@@ -194,6 +196,8 @@ GPU_TEXT_RULES: tuple[tuple[tuple[str, ...], tuple[str, dict] | str], ...] = (
     (("a800",), ("dgx-a100-80gb", {"gpu": "A800-SXM4-80GB", "intra_node": {"gb_per_s": 200.0}})),  # NVLink cut
     (("h100", "nvl"), "GPU {gpu!r}: H100 NVL (a PCIe pair on NVLink bridges) is not in the catalog"),
     (("h100", "pcie"), ("dgx-h100", {"gpu": "H100-PCIe", "intra_node": PCIE_SERVERS["H100-PCIe"]})),
+    # torchtitan's H100 runs: Grand Teton's HBM2e SXM part at 500 W ("lower TDP"), peak between SXM and NVL
+    (("h100", "hbm2e"), ("dgx-h100", {"gpu": "H100-SXM-HBM2e-500W"})),
     (("h100",), ("dgx-h100", {})),
     (("a100", "pcie", "40gb"), "GPU {gpu!r}: the 40 GB A100 PCIe card is not in the catalog"),
     (("a100", "pcie"), ("dgx-a100-80gb", {"gpu": "A100-PCIe-80GB", "intra_node": PCIE_SERVERS["A100-PCIe-80GB"]})),

@@ -169,6 +169,7 @@ def test_a_rows_framework_text_names_its_family(text, family):
     ("A100 40GB", "dgx-a100-40gb"), ("GB200 NVL72", None), ("GH200 96GB", None), ("H200 NVL", None),
     ("MI300X", None), ("H800 SXM", "hgx-h800"), ("A800 80GB", "dgx-a100-80gb"), ("H100 PCIe", "dgx-h100"),
     ("A100 80GB PCIe", "dgx-a100-80gb"), ("H100 NVL", None), ("A100 40GB PCIe", None),
+    ("H100 SXM 95GB HBM2e (lower TDP)", "dgx-h100"),
 ])
 def test_a_rows_gpu_text_names_its_cluster(gpu, base):
     """validation._gpu_and_cluster: H200, B200 and H800 rows run on their presets, A800 and the PCIe cards on a DGX
@@ -187,7 +188,8 @@ def test_a_rows_gpu_text_names_its_cluster(gpu, base):
     cluster = ClusterSpec.model_validate(got[1])
     gpu_spec, intra = cluster.gpu_spec(), cluster.intra_node
     expected = {"H800 SXM": ("H800", "nvlink", 200.0), "A800 80GB": ("A800-SXM4-80GB", "nvlink", 200.0),
-                "H100 PCIe": ("H100-PCIe", "pcie", 50.0), "A100 80GB PCIe": ("A100-PCIe-80GB", "pcie", 25.0)}
+                "H100 PCIe": ("H100-PCIe", "pcie", 50.0), "A100 80GB PCIe": ("A100-PCIe-80GB", "pcie", 25.0),
+                "H100 SXM 95GB HBM2e (lower TDP)": ("H100-SXM-HBM2e-500W", "nvlink", 450.0)}
     if gpu in expected:
         assert (gpu_spec.name, intra.kind, intra.gb_per_s) == expected[gpu]
 
@@ -209,3 +211,17 @@ def test_a_rows_unprinted_sequence_parallelism_is_its_frameworks_default(framewo
     row = {"framework": framework, "tp": tp, "pp": 1, "dp": 4, "sequence_parallel": printed}
     fields = _layout_fields(row, _framework_family(row), 4 * tp)
     assert fields["sequence_parallel"] is expected
+
+
+def test_torchtitans_h100_rows_run_on_the_500w_hbm2e_part():
+    """torchtitan's H100 rows ran on Grand Teton's HBM2e SXM H100 at 500 W: 'the actual peak TFLOPs number is
+    between SXM and NVL, and we don't know its exact value' (docs/performance.md footnote). The catalog takes the
+    midpoint of the SXM's dense 989 TFLOP/s and the NVL's 835.5 (NVIDIA H100 NVL datasheet: 1,671 with sparsity),
+    FP8 twice that, and 95 GB."""
+    from cluster_specs import load_gpu
+
+    part, sxm = load_gpu("H100-SXM-HBM2e-500W"), load_gpu("H100-SXM")
+    assert part.tflops["bf16"] == pytest.approx((989.0 + 835.5) / 2, abs=1.0)
+    assert part.tflops["fp8"] == 2 * part.tflops["bf16"]
+    assert part.board_power_watts == 500 and part.memory_gib * 2**30 == pytest.approx(95e9)
+    assert part.tflops["bf16"] < sxm.tflops["bf16"]

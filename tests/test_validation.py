@@ -95,13 +95,15 @@ def test_band_coverage_near_80_percent(report):
     # 78.2% / 79.7% before torchtitan's FP8 rows gathered in FP8 as a torchtitan plan does and the fit moved;
     # 80.3% / 81.5% before the GEMM shape term; 79.4% on both before torchtitan's per-op SAC, 78.2% / 81.2% before
     # Megatron-DeepSpeed's kernel factor; with levels capped at 90% it was 76.9% there once the Hopper attention
-    # kernel tightened the mcore residuals, so the levels now reach 94%)
+    # kernel tightened the mcore residuals, so the levels now reach 94%). Since each source weighs the same in a
+    # band's quantiles (bands.source_weighted_quantile) a regime's band spans its sources' spread, not that of its
+    # largest source, and the rows land a little above 80%: 86.2% on make validate's grid, level 90%
     inside, total = band_coverage(report)
     assert total >= 250
     assert inside / total < 0.8
     hits, levels = nested_band_coverage(report)
     assert len(hits) == total
-    assert 0.78 <= sum(h.inside for h in hits) / total <= 0.86
+    assert 0.78 <= sum(h.inside for h in hits) / total <= 0.88
     assert set(levels.values()) <= set(BAND_LEVELS)
     # the band is not right because it is wide: the calibrated median width (high - low over the prediction) stays
     # under 70% (63.1% on this grid and on the full grid at the 92% level; 64.0% / 64.3% before the FP8-gather fit
@@ -472,7 +474,7 @@ def test_torchtitan_fp8_rows_gather_their_parameters_as_a_torchtitan_plan_does()
     (train_configs/llama3_405b.toml at 3faaa1a0: enable_fsdp_float8_all_gather = true; docs/float8.md's launch line
     passes it too). Validation gathered in BF16 before, so the planner's prediction was not the validated one: the
     published Float8 405B row (FSDP 16 x TP 8) was predicted +9.9% slow with all-source knobs, +0.2% once it
-    gathered in FP8, -4.2% now that the FSDP/Hopper factor is 1.0 (+8.7% if it gathered in BF16; docs/validation.md).
+    gathered in FP8, +0.3% now on the 500 W HBM2e H100 it ran on (+9.9% if it gathered in BF16; docs/validation.md).
     llm-foundry's FP8 rows run Transformer Engine under FSDP, which gathers in BF16."""
     from planner.bands import load_table
     from planner.frameworks.capabilities import fp8_gathers_params
@@ -488,7 +490,7 @@ def test_torchtitan_fp8_rows_gather_their_parameters_as_a_torchtitan_plan_does()
     bf16_gather = evaluate(replace(titan, training=titan.training.model_copy(update={"fp8_param_gather": False})),
                            knobs)
     assert gathered.predicted_step_seconds < bf16_gather.predicted_step_seconds
-    assert abs(gathered.error) < 0.05 < bf16_gather.error
+    assert abs(gathered.error) < 0.03 < bf16_gather.error
 
 
 def test_band_quantiles_weigh_each_source_the_same():

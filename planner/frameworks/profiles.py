@@ -360,10 +360,10 @@ DEEPSPEED_BF16_BRANCH_RECIPE = MemoryRecipe(
 DEEPSPEED_BF16_SHARDED_FROM)."""
 
 FSDP_HOPPER_KERNEL_EFFICIENCY = 1.0
-_FSDP_HOPPER = ("fitted leave-one-source-out with the global efficiency (docs/validation.md): 1.0, no slowdown of PyTorch "
-                "FSDP stacks on H100, once llm-foundry's H100 runs are costed with the Ampere attention kernel they ran "
-                "(validation.fsdp_attention_convention_rate); 0.925 before, which absorbed that kernel's slowdown "
-                "[U: torchtitan's rows alone choose 0.925]")
+_FSDP_HOPPER = ("fitted leave-one-source-out with the global efficiency (docs/validation.md): 1.0 in every fold, no "
+                "slowdown of PyTorch FSDP stacks on H100, once llm-foundry's H100 runs are costed with the Ampere "
+                "attention kernel they ran (validation.fsdp_attention_convention_rate) and torchtitan's on the 500 W "
+                "HBM2e H100 they ran on (gpus.yaml H100-SXM-HBM2e-500W); 0.925 before, which absorbed both")
 MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY = 0.8
 _MEGATRON_DEEPSPEED_AMPERE = (
     "fitted: MT-NLG 126 vs Megatron-LM 159 TFLOP/s per GPU at one layout on the same A100s (Megatron-DeepSpeed "
