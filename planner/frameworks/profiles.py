@@ -359,11 +359,6 @@ DEEPSPEED_BF16_BRANCH_RECIPE = MemoryRecipe(
 'currently can't test ZeRO_STAGE=0 on master') is predicted with it (planner/validation.py
 DEEPSPEED_BF16_SHARDED_FROM)."""
 
-FSDP_HOPPER_KERNEL_EFFICIENCY = 1.0
-_FSDP_HOPPER = ("fitted leave-one-source-out with the global efficiency (docs/validation.md): 1.0 in every fold, no "
-                "slowdown of PyTorch FSDP stacks on H100, once llm-foundry's H100 runs are costed with the Ampere "
-                "attention kernel they ran (validation.fsdp_attention_convention_rate) and torchtitan's on the 500 W "
-                "HBM2e H100 they ran on (gpus.yaml H100-SXM-HBM2e-500W); 0.925 before, which absorbed both")
 MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY = 0.8
 _MEGATRON_DEEPSPEED_AMPERE = (
     "fitted: MT-NLG 126 vs Megatron-LM 159 TFLOP/s per GPU at one layout on the same A100s (Megatron-DeepSpeed "
@@ -503,7 +498,7 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.04, _EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_TORCHTITAN),
         "max_reserved GiB (DeviceMemoryMonitor, frameworks.md §1.6)",
-        {"hopper": Sourced(FSDP_HOPPER_KERNEL_EFFICIENCY, _FSDP_HOPPER)},
+        {},
         sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
         fp8_torchao_linear=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS),
         attention_kernel=_TORCHTITAN_CUDNN_ATTENTION),
