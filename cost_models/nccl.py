@@ -41,7 +41,8 @@ class Group(StrEnum):
     TIED = "tied"  # first and last stage all-reduce a tied embedding's gradient: a 2-rank group
 
 
-DEFAULT_GROUPS: tuple[str, ...] = ("world", "tp", "dp", "cp", "ep", "model", "p2p", "tied")
+DEFAULT_GROUPS: tuple[str, ...] = (Group.WORLD, Group.TP, Group.DP, Group.CP, Group.EP, Group.MODEL, Group.P2P,
+                                   Group.TIED)
 """Megatron's: the default group, TP, DP x CP, CP, EP, the model-parallel group (grad norm), a send/recv pair per
 neighbouring stage and the embedding group (the Megatron-LM/Core profiles and the generic one, Knobs' default)."""
 

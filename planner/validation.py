@@ -25,7 +25,14 @@ from cost_models import compute
 from cost_models.inputs import Knobs, Zero3Gather
 from cost_models.memory import FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
 from cost_models.stage import stage_split
-from planner.bands import DOES_NOT_FIT, cluster_generation, estimate_verdict, fit_verdict_of_result
+from planner.bands import (
+    DOES_NOT_FIT,
+    band_from_table,
+    cluster_generation,
+    estimate_verdict,
+    fit_verdict_of_result,
+    regime_keys,
+)
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities, fp8_gathers_params
 from planner.frameworks.megatron_split import account_for_splits
@@ -1102,8 +1109,6 @@ class BandHit:
 def case_band(table: dict, case: Case, predicted_step_seconds: float):
     """The step-time band (planner.bands.Band) `table` gives a case's regime (family, GPU generation, scale)
     around a prediction; the shipped table (planner.bands.load_table) gives what `estimate` would show."""
-    from planner.bands import band_from_table, regime_keys
-
     return band_from_table(table, regime_keys(case.family, case.gpu_generation, case.num_gpus),
                            predicted_step_seconds, 0.0)
 

@@ -127,7 +127,9 @@ def _fit_cell(res) -> str:
 
 def _false_oom(res) -> bool:
     """A run that ran, judged 'does not fit' (the one rule: planner.bands.fit_verdict_of_result)."""
-    return _fit_cell(res) == "no"
+    from planner.bands import DOES_NOT_FIT, fit_verdict_of_result
+
+    return fit_verdict_of_result(res) == DOES_NOT_FIT
 
 
 def render(runs_path: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from cost_models.inputs import Knobs, Zero3Gather
 from cost_models.memory import TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT
-from cost_models.nccl import COMMUNICATOR_BYTES, DEFAULT_GROUPS, PAIR_COMMUNICATOR_BYTES
+from cost_models.nccl import COMMUNICATOR_BYTES, DEFAULT_GROUPS, PAIR_COMMUNICATOR_BYTES, Group
 from planner.frameworks import Framework
 
 GIB = 2**30
@@ -396,7 +396,7 @@ NCCL_BYTES_SOURCE = ("NVIDIA/nccl #964: 544 MB per 2-rank group, 688 MB per larg
 _NCCL_TORCH_DEFAULT = ("the default group: torch.distributed.barrier() at start-up builds its communicator; "
                        "torch's send/recv builds one 2-rank communicator per pair of ranks (ProcessGroupNCCL)")
 _NCCL_MEGATRON_DEEPSPEED = NcclGroups(
-    ("world", "tp", "dp", "model", "pipe", "p2p", "tied"),
+    (Group.WORLD, Group.TP, Group.DP, Group.MODEL, Group.PIPE, Group.P2P, Group.TIED),
     "DeepSpeed's pipe engine of 2021-22 with Megatron's TP layers: activations and gradients go to the neighbouring "
     "stages by dist.send/recv (pipe/p2p.py, torch >= 1.8); the last stage broadcasts the loss over the PP group "
     "(engine.py _aggregate_total_loss); the first and last stage all-reduce the tied embedding's gradient "
@@ -410,11 +410,11 @@ _NCCL_MEGATRON = NcclGroups(
     "embeddings); the gradient-norm all-reduce over the model-parallel group (get_grad_norm_fp32); "
     + _NCCL_TORCH_DEFAULT + " [U: batched send/recv may share one communicator]")
 _NCCL_TORCHTITAN = NcclGroups(
-    ("world", "tp", "dp", "cp", "ep", "p2p"),
+    (Group.WORLD, Group.TP, Group.DP, Group.CP, Group.EP, Group.P2P),
     "torchtitan: the device mesh's TP, FSDP (DP x CP), CP and EP groups; torch.distributed.pipelining's send/recv "
     "to the neighbouring stages; " + _NCCL_TORCH_DEFAULT + " [U: which default-group collectives run]")
 _NCCL_DEEPSPEED = NcclGroups(
-    ("world", "tp", "dp"),
+    (Group.WORLD, Group.TP, Group.DP),
     "DeepSpeed's engine: gradient reduce and ZeRO gathers over its DP group, the model's TP group where it brings "
     "one (mpu); " + _NCCL_TORCH_DEFAULT + " [U: without an mpu the DP group may be the default group's]")
 _DTENSOR_SP = ("torchtitan's TP plan (parallelize_llama: SequenceParallel norms, PrepareModuleInput Shard(1) -> "
