@@ -281,3 +281,18 @@ def test_a_rank_killed_after_its_report_is_complete_has_finished(tmp_path):
     assert _failed(out, 0, 3)  # a rank's own non-zero exit is a failure whatever it wrote
     (tmp_path / "rank0.error").write_text("RuntimeError: boom")
     assert _failed(out, 0, -6)
+
+
+def test_a_run_whose_reports_are_all_complete_is_done(tmp_path):
+    """run_ranks stops waiting once every rank wrote its whole report (a rank stuck in teardown behind a peer that
+    aborted there would otherwise hold the run until its deadline): all reports, none cut off, none missing."""
+    from planner.bench.runner import _reports_complete
+
+    out = str(tmp_path)
+    assert not _reports_complete(out, 2)
+    (tmp_path / "rank0.json").write_text('{"step": [1.0]}')
+    assert not _reports_complete(out, 2)  # rank 1 not written
+    (tmp_path / "rank1.json").write_text('{"step": [1.')
+    assert not _reports_complete(out, 2)  # rank 1 cut off mid-write
+    (tmp_path / "rank1.json").write_text('{"step": [1.0]}')
+    assert _reports_complete(out, 2)

@@ -760,14 +760,22 @@ def _failed(out_dir: str, rank: int, code: int | None) -> bool:
     return not (code < 0 and _report_complete(out_dir, rank))
 
 
+def _reports_complete(out_dir: str, nproc: int) -> bool:
+    """Whether every rank wrote its whole report: the run's work is done, whatever its teardown still does."""
+    names = [os.path.join(out_dir, f"rank{r}.json") for r in range(nproc)]
+    return all(os.path.exists(n) for n in names) and all(_report_complete(out_dir, r) for r in range(nproc))
+
+
 def _first_failure(procs: list, deadline: float, out_dir: str) -> tuple[int, int | None] | None:
-    """Wait until every rank has exited, one fails (its (rank, exit code); _failed) or the deadline passes."""
+    """Wait until every rank has exited or written its whole report, one fails (its (rank, exit code); _failed) or
+    the deadline passes. A rank stuck in its teardown after its report (gloo waiting on a peer that aborted there,
+    _failed) does not hold the run: the caller stops it."""
     failed = None
     while any(p.is_alive() for p in procs):
         for r, p in enumerate(procs):
             if not p.is_alive() and failed is None and _failed(out_dir, r, p.exitcode):
                 failed = (r, p.exitcode)
-        if failed or time.monotonic() > deadline:
+        if failed or time.monotonic() > deadline or _reports_complete(out_dir, len(procs)):
             break
         time.sleep(0.05)
     return failed
@@ -826,7 +834,7 @@ def run_ranks(fn, args, nproc: int, timeout_seconds: float) -> list[dict]:
         for p in procs:
             p.start()
         failed = _first_failure(procs, time.monotonic() + timeout_seconds * 2 + 30, out_dir)
-        timed_out = any(p.is_alive() for p in procs) and failed is None
+        timed_out = any(p.is_alive() for p in procs) and failed is None and not _reports_complete(out_dir, nproc)
         _stop_all(procs)
         if failed is None and not timed_out:
             bad = [(r, p.exitcode) for r, p in enumerate(procs) if _failed(out_dir, r, p.exitcode)]
