@@ -26,12 +26,17 @@ from cost_models.inputs import Knobs, Zero3Gather
 from cost_models.memory import FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
 from cost_models.stage import stage_split
 from planner.bands import (
+    BAND_COVERAGE,
+    BAND_LEVELS,
+    BANDS_FILE,
     DOES_NOT_FIT,
     band_from_table,
+    build_table,
     cluster_generation,
     estimate_verdict,
     fit_verdict_of_result,
     regime_keys,
+    scale_bucket,
 )
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities, fp8_gathers_params
@@ -1088,7 +1093,6 @@ def band_table(report: Report, exclude_source: str | None = None, *, level: floa
                exclude: frozenset[str] = frozenset()) -> dict:
     """The error-band table (planner/bands.py) from this report's LOSO residuals, without `exclude_source` and the
     sources in `exclude`, at the central quantile `level` (default: the band's nominal coverage)."""
-    from planner.bands import BAND_COVERAGE, build_table
 
     out = exclude | {exclude_source} if exclude_source else exclude
     res = [(r.case.source, r.case.family, r.case.gpu_generation, r.case.num_gpus, r.loso_error) for r in report.results
@@ -1151,7 +1155,6 @@ def band_coverage(report: Report, level: float | None = None) -> tuple[int, int]
 def choose_band_level(report: Report, exclude: frozenset[str] = frozenset()) -> float:
     """The smallest quantile level (planner.bands.BAND_LEVELS) at which the sources not in `exclude`, each held
     out in turn, land inside their band at least BAND_COVERAGE of the time (the largest level if none does)."""
-    from planner.bands import BAND_COVERAGE, BAND_LEVELS
 
     for level in BAND_LEVELS:
         hits = band_hits(report, level, exclude=exclude)
@@ -1251,7 +1254,6 @@ def _coverage_cells(hits: list[BandHit]) -> str:
 def _band_section(report: Report, hits: list[BandHit], levels: dict[str, float]) -> list[str]:
     """Coverage of the error band held out by source: the calibrated level (each source's level chosen without it)
     against the nominal one (the central 80% of the other sources' errors), overall and per regime, with widths."""
-    from planner.bands import BAND_COVERAGE, scale_bucket
 
     nominal = band_hits(report, BAND_COVERAGE)
     out = ["## Error band coverage", "",
@@ -1299,7 +1301,41 @@ def _vtrain_section(vt) -> list[str]:
            f"{vt.pairs_ordered[0]} of {vt.pairs_ordered[1]} ({_pct(vt.pair_accuracy)}); the regret judges the pick "
            "alone, and a pick among layouts measured within a few percent of each other is close to a coin flip.",
            ""]
+    out += _vtrain_picks(vt) + [""] + _vtrain_error_groups(vt) + [""]
     out += [f"- {a}" for a in VTRAIN_ASSUMPTIONS]
+    return out
+
+
+def _vtrain_layout(result) -> str:
+    f = result.case.layout_fields
+    return f"tp={f['tp']},dp={f['dp']},pp={f['pp']},mbs={f['micro_batch_size']}"
+
+
+def _vtrain_picks(vt) -> list[str]:
+    from planner.validation_vtrain import by_model, pick_and_best
+
+    out = ["| model | pick (predicted fastest) | its predicted s | its measured s | best measured layout | "
+           "its predicted s | its measured s | regret |", "|---|---|---|---|---|---|---|---|"]
+    for name, rows in by_model(vt.results).items():
+        pick, best = pick_and_best(rows)
+        out.append(f"| {name} | {_vtrain_layout(pick)} | {pick.predicted_step_seconds:.2f} | "
+                   f"{pick.case.measured_step_seconds:.2f} | {_vtrain_layout(best)} | {best.predicted_step_seconds:.2f}"
+                   f" | {best.case.measured_step_seconds:.2f} | {_pct(vt.regret[name])} |")
+    return out
+
+
+def _vtrain_error_groups(vt) -> list[str]:
+    """Where the error sits, by layout degree: a user whose layout is in a group with a large bias knows which way
+    to read the number (these rows are held out: nothing is corrected with them)."""
+    from planner.validation_vtrain import error_groups, model_billions
+
+    out = ["Where the error sits (mean signed error: negative, predicted too fast). Tensor parallelism 16 spans two "
+           "nodes.", "", "| grouped by | value | rows | bias | mean abs error |", "|---|---|---|---|---|"]
+    for title, key in (("model", lambda r: (model_billions(r.case.model.name), r.case.model.name)),
+                       ("tensor parallel", lambda r: r.case.layout_fields["tp"]),
+                       ("pipeline parallel", lambda r: r.case.layout_fields["pp"])):
+        out += [f"| {title} | {g.key[1] if isinstance(g.key, tuple) else g.key} | {g.rows} | {g.bias * 100:+.1f}% | "
+                f"{_pct(g.mean_abs_error)} |" for g in error_groups(vt.results, key)]
     return out
 
 
@@ -1400,7 +1436,6 @@ def _rows_section(report: Report) -> list[str]:
 def write_band_table(report: Report) -> Path:
     """planner/data/error_bands.json: the band table `planner.bands.prediction_band` reads, with the knobs fitted
     on every source (the profiles' and Knobs' shipped values must equal them: tests/test_validation.py)."""
-    from planner.bands import BANDS_FILE
 
     table = band_table(report, level=shipped_band_level(report))
     table["fitted_knobs"] = report.knobs

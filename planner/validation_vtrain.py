@@ -18,6 +18,7 @@ from importlib import resources
 
 from cluster_specs import ClusterSpec
 from cost_models.inputs import Knobs
+from planner.bands import DOES_NOT_FIT, fit_verdict_of_result
 from planner.inputs.specs import ModelSpec, TrainingSpec
 from planner.validation import Case, CaseResult, _cluster_json, case_knobs, evaluate, family_knobs
 
@@ -107,20 +108,53 @@ def ordered_pairs(rows: list[CaseResult]) -> tuple[int, int]:
     return good, total
 
 
+def pick_and_best(rows: list[CaseResult]) -> tuple[CaseResult, CaseResult]:
+    """(the planner's pick: the layout predicted fastest, the layout measured fastest) among one model's rows."""
+    ok = [r for r in rows if r.predicted_step_seconds is not None]
+    pick = min(ok, key=lambda r: r.predicted_step_seconds if r.predicted_step_seconds is not None else math.inf)
+    return pick, min(ok, key=lambda r: r.case.measured_step_seconds)
+
+
+@dataclass(frozen=True)
+class ErrorGroup:
+    key: object  # what key(result) returned
+    rows: int
+    bias: float  # mean signed error
+    mean_abs_error: float
+
+
+def error_groups(results: list[CaseResult], key) -> list[ErrorGroup]:
+    """Mean signed and mean |error| of the predicted rows grouped by key(result), in the keys' sorted order: where
+    in the layout space the model is off, not only by how much."""
+    groups: dict = {}
+    for r in results:
+        if r.error is not None:
+            groups.setdefault(key(r), []).append(r.error)
+    return [ErrorGroup(k, len(e), statistics.fmean(e), statistics.fmean(abs(x) for x in e))
+            for k, e in sorted(groups.items())]
+
+
+def model_billions(name: str) -> float:
+    """The parameter count in a model name _case built ('GPT 18.4B' -> 18.4), to order models by size."""
+    return float(name.split()[-1].rstrip("B"))
+
+
+def by_model(results: list[CaseResult]) -> dict[str, list[CaseResult]]:
+    out: dict[str, list[CaseResult]] = {}
+    for r in results:
+        out.setdefault(r.case.model.name, []).append(r)
+    return out
+
+
 def run_vtrain(fitted: dict[str, float]) -> VTrainReport:
     results = [evaluate(c, case_knobs(c, fitted)) for c in vtrain_cases()]
     errs = [r.error for r in results if r.error is not None]
-    by_model: dict[str, list[CaseResult]] = {}
-    for r in results:
-        by_model.setdefault(r.case.model.name, []).append(r)
+    models = by_model(results)
     regret = {}
-    pairs = [ordered_pairs(rows) for rows in by_model.values()]
-    for name, rows in by_model.items():
-        ok = [r for r in rows if r.predicted_step_seconds is not None]
-        pick = min(ok, key=lambda r: r.predicted_step_seconds if r.predicted_step_seconds is not None else math.inf)
-        regret[name] = pick.case.measured_step_seconds / min(r.case.measured_step_seconds for r in ok) - 1
-    from planner.bands import fit_verdict_of_result
-
-    oom = sum(1 for r in results if fit_verdict_of_result(r) == "does not fit")
+    for name, rows in models.items():
+        pick, best = pick_and_best(rows)
+        regret[name] = pick.case.measured_step_seconds / best.case.measured_step_seconds - 1
+    pairs = [ordered_pairs(rows) for rows in models.values()]
+    oom = sum(1 for r in results if fit_verdict_of_result(r) == DOES_NOT_FIT)
     return VTrainReport(results, statistics.fmean(abs(e) for e in errs), statistics.fmean(errs), regret, oom,
                         (sum(p[0] for p in pairs), sum(p[1] for p in pairs)))

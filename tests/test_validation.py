@@ -295,6 +295,29 @@ def test_vtrain_second_set(report):
         vt.mean_abs_error)
 
 
+def test_vtrain_error_groups_and_picks_partition_the_rows(report):
+    # docs/validation.md's 'where the error sits' and picks tables: every group partition covers all 109 rows once,
+    # and its row-weighted biases give back the overall bias; the best layout is the one measured fastest, and the
+    # regret is the pick's measured time over it
+    from planner.validation_vtrain import by_model, error_groups, model_billions, pick_and_best, run_vtrain
+
+    vt = run_vtrain(report.knobs)
+    for key in (lambda r: r.case.layout_fields["tp"], lambda r: r.case.layout_fields["pp"],
+                lambda r: r.case.model.name):
+        groups = error_groups(vt.results, key)
+        assert sum(g.rows for g in groups) == 109
+        assert sum(g.rows * g.bias for g in groups) / 109 == pytest.approx(vt.bias)
+        assert all(g.mean_abs_error >= abs(g.bias) for g in groups)
+    tp = {g.key: g.rows for g in error_groups(vt.results, lambda r: r.case.layout_fields["tp"])}
+    assert tp == {1: 8, 2: 14, 4: 30, 8: 51, 16: 6}  # counted in data/ground_truth_multi.csv's tp column
+    assert [model_billions(m) for m in by_model(vt.results)] == [3.6, 18.4, 39.1, 175.0]
+    for name, rows in by_model(vt.results).items():
+        pick, best = pick_and_best(rows)
+        assert best.case.measured_step_seconds == min(r.case.measured_step_seconds for r in rows)
+        assert pick.predicted_step_seconds == min(r.predicted_step_seconds for r in rows)
+        assert vt.regret[name] == pytest.approx(pick.case.measured_step_seconds / best.case.measured_step_seconds - 1)
+
+
 def test_llm_foundry_errors_do_not_run_with_the_model_width(report):
     # The mechanism behind the GEMM shape term (cost_models/stage.py gemm_shape_factor): with the GEMM rate set by
     # the FC1 GEMM's FLOPs alone, llm-foundry's FSDP rows (one source, one framework, widths 768-8192), held out,
