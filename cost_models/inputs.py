@@ -246,6 +246,10 @@ class Knobs:
     gemm_half_efficiency_dim: float = 256.0
     end_to_end_efficiency: float = 0.9  # launch gaps, data loading, imperfect kernels (fit: docs/validation.md)
     elementwise_traffic_factor: float = 12.0  # HBM bytes moved by non-GEMM kernels per saved activation byte [fit]
+    # share of that (eager) traffic a compiled step still moves: XLA (JAX trainers) and torch.compile fuse the
+    # elementwise chains (norms, activations, residual adds, RoPE) into few kernels that read and write each tensor
+    # once (planner/frameworks/profiles.py COMPILED_ELEMENTWISE_SHARE); 1: eager PyTorch, each op its own kernel
+    compiled_elementwise_share: float = 1.0
     zero3_gather: Zero3Gather = Zero3Gather.LAYER  # layer: FSDP, a whole block (+1 prefetched); module: DeepSpeed
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)

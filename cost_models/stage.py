@@ -183,13 +183,14 @@ def elementwise_forward_seconds(model: Transformer, hw: Hardware, knobs: Knobs, 
                                 seq_length: int, micro_batch_size: int, tp: int, activation_bytes: int) -> float:
     """Forward share of a layer's memory-bound kernels (norms, softmax, activation functions, dropout, residual
     adds). The s b h-sized activations move `elementwise_traffic_factor` bytes per byte kept (their HBM traffic
-    scales with s b h, not h^2, so it weighs most on small models) [fit: validation]; unfused attention's a s^2
+    scales with s b h, not h^2, so it weighs most on small models) [fit: validation], times
+    `compiled_elementwise_share` where a compiler fuses the chains (1 eager); unfused attention's a s^2
     score tensors are charged their fused softmax and dropout kernels' own traffic, a fixed few passes per element
     (cost_models/memory.py `attention_score_traffic_bytes`), far fewer bytes per byte kept."""
     kw = dict(seq_length=seq_length, micro_batch_size=micro_batch_size, tp=tp, activation_bytes=activation_bytes)
     kept = attention_score_bytes(model, **kw)
     moved = attention_score_traffic_bytes(model, **kw)
-    traffic = knobs.elementwise_traffic_factor * (act_none_bytes - kept) + moved
+    traffic = knobs.elementwise_traffic_factor * knobs.compiled_elementwise_share * (act_none_bytes - kept) + moved
     return traffic / hw.hbm_bytes_per_second / FORWARD_PASSES_PER_TRAINING_PASS
 
 

@@ -43,6 +43,7 @@ from planner.frameworks.capabilities import capabilities, fp8_gathers_params
 from planner.frameworks.megatron_split import account_for_splits
 from planner.frameworks.profiles import (
     AMPERE_REFERENCE_GPU,
+    COMPILED_ELEMENTWISE_SHARE,
     DEEPSPEED_BF16_BRANCH_RECIPE,
     FLASH_ATTENTION_2_HOPPER,
     MemoryRecipe,
@@ -98,7 +99,10 @@ ASSUMPTIONS = [
     "under FSDP gather in BF16. torchtitan 'selective (op)' rows run the torchtitan profile's selective, per-op SAC "
     "(cost_models/op_sac.py); "
     "'selective (layer)' rows its layer SAC of the time (selective_ac_option '2', the default: every 2nd block fully "
-    "recomputed). Megatron-LM rows of 2020-2022 use the megatron profile without the "
+    "recomputed). A row whose framework names a JAX trainer (MaxText, Pax, Levanter) or torch.compile ran a "
+    "compiled step: its elementwise kernels move 1/4 of the eager bytes (profiles.py COMPILED_ELEMENTWISE_SHARE, "
+    "sized on torchtitan's published eager/compiled pairs; validation.COMPILED_STEP_NAMES); other rows run eager, "
+    "torch's default. Megatron-LM rows of 2020-2022 use the megatron profile without the "
     "overlap flags, which did not exist yet (gradient all-reduce after backward, Korthikanti et al. 2022 §6.3). "
     "DeepSpeed ZeRO-3 rows dated 2021 or earlier hide none of their ZeRO-3 traffic: DeepSpeed's ZeRO-3 of "
     "2021 (v0.3.13-v0.5.4) synchronised the device before every per-parameter gather (DeepSpeed PR #1188: 'the "
@@ -518,6 +522,17 @@ def _is_torchtitan(row: dict) -> bool:
     return "torchtitan" in str(row.get("framework") or "").lower()
 
 
+COMPILED_STEP_NAMES = ("maxtext", "jax", "paxml", "levanter", "torch.compile")
+"""A row whose framework text names one of these ran a compiled step: JAX trainers always (XLA compiles the whole
+step), PyTorch ones when the text says torch.compile (eager is torch's and torchtitan's default). Such a row moves
+profiles.COMPILED_ELEMENTWISE_SHARE of the eager elementwise traffic. No row of ../shared/validation names one."""
+
+
+def compiled_step(row: dict) -> bool:
+    fw = str(row.get("framework") or "").lower()
+    return any(name in fw for name in COMPILED_STEP_NAMES)
+
+
 TORCHTITAN_FLASH_ATTENTION_2_YEAR = 2025
 """The year whose torchtitan runs took FlashAttention-2 on Hopper; later runs take cuDNN's attention, as the
 torchtitan profile does (torchtitan puts CUDNN_ATTENTION first from 2025-10-09, #1776; profiles.py). Its runs of
@@ -710,6 +725,8 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
         knobs = era_recipe.applied_to(knobs)
     if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear (ASSUMPTIONS)
         knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT, fp8_torchao_linear=False)
+    if compiled_step(row):
+        knobs = replace(knobs, compiled_elementwise_share=COMPILED_ELEMENTWISE_SHARE.value)
     if family == "fsdp":
         kernel = fsdp_attention_kernel(row, knobs.attention_kernel_efficiency)
         knobs = replace(knobs, attention_kernel_efficiency=kernel,

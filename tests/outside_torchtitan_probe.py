@@ -10,9 +10,11 @@ A line per row: measured and predicted step time and memory, and their errors, w
 except for its attention kernel: the rows are dated 2025 (the doc's commit) and their torch nightly of 2024-12 comes
 after pytorch#141274, which put FlashAttention-2 before cuDNN on sm90, so they run FlashAttention-2
 (validation.fsdp_attention_kernel), where torchtitan now asks for cuDNN's kernel first (profiles.py).
-Not modelled, so expect them off: torch.compile (fuses elementwise work and frees its intermediates: the compile
-rows run faster and 5 GiB leaner than eager), the 500 W power limit and HBM2e (the H100 preset is the 700 W HBM3
-part), AsyncTP."""
+The rows that ran torch.compile (the table says so) name it in their framework text, so they move
+profiles.COMPILED_ELEMENTWISE_SHARE of the eager elementwise traffic, the share sized on Tables 1 and 3's
+eager/compiled pairs here. Not modelled, so expect them off: what else torch.compile changes (it frees its
+intermediates: the compiled rows hold 5 GiB less than eager), the 500 W part's HBM2e bandwidth and sustained clocks
+(cluster_specs/gpus.yaml H100-SXM-HBM2e-500W: the SXM part's bandwidth and MAMF, a midpoint peak [U]), AsyncTP."""
 
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ def row(rid, size, n, dp, tp, lbs, recompute, precision, tps, gib, table) -> dic
         "seq_length": 8192, "gpu_type": "H100 SXM 96GB HBM2e (500 W)", "total_gpus": n, "gpus_per_node": 8,
         "tp": tp, "pp": 1, "dp": dp, "zero_stage": 3, "fsdp": True, "micro_batch_size": lbs,
         "global_batch_size": lbs * dp, "activation_recomputation": recompute, "precision": precision,
-        "framework": "torchtitan (FSDP2)", "tokens_per_sec_per_gpu": tps, "peak_memory_gb_per_gpu": gib * 2**30 / 1e9,
+        "framework": "torchtitan (FSDP2)" + (" + torch.compile" if "compile" in rid + table else ""),
+        "tokens_per_sec_per_gpu": tps, "peak_memory_gb_per_gpu": gib * 2**30 / 1e9,
         "memory_definition": "torchtitan Memory(GiB): torch.cuda.max_memory_reserved, the maximum over GPUs",
     }
 

@@ -225,3 +225,52 @@ def test_torchtitans_h100_rows_run_on_the_500w_hbm2e_part():
     assert part.tflops["fp8"] == 2 * part.tflops["bf16"]
     assert part.board_power_watts == 500 and part.memory_gib * 2**30 == pytest.approx(95e9)
     assert part.tflops["bf16"] < sxm.tflops["bf16"]
+
+
+@pytest.mark.parametrize("framework, compiled", [
+    ("MaxText (JAX)", True), ("Pax (JAX)", True), ("levanter", True),
+    ("torchtitan (FSDP2) + torch.compile", True), ("torchtitan (FSDP2)", False),
+    ("llm-foundry/Composer FSDP FULL_SHARD (MP mode PURE), FlashAttention", False), ("Megatron-LM", False)])
+def test_a_compiled_step_moves_the_compiled_share_of_elementwise_traffic(framework, compiled):
+    """validation.compiled_step: JAX trainers compile the whole step (XLA), PyTorch rows only when they say
+    torch.compile (eager is the default); their knobs carry profiles.COMPILED_ELEMENTWISE_SHARE, others 1."""
+    from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE
+    from planner.validation import build_case, compiled_step
+
+    assert compiled_step({"framework": framework}) is compiled
+    row = {"id": "r", "record_type": "throughput_run", "source": "s", "model_name": "Llama 3 8B",
+           "architecture": "dense", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_kv_heads": 8, "ffn_hidden_size": 14336, "vocab_size": 128256, "seq_length": 8192,
+           "gpu_type": "H100 80GB SXM", "total_gpus": 8, "gpus_per_node": 8, "tp": 1, "pp": 1, "dp": 8,
+           "zero_stage": 3, "fsdp": True, "micro_batch_size": 1, "global_batch_size": 8, "precision": "BF16",
+           "activation_recomputation": "full", "framework": framework, "iteration_time_s": 1.0}
+    case = build_case(row)
+    assert not isinstance(case, str), case
+    assert case.knobs.compiled_elementwise_share == (COMPILED_ELEMENTWISE_SHARE.value if compiled else 1.0)
+
+
+def test_no_published_row_is_a_compiled_step():
+    """The elementwise fit of ../shared/validation is the eager one (profiles.COMPILED_ELEMENTWISE_SHARE): if a row
+    there names a compiled step, the share joins the fit and must be sized inside it, with LOSO."""
+    from planner.validation import compiled_step, load_rows
+    from tests.conftest import VALIDATION, require_shared
+
+    assert not [r["id"] for r in load_rows(require_shared(VALIDATION)) if compiled_step(r)]
+
+
+def test_the_compiled_share_gives_torchtitans_published_compile_speedup():
+    """profiles.COMPILED_ELEMENTWISE_SHARE is sized on torchtitan's eager/compiled pairs (docs/performance.md at
+    eaea6f6a, Llama 3.1 8B, H100, local batch 2, selective op AC; Table 1, 8 GPUs: 5762 -> 6667 tokens/s per GPU;
+    Table 3, 128 GPUs: 5605 -> 6514): the predicted step ratio stays within 0.01 of the published one."""
+    from planner.bands import load_table
+    from planner.validation import build_case, case_knobs, evaluate
+    from tests.outside_torchtitan_probe import ROWS, row
+
+    fitted = load_table()["fitted_knobs"]
+    spec = {s[0]: s for s in ROWS}
+    for eager, compiled, published in (("t1-fsdp", "t1-compile", 5762 / 6667), ("t3-fsdp", "t3-compile", 5605 / 6514)):
+        steps = []
+        for rid in (eager, compiled):
+            case = build_case(row(*spec[rid]))
+            steps.append(evaluate(case, case_knobs(case, fitted)).predicted_step_seconds)
+        assert steps[1] / steps[0] == pytest.approx(published, abs=0.01)

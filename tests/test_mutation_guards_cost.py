@@ -1336,6 +1336,11 @@ def test_elementwise_seconds_charge_the_kept_bytes_and_the_score_kernels():
     moved = (5 * 4 + 4 * 4 + 2) * 8 * 1024 ** 2 / 2
     got = elementwise_forward_seconds(SMALL, HW, Knobs(elementwise_traffic_factor=10.0), act_none_bytes=1e8, **kw)
     assert got == pytest.approx((10 * (1e8 - kept) + moved) / 2e12 / FORWARD_PASSES_PER_TRAINING_PASS, rel=1e-12)
+    # a compiled step moves its share of the s·b·h traffic; the score kernels' own traffic stays (they are fused
+    # kernels already)
+    compiled = elementwise_forward_seconds(SMALL, HW, Knobs(elementwise_traffic_factor=10.0,
+                                                            compiled_elementwise_share=0.25), act_none_bytes=1e8, **kw)
+    assert compiled == pytest.approx((2.5 * (1e8 - kept) + moved) / 2e12 / FORWARD_PASSES_PER_TRAINING_PASS, rel=1e-12)
 
 
 def _costs(model=SMALL, training=BF16, knobs=Knobs(), **lay):

@@ -368,6 +368,21 @@ _MEGATRON_DEEPSPEED_AMPERE = (
     "[U: the mechanism (pipe engine, optimizer, kernels) is not isolated; no Megatron-DeepSpeed run on another GPU "
     "generation is in the data, so none is stated there]")
 
+COMPILED_ELEMENTWISE_SHARE = Sourced(0.25, (
+    "a compiled step (XLA under JAX trainers; torch.compile/inductor) fuses each chain of elementwise ops (norms, "
+    "activation functions, RoPE, residual adds) into one kernel that reads its inputs and writes its outputs once, "
+    "where eager PyTorch runs each op as its own kernel: it moves 1/4 of the eager elementwise bytes (Knobs."
+    "compiled_elementwise_share: 3 B per byte kept where the eager fit moves 12, about one write in forward, one "
+    "read in backward and one gradient write). Sized on torchtitan's published eager/compiled pairs (docs/"
+    "performance.md at eaea6f6a, Llama 3.1 8B on H100, Tables 1 and 3: FSDP 5762 -> 6667 and 5605 -> 6514 tokens/s "
+    "per GPU with torch.compile, step ratios 0.864 and 0.860; the model gives 0.861 and 0.862 at 1/4; "
+    "tests/outside_torchtitan_probe.py), rows outside ../shared/validation; checked on MaxText's (tests/"
+    "outside_recipes_probe.py) [U: the whole compile speed-up is put on elementwise traffic; launch gaps and the "
+    "fused loss are in it too]"))
+"""The elementwise traffic a compiled step keeps of the eager one (cost_models/stage.py elementwise_forward_seconds).
+No published row in ../shared/validation states a compiled step, so the fit of elementwise_traffic_factor there is
+the eager one, and this share is sized outside it."""
+
 _OP_SAC = ("torchtitan's SelectiveAC (per-op, the Trainer's default; activation_checkpoint.py _get_custom_policy): "
            "must-save the outputs of mm / SDPA / reduce_scatter, recompute every 2nd mm of each block and everything "
            "else, SP all-gathers included (frameworks.md §1.5); MoE and MLA blocks keep the core-attention policy [U]")
