@@ -172,3 +172,72 @@ def test_no_overlap_p2p_communication_with_virtual_stages_is_predicted_exposed(t
 def test_torchtitan_pipeline_overlap_does_not_depend_on_virtual_stages():
     problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096, "bf16", framework="torchtitan")
     assert not problem.knobs.pp_overlap_needs_virtual and problem.knobs.pp_overlap_fraction == 0.5
+
+
+# ---- torchtitan compile: `check` predicts a compiled model with the compiled elementwise share ----
+
+TT = """[model]
+name = "llama3"
+flavor = "8B"
+
+[training]
+local_batch_size = 2
+seq_len = 8192
+global_batch_size = 16
+{training}
+[parallelism]
+data_parallel_shard_degree = 8
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+{compile}"""
+
+
+def _tt_check(tmp_path, *, compile_section: str = "", training: str = "", suffix: str = ".toml", text: str = ""):
+    path = tmp_path / f"tt{abs(hash((compile_section, training, text)))}{suffix}"
+    path.write_text(text or TT.format(compile=compile_section, training=training))
+    view = read_config(path, gpus=8)
+    problem = build_problem("dgx-h100", 1, "llama3-8b", 16, 8192, "bf16", framework="torchtitan")
+    return check(view, problem), problem
+
+
+@pytest.mark.parametrize("compile_section, training, compiled", [
+    ("", "", False),
+    ("[compile]\nenable = false\n", "", False),
+    ("[compile]\nenable = true\n", "", True),
+    ("[compile]\nenable = true\ncomponents = [\"model\"]\n", "", True),
+    ("[compile]\nenable = true\ncomponents = [\"loss\"]\n", "", False),  # the model itself runs eager
+    ("", "compile = true\n", True),  # torchtitan's older [training] compile
+])
+def test_torchtitan_compile_is_predicted_with_the_compiled_elementwise_share(tmp_path, compile_section, training,
+                                                                             compiled):
+    from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE
+
+    out, problem = _tt_check(tmp_path, compile_section=compile_section, training=training)
+    assert out.violations == []
+    share = COMPILED_ELEMENTWISE_SHARE.value if compiled else 1.0
+    expected = _with(problem, compiled_elementwise_share=share).estimate(out.layout).step_seconds
+    assert out.estimate.step_seconds == pytest.approx(expected, rel=1e-12)
+    assert any("torch.compile fuses" in n for n in out.notes) is compiled
+    if compiled:  # the same layout eager is slower: the elementwise kernels are a tenth or more of this step
+        assert out.estimate.step_seconds < problem.estimate(out.layout).step_seconds * 0.9
+
+
+def test_torchtitan_python_recipe_compile_config_is_read(tmp_path):
+    recipe = """from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.models.llama3 import model_registry
+from torchtitan.trainer import Trainer
+
+
+def job() -> Trainer.Config:
+    return Trainer.Config(
+        model_spec=model_registry("8B"),
+        training=TrainingConfig(local_batch_size=2, global_batch_size=16, seq_len=8192),
+        parallelism=ParallelismConfig(data_parallel_shard_degree=8),
+        compile=CompileConfig(enable=True, components=["model", "loss"]),
+    )
+"""
+    out, problem = _tt_check(tmp_path, suffix=".py", text=recipe)
+    assert any("compile.enable" in n for n in out.notes)
+    assert out.estimate.step_seconds < problem.estimate(out.layout).step_seconds * 0.9

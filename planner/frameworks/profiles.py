@@ -142,6 +142,9 @@ class Profile:
     # what an fp32 master copy of a bf16 parameter costs once the optimizer's states are set below fp32
     # (Knobs.precision_aware_master_bytes); None: 4
     master_remainders: Sourced | None = None
+    # where the framework runs eager by default with torch.compile a flag away: the elementwise traffic is the eager
+    # fit's, and `check` reads the flag (Knobs.compiled_elementwise_share, COMPILED_ELEMENTWISE_SHARE)
+    eager_elementwise: str | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -217,7 +220,10 @@ class Profile:
              self.pp_receive_buffers)] if self.pp_receive_buffers else []) + ([
             ("fp8_torchao_linear", "FP8 Linears (torchao Float8Linear) save their BF16 inputs and cast the weights on the "
              "fly: FP8 saves no activation memory and keeps no FP8 weight copies", self.fp8_torchao_linear)]
-             if self.fp8_torchao_linear else []) + [
+             if self.fp8_torchao_linear else []) + ([
+            ("compiled_elementwise_share", "the model runs eager: norms, activations and residual adds as separate "
+             f"kernels (compiled, they move {COMPILED_ELEMENTWISE_SHARE.value:.0%} of those bytes)",
+             self.eager_elementwise)] if self.eager_elementwise else []) + [
             ("attention_kernel_efficiency", f"fused causal attention on {gen}: {v.value:.0%} of peak over forward and "
              "backward, on the causal half of the scores", v.source) for gen, v in self.attention_kernel.items()] + [
             (f"kernel_efficiency[{gen}]", f"{self.title} on {gen}: {v.value:.1%} of the end-to-end efficiency the "
@@ -383,6 +389,9 @@ COMPILED_ELEMENTWISE_SHARE = Sourced(0.25, (
 No published row in ../shared/validation states a compiled step, so the fit of elementwise_traffic_factor there is
 the eager one, and this share is sized outside it."""
 
+_EAGER = ("compile off, torchtitan's default (compile.enable = false; the export writes none), so the model's "
+          "elementwise ops run eager; `check` of a config with compile.enable predicts it compiled "
+          "(integrations/readers.py _torchtitan_compile; COMPILED_ELEMENTWISE_SHARE)")
 _OP_SAC = ("torchtitan's SelectiveAC (per-op, the Trainer's default; activation_checkpoint.py _get_custom_policy): "
            "must-save the outputs of mm / SDPA / reduce_scatter, recompute every 2nd mm of each block and everything "
            "else, SP all-gathers included (frameworks.md §1.5); MoE and MLA blocks keep the core-attention policy [U]")
@@ -516,7 +525,7 @@ PROFILES: dict[Framework, Profile] = {
         {},
         sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
         fp8_torchao_linear=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS),
-        attention_kernel=_TORCHTITAN_CUDNN_ATTENTION),
+        attention_kernel=_TORCHTITAN_CUDNN_ATTENTION, eager_elementwise=_EAGER),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
         "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",
@@ -596,7 +605,8 @@ class Assumption:
 # what each knob is set to when the assumption does not hold: overlap -> none hidden; the fused attention kernel ->
 # not stated (the core at its full-s^2 FLOPs and the GEMM rate, ~0.35-0.40 of peak on the causal FLOPs on H100)
 _OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_overlap_fraction": 0.0,
-             "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0}
+             "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0,
+             "compiled_elementwise_share": COMPILED_ELEMENTWISE_SHARE.value}
 
 
 def ranked_assumptions(estimate_with, knobs: Knobs, framework: Framework | str | None, step_seconds: float,

@@ -147,8 +147,9 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
 
 
 def _config_knobs(view: ConfigView, problem):
-    """The problem with what the config itself says about overlap, where it hides less than the profile assumes
-    (a note names each)."""
+    """The problem with what the config itself says that moves a knob below the profile's value: overlap it hides
+    less of (its flags off), or the elementwise traffic of a compiled model (torchtitan's compile); a note names
+    each."""
     from dataclasses import replace
 
     from planner.estimate import Problem

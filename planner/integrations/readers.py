@@ -20,6 +20,7 @@ from cluster_specs import SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import TORCHTITAN, capabilities
+from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE
 from planner.frameworks.megatron_split import (
     MegatronSplitError,
     SplitFlags,
@@ -53,7 +54,8 @@ class ConfigView:
     # the gradient buffer's and optimizer states' dtypes where the config sets them (TrainingSpec fields grad_dtype,
     # master_dtype, exp_avg_dtype, exp_avg_sq_dtype; planner/integrations/modern_flags.py writes them)
     optimizer_states: dict[str, str] = field(default_factory=dict)
-    # communication the config leaves exposed that its framework's profile assumes hidden: knob -> (value, why)
+    # knobs the config sets below its framework's profile: communication it leaves exposed that the profile assumes
+    # hidden, a compiled model's elementwise traffic: knob -> (value, why)
     knobs: dict[str, tuple[float, str]] = field(default_factory=dict)
 
 
@@ -469,7 +471,28 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
     if flavor:
         view.model["flavor"] = str(flavor)
     _torchtitan_float8(doc, view)
+    _torchtitan_compile(doc, view)
     return view
+
+
+def _torchtitan_compile(doc: dict, view: ConfigView) -> None:
+    """torch.compile of the model: `[compile] enable = true` with "model" in `components` (its default
+    ["model", "loss"]; the 0.3 recipe's CompileConfig(enable=True, ...) is read into the same section), or the
+    older `[training] compile = true`. A compiled model moves profiles.COMPILED_ELEMENTWISE_SHARE of the eager
+    elementwise traffic the torchtitan profile assumes (eager is torchtitan's default); what else compile changes
+    (freed intermediates, async TP) is not credited."""
+    section = doc.get("compile") or {}
+    components = section.get("components", ["model", "loss"])
+    if section.get("enable") is True and isinstance(components, list) and "model" in components:
+        how = "compile.enable with 'model' in compile.components"
+    elif (doc.get("training") or {}).get("compile") is True:
+        how = "training.compile"
+    else:
+        return
+    view.knobs["compiled_elementwise_share"] = (
+        COMPILED_ELEMENTWISE_SHARE.value,
+        f"{how}: torch.compile fuses the model's elementwise kernels, a quarter of the eager traffic "
+        "(profiles.COMPILED_ELEMENTWISE_SHARE)")
 
 
 def _torchtitan_float8(doc: dict, view: ConfigView) -> None:
