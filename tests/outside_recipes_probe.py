@@ -15,7 +15,8 @@ the recompute their recipe's config sets (RECOMPUTE; searched for Megatron-Bridg
 (STATES: bf16 gradients, and Nemotron-4 340B's bf16 master weights and moments), so a row the model judges out of
 memory at it is a false out-of-memory verdict; DP = GPUs / (TP x PP x CP); ZeRO-1, the distributed
 optimizer.
-MaxText rows: the fsdp family (FAMILY_NAMES: JAX trainers), ZeRO-3 over every GPU (the planner has no hybrid
+MaxText rows: the fsdp family (FAMILY_NAMES: JAX trainers) with a compiled step (XLA: validation.compiled_step,
+profiles.COMPILED_ELEMENTWISE_SHARE; before it, these rows were +11% to +37%), ZeRO-3 over every GPU (the planner has no hybrid
 shard: at 2048 GPUs MaxText shards over 128 and replicates 16 times), full recompute for save_qkv_proj (it keeps
 the Q/K/V projections, the planner's full recomputes them too: a few percent of the layer's FLOPs).
 Stated approximation: Nemotron-4's squared-ReLU MLP runs as a non-gated GeLU MLP (same GEMMs, 2 matrices of

@@ -407,3 +407,26 @@ def test_the_layer_rate_scales_with_its_gemms_smallest_sides():
     off = layer_costs(LLAMA3_8B, _training(8192), hw, _TP2, replace(kernel, gemm_half_efficiency_dim=0.0))
     assert on.t_recompute_policy == pytest.approx(off.t_recompute_policy, rel=1e-12)
     assert on.t_recompute_policy > 0 and on.t_layer_forward > off.t_layer_forward  # the kernel's QK^T; GEMMs slower
+
+
+def test_torchtitans_eager_default_is_named_with_the_compiled_step_time():
+    """The torchtitan profile predicts eager (compile off, its default) and names it among the assumptions, with
+    the step time compiled (Knobs.compiled_elementwise_share at COMPILED_ELEMENTWISE_SHARE) as the alternative;
+    Megatron's profile (fused kernels, no compile flag) names nothing of the kind."""
+    from dataclasses import replace
+
+    from planner.estimate import build_problem, layout_from_arg
+    from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE
+
+    args = ("dgx-h100", 1, "llama3-8b", 16, 8192)
+    layout_text = "tp=1,pp=1,dp=8,zero=3,mbs=2,recompute=selective"
+    est, found = _named_assumptions(*args, "torchtitan", layout_text, "the model runs eager")
+    assert len(found) == 1 and "compile.enable" in found[0]["source"]
+    problem = build_problem(*args, framework="torchtitan", headroom_gib=0)
+    compiled = replace(problem.knobs, compiled_elementwise_share=COMPILED_ELEMENTWISE_SHARE.value)
+    other = type(problem)(problem.model, problem.training, problem.cluster, compiled)
+    expected = other.estimate(layout_from_arg(layout_text, problem)).step_seconds
+    assert found[0]["step_time_seconds_if_not"] == pytest.approx(expected, rel=1e-9)
+    assert found[0]["step_time_seconds_if_not"] < est.step_seconds * 0.9
+    assert _named_assumptions(*args, "megatron", "tp=1,pp=1,dp=8,zero=1,mbs=2,recompute=selective",
+                              "the model runs eager")[1] == []
