@@ -20,7 +20,6 @@ from cluster_specs import SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import TORCHTITAN, capabilities
-from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE
 from planner.frameworks.megatron_split import (
     MegatronSplitError,
     SplitFlags,
@@ -29,6 +28,7 @@ from planner.frameworks.megatron_split import (
     shorten,
     stage_layers,
 )
+from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
 
 
