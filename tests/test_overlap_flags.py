@@ -220,6 +220,7 @@ def test_torchtitan_compile_is_predicted_with_the_compiled_elementwise_share(tmp
     expected = _with(problem, compiled_elementwise_share=share).estimate(out.layout).step_seconds
     assert out.estimate.step_seconds == pytest.approx(expected, rel=1e-12)
     assert any("torch.compile fuses" in n for n in out.notes) is compiled
+    assert any("predicted eager" in n for n in out.notes) is (not compiled and bool(compile_section))
     if compiled:  # the same layout eager is slower: the elementwise kernels are a tenth or more of this step
         assert out.estimate.step_seconds < problem.estimate(out.layout).step_seconds * 0.9
 

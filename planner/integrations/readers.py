@@ -488,6 +488,9 @@ def _torchtitan_compile(doc: dict, view: ConfigView) -> None:
     elif (doc.get("training") or {}).get("compile") is True:
         how = "training.compile"
     else:
+        if section:  # a compile section that does not switch the model's compile on (enable absent or false)
+            view.notes.append("compile section without enable = true for the model: predicted eager (torchtitan's "
+                              "default)")
         return
     view.knobs["compiled_elementwise_share"] = (
         COMPILED_ELEMENTWISE_SHARE.value,
