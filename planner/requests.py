@@ -183,8 +183,16 @@ def validation_summary(runs: Path, *, with_planner: bool = True, report: bool = 
     rewritten from this run: the error bands (planner/data/error_bands.json) and the ranking band
     (ranking_band.json)."""
     from planner.decisions.ranking import table_from_results, write_table
-    from planner.validation import load_rows, render_markdown, run_validation, summary, write_band_table
-    from planner.validation_vtrain import run_vtrain
+    from planner.validation import (
+        band_table,
+        load_rows,
+        render_markdown,
+        run_validation,
+        shipped_band_level,
+        summary,
+        write_band_table,
+    )
+    from planner.validation_vtrain import band_coverage, run_vtrain
 
     result = run_validation(load_rows(runs))
     vt = run_vtrain(result.knobs)
@@ -201,6 +209,8 @@ def validation_summary(runs: Path, *, with_planner: bool = True, report: bool = 
     s["vtrain"] = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias,
                    "regret": vt.regret, "false_out_of_memory": vt.false_oom,
                    "pairs_ordered_as_measured": vt.pair_accuracy}
+    cov = band_coverage(vt.results, band_table(result, level=shipped_band_level(result)))
+    s["vtrain"]["inside_band"] = {"rows": cov.inside, "of": cov.rows, "median_width": cov.median_width}
     line = (f"{s['rows_evaluated']} rows: LOSO median |error| {s['loso_median_abs_error']:.1%}, 90th pct "
             f"{s['loso_p90_abs_error']:.1%}, false OOM {s['false_out_of_memory']}; vTrain mean |error| "
             f"{vt.mean_abs_error:.1%}, bias {vt.bias:+.1%}")

@@ -1299,8 +1299,9 @@ def _gib(gib: float | None) -> str:
     return "-" if gib is None else f"{gib:.1f}"
 
 
-def _vtrain_section(vt) -> list[str]:
-    from planner.validation_vtrain import VTRAIN_ASSUMPTIONS
+def _vtrain_section(vt, table: dict | None = None) -> list[str]:
+    """vTrain's figures; with `table` (the band table this run ships) also how many rows lie inside their band."""
+    from planner.validation_vtrain import VTRAIN_ASSUMPTIONS, band_coverage
 
     out = ["## Second validation set: vTrain's measured multi-node runs (fully held out)", "",
            f"{len(vt.results)} measured Megatron-DeepSpeed runs on 64-512 A100 GPUs (planner/data/VTRAIN_SOURCE.md), "
@@ -1317,8 +1318,14 @@ def _vtrain_section(vt) -> list[str]:
            + ", ".join(f"{k} {_pct(v)}" for k, v in vt.regret.items()) + ".",
            f"- pairs of layouts (one model, different measured times) the predictions order as measured: "
            f"{vt.pairs_ordered[0]} of {vt.pairs_ordered[1]} ({_pct(vt.pair_accuracy)}); the regret judges the pick "
-           "alone, and a pick among layouts measured within a few percent of each other is close to a coin flip.",
-           ""]
+           "alone, and a pick among layouts measured within a few percent of each other is close to a coin flip."]
+    if table is not None:
+        cov = band_coverage(vt.results, table)
+        out.append(f"- the shipped step-time band of each row's regime (as `estimate` shows it) holds the measured step "
+                   f"of {cov.inside} of {cov.rows} rows ({_pct(cov.inside / cov.rows)}; median width "
+                   f"{_pct(cov.median_width)}): the band's coverage on runs none of its residuals came from, against "
+                   f"{_pct(BAND_COVERAGE)} aimed at.")
+    out += [""]
     out += _vtrain_picks(vt) + [""] + _vtrain_error_groups(vt) + [""]
     out += [f"- {a}" for a in VTRAIN_ASSUMPTIONS]
     return out
@@ -1410,7 +1417,7 @@ def render_markdown(report: Report, *, runs_path: str, planner_section: str = ""
                 for src, i in loso.fold_choice.items()]
     out += [""]
     if vtrain is not None:
-        out += _vtrain_section(vtrain) + [""]
+        out += _vtrain_section(vtrain, band_table(report, level=shipped_band_level(report))) + [""]
     out += _memory_section(report)
     out += ["", *_band_section(report, hits, levels)]
     out += ["", "## Assumptions for fields a source did not print", ""]

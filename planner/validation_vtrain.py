@@ -20,7 +20,7 @@ from cluster_specs import ClusterSpec
 from cost_models.inputs import Knobs
 from planner.bands import DOES_NOT_FIT, fit_verdict_of_result
 from planner.inputs.specs import ModelSpec, TrainingSpec
-from planner.validation import Case, CaseResult, _cluster_json, case_knobs, evaluate, family_knobs
+from planner.validation import Case, CaseResult, _cluster_json, case_band, case_knobs, evaluate, family_knobs
 
 VTRAIN_SOURCE = "vTrain (Bang et al., MICRO 2024) data/ground_truth_multi.csv"
 VTRAIN_ASSUMPTIONS = [
@@ -132,6 +132,26 @@ def error_groups(results: list[CaseResult], key) -> list[ErrorGroup]:
             groups.setdefault(key(r), []).append(r.error)
     return [ErrorGroup(k, len(e), statistics.fmean(e), statistics.fmean(abs(x) for x in e))
             for k, e in sorted(groups.items())]
+
+
+@dataclass(frozen=True)
+class BandCoverage:
+    inside: int  # rows whose measured step lies inside the band of their regime
+    rows: int
+    median_width: float  # (high - low) / predicted step time
+
+
+def band_coverage(results: list[CaseResult], table: dict) -> BandCoverage:
+    """The step-time band `table` gives each predicted row's regime (framework family, GPU generation, scale), as
+    `estimate` shows it, against its measured step: the band checked on runs none of its residuals came from."""
+    hits, widths = 0, []
+    for r in results:
+        if r.predicted_step_seconds is None:
+            continue
+        band = case_band(table, r.case, r.predicted_step_seconds)
+        hits += band.step_seconds_low <= r.case.measured_step_seconds <= band.step_seconds_high
+        widths.append((band.step_seconds_high - band.step_seconds_low) / r.predicted_step_seconds)
+    return BandCoverage(hits, len(widths), statistics.median(widths) if widths else math.nan)
 
 
 def model_billions(name: str) -> float:
