@@ -50,6 +50,10 @@ class Band:
     regime: str  # the regime whose residuals were used
     rows: int  # how many LOSO rows that regime has
 
+    def holds_step(self, seconds: float) -> bool:
+        """Whether a measured step time lies inside the step-time band (ends included)."""
+        return self.step_seconds_low <= seconds <= self.step_seconds_high
+
 
 def gpu_generation(gpu_name: str) -> str:
     low = gpu_name.lower()

@@ -1141,7 +1141,7 @@ def band_text(table: dict, result: CaseResult) -> str:
     if result.predicted_step_seconds is None:
         return "-"
     band = case_band(table, result.case, result.predicted_step_seconds)
-    inside = band.step_seconds_low <= result.case.measured_step_seconds <= band.step_seconds_high
+    inside = band.holds_step(result.case.measured_step_seconds)
     return f"{band.step_seconds_low:.2f}-{band.step_seconds_high:.2f} {'in' if inside else 'out'}"
 
 
@@ -1159,7 +1159,7 @@ def band_hits(report: Report, level: float | None = None, *, exclude: frozenset[
                 continue
             predicted = r.case.measured_step_seconds * (1 + r.loso_error)
             band = case_band(table, r.case, predicted)
-            inside = band.step_seconds_low <= r.case.measured_step_seconds <= band.step_seconds_high
+            inside = band.holds_step(r.case.measured_step_seconds)
             hits.append(BandHit(r, inside, (band.step_seconds_high - band.step_seconds_low) / predicted))
     return hits
 

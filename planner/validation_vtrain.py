@@ -149,7 +149,7 @@ def band_coverage(results: list[CaseResult], table: dict) -> BandCoverage:
         if r.predicted_step_seconds is None:
             continue
         band = case_band(table, r.case, r.predicted_step_seconds)
-        hits += band.step_seconds_low <= r.case.measured_step_seconds <= band.step_seconds_high
+        hits += band.holds_step(r.case.measured_step_seconds)
         widths.append((band.step_seconds_high - band.step_seconds_low) / r.predicted_step_seconds)
     return BandCoverage(hits, len(widths), statistics.median(widths) if widths else math.nan)
 
