@@ -242,3 +242,20 @@ def job() -> Trainer.Config:
     out, problem = _tt_check(tmp_path, suffix=".py", text=recipe)
     assert any("compile.enable" in n for n in out.notes)
     assert out.estimate.step_seconds < problem.estimate(out.layout).step_seconds * 0.9
+
+
+@pytest.mark.parametrize("components", ['"model"', '["model", "optimizer"]'])
+def test_torchtitan_compile_components_torchtitan_refuses_are_a_violation(tmp_path, components):
+    # torchtitan's CompileConfig raises ValueError for entries other than 'model' and 'loss' (torchtitan/config/
+    # compile.py __post_init__); check says so with the field and what is allowed, and predicts nothing compiled
+    out, problem = _tt_check(tmp_path, compile_section=f"[compile]\nenable = true\ncomponents = {components}\n")
+    assert [v["rule"] for v in out.violations] == ["compile"]
+    assert "compile.components" in out.violations[0]["message"] and "'model', 'loss'" in out.violations[0]["message"]
+    assert not any("torch.compile fuses" in n for n in out.notes)
+
+
+def test_a_torchtitan_compile_key_that_is_not_a_section_is_a_violation(tmp_path):
+    text = "compile = true\n" + TT.format(compile="", training="")
+    out, _ = _tt_check(tmp_path, text=text)
+    assert [v["rule"] for v in out.violations] == ["compile"]
+    assert out.violations[0]["message"].startswith("compile: True -> a section")

@@ -482,10 +482,19 @@ def _torchtitan_compile(doc: dict, view: ConfigView) -> None:
     elementwise traffic the torchtitan profile assumes (eager is torchtitan's default); what else compile changes
     (freed intermediates, async TP) is not credited."""
     section = doc.get("compile") or {}
+    if not isinstance(section, dict):
+        view.errors.append(("compile", f"compile: {section!r} -> a section (enable, components, ...)",
+                            "write a compile section (TOML table) with enable = true"))
+        return
     components = section.get("components", ["model", "loss"])
-    if section.get("enable") is True and isinstance(components, list) and "model" in components:
+    allowed = ("model", "loss")  # torchtitan's CompileConfig.__post_init__ raises ValueError for anything else
+    if not isinstance(components, list) or any(c not in allowed for c in components):
+        view.errors.append(("compile", f"compile.components: {components!r} -> allowed: a list of 'model', 'loss'",
+                            "list the components to compile: \"model\" and/or \"loss\""))
+        return
+    if section.get("enable") is True and "model" in components:
         how = "compile.enable with 'model' in compile.components"
-    elif (doc.get("training") or {}).get("compile") is True:
+    elif isinstance(doc.get("training"), dict) and doc["training"].get("compile") is True:
         how = "training.compile"
     else:
         if section:  # a compile section that does not switch the model's compile on (enable absent or false)
