@@ -184,15 +184,14 @@ def validation_summary(runs: Path, *, with_planner: bool = True, report: bool = 
     (ranking_band.json)."""
     from planner.decisions.ranking import table_from_results, write_table
     from planner.validation import (
-        band_table,
         load_rows,
         render_markdown,
         run_validation,
-        shipped_band_level,
+        shipped_band_table,
         summary,
         write_band_table,
     )
-    from planner.validation_vtrain import band_coverage, run_vtrain
+    from planner.validation_vtrain import run_vtrain, shipped_band_coverage
 
     result = run_validation(load_rows(runs))
     vt = run_vtrain(result.knobs)
@@ -209,7 +208,7 @@ def validation_summary(runs: Path, *, with_planner: bool = True, report: bool = 
     s["vtrain"] = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias,
                    "regret": vt.regret, "false_out_of_memory": vt.false_oom,
                    "pairs_ordered_as_measured": vt.pair_accuracy}
-    cov = band_coverage(vt.results, band_table(result, level=shipped_band_level(result)))
+    cov = shipped_band_coverage(vt.results, shipped_band_table(result))
     s["vtrain"]["inside_band"] = {"rows": cov.inside, "of": cov.rows, "median_width": cov.median_width}
     line = (f"{s['rows_evaluated']} rows: LOSO median |error| {s['loso_median_abs_error']:.1%}, 90th pct "
             f"{s['loso_p90_abs_error']:.1%}, false OOM {s['false_out_of_memory']}; vTrain mean |error| "

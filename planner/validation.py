@@ -308,9 +308,13 @@ def _cluster_json(base: str) -> dict:
     return json.loads(_cluster_json_cached(base))
 
 
+JAX_TRAINER_NAMES = ("maxtext", "jax", "paxml", "levanter")
+"""How a row's `framework` text names a JAX trainer: the fsdp family (FAMILY_NAMES), a compiled step
+(COMPILED_STEP_NAMES)."""
+
 FAMILY_NAMES = (
     ("mcore", ("megatron-core", "megatron core", "mcore", "nemo", "megatron-bridge", "megatron bridge")),
-    ("fsdp", ("torchtitan", "llm-foundry", "composer", "fsdp", "maxtext", "jax", "paxml", "levanter")),
+    ("fsdp", ("torchtitan", "llm-foundry", "composer", "fsdp", *JAX_TRAINER_NAMES)),
     ("megatron-deepspeed", ("megatron-deepspeed", "megatron deepspeed", "gpt-neox")),
     ("deepspeed", ("deepspeed",)),
 )
@@ -523,7 +527,7 @@ def _is_torchtitan(row: dict) -> bool:
     return "torchtitan" in str(row.get("framework") or "").lower()
 
 
-COMPILED_STEP_NAMES = ("maxtext", "jax", "paxml", "levanter", "torch.compile")
+COMPILED_STEP_NAMES = (*JAX_TRAINER_NAMES, "torch.compile")
 """A row whose framework text names one of these ran a compiled step: JAX trainers always (XLA compiles the whole
 step), PyTorch ones when the text says torch.compile (eager is torch's and torchtitan's default). Such a row moves
 profiles.COMPILED_ELEMENTWISE_SHARE of the eager elementwise traffic. No row of ../shared/validation names one."""
@@ -1135,6 +1139,13 @@ def case_band(table: dict, case: Case, predicted_step_seconds: float):
                            predicted_step_seconds, 0.0)
 
 
+def band_hit(table: dict, result: CaseResult, predicted_step_seconds: float) -> BandHit:
+    """A row against the band `table` gives its regime around `predicted_step_seconds`."""
+    band = case_band(table, result.case, predicted_step_seconds)
+    return BandHit(result, band.holds_step(result.case.measured_step_seconds),
+                   (band.step_seconds_high - band.step_seconds_low) / predicted_step_seconds)
+
+
 def band_text(table: dict, result: CaseResult) -> str:
     """'low-high in' (or 'out'): the step-time band `table` gives a predicted row, and whether its measured step
     lies inside it (the outside probes' column); '-' for a row not predicted."""
@@ -1157,10 +1168,7 @@ def band_hits(report: Report, level: float | None = None, *, exclude: frozenset[
         for r in report.results:
             if r.case.source != src or r.loso_error is None:
                 continue
-            predicted = r.case.measured_step_seconds * (1 + r.loso_error)
-            band = case_band(table, r.case, predicted)
-            inside = band.holds_step(r.case.measured_step_seconds)
-            hits.append(BandHit(r, inside, (band.step_seconds_high - band.step_seconds_low) / predicted))
+            hits.append(band_hit(table, r, r.case.measured_step_seconds * (1 + r.loso_error)))
     return hits
 
 
@@ -1179,6 +1187,12 @@ def choose_band_level(report: Report, exclude: frozenset[str] = frozenset()) -> 
         if hits and sum(h.inside for h in hits) >= BAND_COVERAGE * len(hits):
             return level
     return BAND_LEVELS[-1]
+
+
+def shipped_band_table(report: Report) -> dict:
+    """The band table `make validate` ships (planner/data/error_bands.json, less its knobs): every source's LOSO
+    residuals at the shipped level."""
+    return band_table(report, level=shipped_band_level(report))
 
 
 def shipped_band_level(report: Report) -> float:
@@ -1299,10 +1313,11 @@ def _gib(gib: float | None) -> str:
     return "-" if gib is None else f"{gib:.1f}"
 
 
-def _vtrain_section(vt, table: dict | None = None) -> list[str]:
-    """vTrain's figures; with `table` (the band table this run ships) also how many rows lie inside their band."""
-    from planner.validation_vtrain import VTRAIN_ASSUMPTIONS, band_coverage
+def _vtrain_section(vt, table: dict) -> list[str]:
+    """vTrain's figures, and how many rows lie inside their band in `table` (the band table this run ships)."""
+    from planner.validation_vtrain import VTRAIN_ASSUMPTIONS, shipped_band_coverage
 
+    cov = shipped_band_coverage(vt.results, table)
     out = ["## Second validation set: vTrain's measured multi-node runs (fully held out)", "",
            f"{len(vt.results)} measured Megatron-DeepSpeed runs on 64-512 A100 GPUs (planner/data/VTRAIN_SOURCE.md), "
            "predicted with the knobs fitted on the published runs above; no knob's value was chosen on these rows. Not "
@@ -1318,14 +1333,11 @@ def _vtrain_section(vt, table: dict | None = None) -> list[str]:
            + ", ".join(f"{k} {_pct(v)}" for k, v in vt.regret.items()) + ".",
            f"- pairs of layouts (one model, different measured times) the predictions order as measured: "
            f"{vt.pairs_ordered[0]} of {vt.pairs_ordered[1]} ({_pct(vt.pair_accuracy)}); the regret judges the pick "
-           "alone, and a pick among layouts measured within a few percent of each other is close to a coin flip."]
-    if table is not None:
-        cov = band_coverage(vt.results, table)
-        out.append(f"- the shipped step-time band of each row's regime (as `estimate` shows it) holds the measured step "
-                   f"of {cov.inside} of {cov.rows} rows ({_pct(cov.inside / cov.rows)}; median width "
-                   f"{_pct(cov.median_width)}): the band's coverage on runs none of its residuals came from, against "
-                   f"{_pct(BAND_COVERAGE)} aimed at.")
-    out += [""]
+           "alone, and a pick among layouts measured within a few percent of each other is close to a coin flip.",
+           f"- the shipped step-time band of each row's regime (as `estimate` shows it) holds the measured step "
+           f"of {cov.inside} of {cov.rows} rows ({_pct(cov.inside / cov.rows)}; median width "
+           f"{_pct(cov.median_width)}): the band's coverage on runs none of its residuals came from, against "
+           f"{_pct(BAND_COVERAGE)} aimed at.", ""]
     out += _vtrain_picks(vt) + [""] + _vtrain_error_groups(vt) + [""]
     out += [f"- {a}" for a in VTRAIN_ASSUMPTIONS]
     return out
@@ -1356,11 +1368,12 @@ def _vtrain_error_groups(vt) -> list[str]:
 
     out = ["Where the error sits (mean signed error: negative, predicted too fast). Tensor parallelism 16 spans two "
            "nodes.", "", "| grouped by | value | rows | bias | mean abs error |", "|---|---|---|---|---|"]
-    for title, key in (("model", lambda r: (model_billions(r.case.model.name), r.case.model.name)),
-                       ("tensor parallel", lambda r: r.case.layout_fields["tp"]),
-                       ("pipeline parallel", lambda r: r.case.layout_fields["pp"])):
-        out += [f"| {title} | {g.key[1] if isinstance(g.key, tuple) else g.key} | {g.rows} | {g.bias * 100:+.1f}% | "
-                f"{_pct(g.mean_abs_error)} |" for g in error_groups(vt.results, key)]
+    groupings = (("model", lambda r: r.case.model.name, model_billions),
+                 ("tensor parallel", lambda r: r.case.layout_fields["tp"], None),
+                 ("pipeline parallel", lambda r: r.case.layout_fields["pp"], None))
+    for title, key, order in groupings:
+        out += [f"| {title} | {g.key} | {g.rows} | {g.bias * 100:+.1f}% | {_pct(g.mean_abs_error)} |"
+                for g in error_groups(vt.results, key, order=order)]
     return out
 
 
@@ -1417,7 +1430,7 @@ def render_markdown(report: Report, *, runs_path: str, planner_section: str = ""
                 for src, i in loso.fold_choice.items()]
     out += [""]
     if vtrain is not None:
-        out += _vtrain_section(vtrain, band_table(report, level=shipped_band_level(report))) + [""]
+        out += _vtrain_section(vtrain, shipped_band_table(report)) + [""]
     out += _memory_section(report)
     out += ["", *_band_section(report, hits, levels)]
     out += ["", "## Assumptions for fields a source did not print", ""]
@@ -1462,7 +1475,7 @@ def write_band_table(report: Report) -> Path:
     """planner/data/error_bands.json: the band table `planner.bands.prediction_band` reads, with the knobs fitted
     on every source (the profiles' and Knobs' shipped values must equal them: tests/test_validation.py)."""
 
-    table = band_table(report, level=shipped_band_level(report))
+    table = shipped_band_table(report)
     table["fitted_knobs"] = report.knobs
     table["generated_by"] = "make validate (planner validate): LOSO residuals of ../shared/validation"
     path = Path(__file__).parent / "data" / BANDS_FILE

@@ -20,7 +20,7 @@ from cluster_specs import ClusterSpec
 from cost_models.inputs import Knobs
 from planner.bands import DOES_NOT_FIT, fit_verdict_of_result
 from planner.inputs.specs import ModelSpec, TrainingSpec
-from planner.validation import Case, CaseResult, _cluster_json, case_band, case_knobs, evaluate, family_knobs
+from planner.validation import Case, CaseResult, _cluster_json, band_hit, case_knobs, evaluate, family_knobs
 
 VTRAIN_SOURCE = "vTrain (Bang et al., MICRO 2024) data/ground_truth_multi.csv"
 VTRAIN_ASSUMPTIONS = [
@@ -123,15 +123,16 @@ class ErrorGroup:
     mean_abs_error: float
 
 
-def error_groups(results: list[CaseResult], key) -> list[ErrorGroup]:
-    """Mean signed and mean |error| of the predicted rows grouped by key(result), in the keys' sorted order: where
-    in the layout space the model is off, not only by how much."""
+def error_groups(results: list[CaseResult], key, *, order=None) -> list[ErrorGroup]:
+    """Mean signed and mean |error| of the predicted rows grouped by key(result), in the keys' sorted order (of
+    order(key) where given): where in the layout space the model is off, not only by how much."""
     groups: dict = {}
     for r in results:
         if r.error is not None:
             groups.setdefault(key(r), []).append(r.error)
-    return [ErrorGroup(k, len(e), statistics.fmean(e), statistics.fmean(abs(x) for x in e))
-            for k, e in sorted(groups.items())]
+    ranked = sorted(groups, key=order) if order else sorted(groups)
+    return [ErrorGroup(k, len(groups[k]), statistics.fmean(groups[k]), statistics.fmean(abs(x) for x in groups[k]))
+            for k in ranked]
 
 
 @dataclass(frozen=True)
@@ -141,17 +142,12 @@ class BandCoverage:
     median_width: float  # (high - low) / predicted step time
 
 
-def band_coverage(results: list[CaseResult], table: dict) -> BandCoverage:
+def shipped_band_coverage(results: list[CaseResult], table: dict) -> BandCoverage:
     """The step-time band `table` gives each predicted row's regime (framework family, GPU generation, scale), as
     `estimate` shows it, against its measured step: the band checked on runs none of its residuals came from."""
-    hits, widths = 0, []
-    for r in results:
-        if r.predicted_step_seconds is None:
-            continue
-        band = case_band(table, r.case, r.predicted_step_seconds)
-        hits += band.holds_step(r.case.measured_step_seconds)
-        widths.append((band.step_seconds_high - band.step_seconds_low) / r.predicted_step_seconds)
-    return BandCoverage(hits, len(widths), statistics.median(widths) if widths else math.nan)
+    hits = [band_hit(table, r, r.predicted_step_seconds) for r in results if r.predicted_step_seconds is not None]
+    return BandCoverage(sum(h.inside for h in hits), len(hits),
+                        statistics.median(h.width for h in hits) if hits else math.nan)
 
 
 def model_billions(name: str) -> float:

@@ -1,5 +1,7 @@
 """Outside check on torchtitan's H100 runs that print their measured memory (not collected by pytest; the rows are
-not in ../shared/validation, so no knob was fitted on them): pytorch/torchtitan docs/performance.md at commit
+not in ../shared/validation, so no fitted knob of validation saw them; but the ratio of Tables 1 and 3's compiled to
+eager 8B steps sized profiles.COMPILED_ELEMENTWISE_SHARE, so those four rows are not held out from it, only their
+level is): pytorch/torchtitan docs/performance.md at commit
 eaea6f6a (Grand Teton: 8 H100 SXM 96GB HBM2e per host at 500 W, 400 Gb/s RDMA per GPU; torch 1963fc8, torchao
 eab345c, torchtitan 9dec370, 2024-12). Memory(GiB) is torch's peak reserved, the maximum over GPUs.
 

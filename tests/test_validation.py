@@ -300,14 +300,14 @@ def test_vtrain_band_coverage_counts_rows_inside_their_regimes_band(report):
     # same residuals) holds at least the rows a narrower one does; every predicted row is counted once; a row counts
     # as inside exactly when band_text (the outside probes' column) says 'in'
     from planner.validation import band_table, band_text, shipped_band_level
-    from planner.validation_vtrain import band_coverage, run_vtrain
+    from planner.validation_vtrain import run_vtrain, shipped_band_coverage
 
     vt = run_vtrain(report.knobs)
     shipped = band_table(report, level=shipped_band_level(report))
-    cov = band_coverage(vt.results, shipped)
+    cov = shipped_band_coverage(vt.results, shipped)
     assert cov.rows == 109 and 0 < cov.inside <= cov.rows and cov.median_width > 0
     assert cov.inside == sum(band_text(shipped, r).endswith(" in") for r in vt.results)
-    narrow, wide = (band_coverage(vt.results, band_table(report, level=q)) for q in (0.5, 0.98))
+    narrow, wide = (shipped_band_coverage(vt.results, band_table(report, level=q)) for q in (0.5, 0.98))
     assert narrow.inside <= cov.inside <= wide.inside and narrow.median_width < wide.median_width
 
 

@@ -486,8 +486,8 @@ def _torchtitan_compile(doc: dict, view: ConfigView) -> None:
         view.errors.append(("compile", f"compile: {section!r} -> a section (enable, components, ...)",
                             "write a compile section (TOML table) with enable = true"))
         return
-    components = section.get("components", ["model", "loss"])
     allowed = ("model", "loss")  # torchtitan's CompileConfig.__post_init__ raises ValueError for anything else
+    components = section.get("components", list(allowed))  # its default: both
     if not isinstance(components, list) or any(c not in allowed for c in components):
         view.errors.append(("compile", f"compile.components: {components!r} -> allowed: a list of 'model', 'loss'",
                             "list the components to compile: \"model\" and/or \"loss\""))
@@ -504,8 +504,7 @@ def _torchtitan_compile(doc: dict, view: ConfigView) -> None:
     view.knobs["compiled_elementwise_share"] = (
         COMPILED_ELEMENTWISE_SHARE.value,
         f"{how}: torch.compile fuses the model's elementwise kernels, {COMPILED_ELEMENTWISE_SHARE.value:.0%} of the "
-        "eager traffic "
-        "(profiles.COMPILED_ELEMENTWISE_SHARE)")
+        "eager traffic (profiles.COMPILED_ELEMENTWISE_SHARE)")
 
 
 def _torchtitan_float8(doc: dict, view: ConfigView) -> None:
