@@ -298,6 +298,9 @@ class Knobs:
     # cannot import memory.py, which imports it); torch's F.cross_entropy on fp32-cast logits
     # (torchtitan) holds more at its backward
     loss_bytes_per_logit: float = 4.0
+    # the same under TP where the loss runs on vocabulary-sharded logits (torch's loss_parallel, torchtitan's default
+    # with TP: memory.TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT); None: loss_bytes_per_logit at every TP degree
+    loss_parallel_bytes_per_logit: float | None = None
     # the FP8 Linear is torchao's Float8Linear (torchtitan): it saves the high-precision input
     # (matmul_with_hp_or_float8_args: save_for_backward(input_hp, weight_hp_t)) and casts the weights on the fly, so
     # FP8 saves no activation bytes and keeps no persistent weight copies. False: Transformer Engine's, which keeps its

@@ -184,6 +184,24 @@ log_softmax saves its fp32 output (4 B per logit); at its backward the fp32 grad
 fp32 input gradient it writes (4) are alive with it, 12 B per logit, before the gradient is cast back to 16 bits
 [D: the kernels' operands; torch's log_softmax_backward_data]."""
 
+TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT = 16.0
+"""The same loss on vocabulary-sharded logits under torch's loss_parallel (torchtitan with TP: its output projection
+keeps the logits Shard(-1) and the loss runs inside loss_parallel(), frameworks.md §1.2), per local logit:
+torch/distributed/tensor/parallel/loss.py computes the log-softmax as x - max and exp(x - max) for the sharded sum
+(14 B at the forward's peak with the fp32 input and the 16-bit logits) and, in backward, (grad_input +
+exp(x)) * grad_output in one function: the saved fp32 output, the zeroed fp32 grad_input, exp of the output and
+their sum are alive together, 16 B, 4 more than the unsharded loss's 12. It keeps the same 4 B from forward to
+backward [D: that file; measured on CPU at torch 2.13, tests/test_head_memory_torch.py]."""
+
+
+def loss_peak_bytes_per_logit(*, tp: int, loss_bytes_per_logit: float,
+                              loss_parallel_bytes_per_logit: float | None) -> float:
+    """The loss's peak bytes per (local) logit on a layout: under TP the vocabulary-sharded loss's where the
+    framework runs one (torch's loss_parallel: Knobs.loss_parallel_bytes_per_logit), else its own loss's."""
+    if tp > 1 and loss_parallel_bytes_per_logit is not None:
+        return loss_parallel_bytes_per_logit
+    return loss_bytes_per_logit
+
 
 def in_flight_micro_batches(*, schedule: str, stage: int, pp: int, num_micro_batches: int, virtual_stages: int = 1) -> float:
     """How many micro-batches of a stage's activations are alive at its peak, in units of the whole stage.

@@ -47,6 +47,7 @@ from cost_models.memory import (
     embedding_activation_bytes,
     in_flight_per_stage,
     loss_backward_transient_bytes,
+    loss_peak_bytes_per_logit,
     output_activation_bytes,
     sp_gathered_input_bytes,
     vocab_padded,
@@ -304,6 +305,19 @@ def _selective_reruns(model: Transformer, knobs: Knobs, *, tokens: int, elementw
     return up_projection_forward_flops(model, tokens=tokens), 0.0
 
 
+def fsdp_head_unit_params(lc: LayerCosts) -> float:
+    """Parameters of the FSDP unit that holds the output projection (the final norm and the output layer, or the
+    tied embedding), per GPU: FSDP keeps it gathered from its forward to its backward, across the loss. torch FSDP
+    does not reshard the root unit after forward ('the root FSDP state has its value specially set to False',
+    fully_shard's docstring; FSDP1's _post_forward_reshard alike), which holds them in llm-foundry's FSDP and in
+    torchtitan before 2025 (fully_shard(model) over tok_embeddings, norm and output); torchtitan now wraps
+    [norm, output] as its own unit with reshard_after_forward off by default ('FSDP would prefetch them
+    immediately', torchtitan/distributed/fsdp.py; frameworks.md §1.6). The older root's embedding is not counted:
+    the unit torchtitan gathers now."""
+    head = lc.output_params if lc.output_params > 0 else lc.embedding_params  # tied: the embedding is the head
+    return head + lc.final_norm_params
+
+
 def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs) -> LayerCosts:
     h, t, act_b = model.hidden_size, layout.tp, training.activation_bytes
     b, s = layout.micro_batch_size, training.seq_length
@@ -326,6 +340,8 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     t_tp_dispatch = knobs.tp_layer_overhead_seconds / FORWARD_PASSES_PER_TRAINING_PASS if t > 1 else 0.0
     logits_gemm = 2 * tokens * h * V / t
     pc, flash = parameter_counts(model), model.flash_attention
+    loss_b = loss_peak_bytes_per_logit(tp=t, loss_bytes_per_logit=knobs.loss_bytes_per_logit,
+                                       loss_parallel_bytes_per_logit=knobs.loss_parallel_bytes_per_logit)
     return LayerCosts(
         t_layer_forward=(gemm * ext.gemm_time_factor + core) / t / rate + t_layer_mem + t_tp_dispatch
         + ext.extra_seconds / FORWARD_PASSES_PER_TRAINING_PASS,
@@ -348,9 +364,9 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
                                                        sequence_parallel=sp, dropout=model.dropout),
         output_act_bytes=output_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
                                                  sequence_parallel=sp, activation_bytes=act_b,
-                                                 loss_bytes_per_logit=knobs.loss_bytes_per_logit),
+                                                 loss_bytes_per_logit=loss_b),
         loss_transient_bytes=loss_backward_transient_bytes(seq_length=s_l, micro_batch_size=b, vocab_size=V, tp=t,
-                                                           loss_bytes_per_logit=knobs.loss_bytes_per_logit),
+                                                           loss_bytes_per_logit=loss_b),
         layer_params=ext.layer_params,
         embedding_params=V * h / t + pc.position_embedding,
         output_params=V * h / t if (not model.tied_embeddings or layout.pp > 1) else 0.0,
@@ -597,6 +613,8 @@ class StageModel(NamedTuple):
             live = 1 if module and 2 * unit * lay.tp > ZERO3_MAX_LIVE_PARAMETERS else 2
             gathered = unit * (live * tr.param_bytes + tr.grad_bytes)
             out = [x + gathered for x in out]
+            if not module:
+                out[-1] += fsdp_head_unit_params(lc) * tr.param_bytes
         if lay.offload != _OFFLOAD_NONE:
             shard = lay.dp * lay.cp if lay.zero_stage >= 1 else 1
             grad = tr.grad_bytes  # one reduce bucket

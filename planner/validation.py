@@ -729,7 +729,8 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     if era_recipe is not None:
         knobs = era_recipe.applied_to(knobs)
     if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear (ASSUMPTIONS)
-        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT, fp8_torchao_linear=False)
+        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT,
+                        loss_parallel_bytes_per_logit=None, fp8_torchao_linear=False)
     if compiled_step(row):
         knobs = replace(knobs, compiled_elementwise_share=COMPILED_ELEMENTWISE_SHARE.value)
     if family == "fsdp":

@@ -1567,7 +1567,8 @@ def test_linear_form_with_cp_tp_overlap_and_every_micro_batch_in_flight(schedule
 
 def test_stage_transients_by_rule():
     """StageModel.transient_bytes, rule by rule: buckets + CP/EP buffers; ZeRO-3 gathers a unit (a layer under FSDP,
-    the largest Linear under DeepSpeed) plus the prefetched next one, and holds its unsharded gradient; DeepSpeed keeps
+    the largest Linear under DeepSpeed) plus the prefetched next one, and holds its unsharded gradient, and FSDP keeps
+    the unit holding the output layer gathered on the last stage (stage.fsdp_head_unit_params); DeepSpeed keeps
     one unit live when two would pass stage3_max_live_parameters (1e9); optimizer offload stages one reduce bucket of
     min(params / (dp·cp), 5e8) elements at the gradient's bytes. bf16: 2 B parameters, 4 B gradients."""
     from dataclasses import replace
@@ -1582,7 +1583,10 @@ def test_stage_transients_by_rule():
     zero3 = Layout(dp=4, cp=2, tp=1, pp=1, zero_stage=3, num_micro_batches=8)
     s = sm("llama3-8b", zero3, bucket_bytes=1e6)
     assert s.lc.extras.transient_bytes > 0  # CP receive buffers
-    assert s.memory(0).transient_bytes == 1e6 + s.lc.extras.transient_bytes + s.lc.layer_params * (2 * 2 + 4)
+    # FSDP also keeps the unit holding the output layer gathered across the loss: final norm + output, 2 B each
+    head = 4096 + 128256 * 4096
+    assert s.memory(0).transient_bytes == (1e6 + s.lc.extras.transient_bytes + s.lc.layer_params * (2 * 2 + 4)
+                                           + head * 2)
     s = sm("llama3-8b", zero3, zero3_gather="module")  # 4096 x 14336 = 58.7M: two fit under 1e9
     assert s.lc.largest_module_params == 4096 * 14336
     assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 4096 * 14336 * (2 * 2 + 4)
@@ -1598,7 +1602,8 @@ def test_stage_transients_by_rule():
     s = sm("gpt3-175b", replace(offload, dp=32))  # 175B / 32 = 5.5e9: capped at one 5e8-element bucket
     assert s.memory(0).transient_bytes == 5e8 * 4
     both = sm("llama3-8b", Layout(dp=32, tp=1, pp=1, zero_stage=3, offload="optimizer+params", num_micro_batches=1))
-    assert both.memory(0).transient_bytes == both.lc.layer_params * (2 * 2 + 4) + both.params(0) / 32 * 4
+    assert both.memory(0).transient_bytes == (both.lc.layer_params * (2 * 2 + 4) + head * 2
+                                              + both.params(0) / 32 * 4)
     plain = sm("llama3-8b", Layout(dp=32, tp=1, pp=1, zero_stage=2, num_micro_batches=1))
     assert plain.memory(0).transient_bytes == 0.0
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from cost_models import oracles
-from cost_models.inputs import Knobs, Layout, Recompute, Training
+from cost_models.inputs import Knobs, Layout, Recompute, Training, Zero3Gather
 from cost_models.memory import activation_bytes_per_layer
 from cost_models.pipeline import pipeline_makespan, simulate
 from cost_models.stage import stage_model, stage_split, state_bytes_per_param
@@ -190,6 +190,46 @@ def test_torch_cross_entropy_keeps_4_bytes_per_logit_and_holds_8_more_at_its_bac
     assert b.transient_bytes - a.transient_bytes == pytest.approx(8 * logits, rel=1e-12)  # once, not x held
     assert megatron.output_in_flight() == held
     assert torch_ce.memory(0) == megatron.memory(0)  # the first stage has no loss
+
+
+def test_loss_parallel_holds_4_more_bytes_per_local_logit_under_tp_only():
+    """torch's loss_parallel (TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT, 16; measured in tests/test_head_memory_torch.py)
+    applies where TP shards the vocabulary: 4 B per local logit more at the loss's backward than the unsharded loss
+    (12), the same 4 B kept; at TP 1 the profile's own loss holds."""
+    from cost_models.memory import (
+        TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT,
+        TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT,
+    )
+
+    model = gpt_shape(num_layers=4, hidden_size=1024, num_attention_heads=8, num_kv_heads=8, ffn_hidden_size=4096,
+                      vocab_size=32000)
+    plain = Knobs(loss_bytes_per_logit=TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT)
+    sharded = replace(plain, loss_parallel_bytes_per_logit=TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT)
+    for tp, extra in ((2, 4.0), (1, 0.0)):
+        layout = Layout(dp=1, tp=tp, pp=1, micro_batch_size=2, num_micro_batches=1, recompute="full",
+                        sequence_parallel=tp > 1)
+        a, b = (stage_model(model, BF16, _hw(), layout, k) for k in (plain, sharded))
+        assert b.lc.output_act_bytes == pytest.approx(a.lc.output_act_bytes, rel=1e-12)
+        assert b.lc.loss_transient_bytes - a.lc.loss_transient_bytes == pytest.approx(
+            extra * 2048 * 2 * 32000 / tp, rel=1e-12)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_fsdp_keeps_the_output_unit_gathered_on_the_last_stage(tied):
+    """FSDP (a layer a unit) keeps the unit holding the output projection (final norm + output layer, or the tied
+    embedding) gathered from forward to backward (stage.fsdp_head_unit_params; torch's fully_shard root, checked in
+    tests/test_head_memory_torch.py): its parameters in the compute dtype on top of the layer units. DeepSpeed's
+    ZeRO-3 (a module at a time) releases them after use."""
+    model = gpt_shape(num_layers=4, hidden_size=1024, num_attention_heads=8, num_kv_heads=8, ffn_hidden_size=4096,
+                      vocab_size=32000, tied_embeddings=tied)
+    layout = Layout(dp=8, tp=1, pp=1, zero_stage=3, micro_batch_size=1, num_micro_batches=1, recompute="full")
+    fsdp, module = (stage_model(model, BF16, _hw(), layout, Knobs(zero3_gather=g))
+                    for g in (Zero3Gather.LAYER, Zero3Gather.MODULE))
+    # V h + the final LayerNorm's weight and bias; tied, the unit is the embedding's, learned positions included
+    head = 32000 * 1024 + 2 * 1024 + (2048 * 1024 if tied else 0)
+    layer, largest = fsdp.lc.layer_params, fsdp.lc.largest_module_params
+    assert fsdp.memory(0).transient_bytes - layer * (2 * 2 + 4) == pytest.approx(
+        module.memory(0).transient_bytes - largest * (2 * 2 + 4) + head * 2, rel=1e-12)
 
 
 def test_estimate_reports_the_stage_model():

@@ -196,7 +196,7 @@ def make_loss(tp: int, mesh, vocab_size: int) -> tuple[Any, Any]:
     """(the token cross-entropy on fp32-cast logits, the context every step's forward and backward run in): torch's
     F.cross_entropy, as torchtitan takes it. With TP the logits are this rank's vocabulary shard (b, s, V / t) and
     the loss runs under loss_parallel: log-softmax and the target's logit reduced over the TP ranks, 4 B per local
-    logit saved (the model's count, s b V / t)."""
+    logit saved (the model's count, s b V / t), 16 at its backward (memory.TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT)."""
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import loss_parallel
 

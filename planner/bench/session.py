@@ -305,14 +305,18 @@ def bench_knobs(knobs_kw: dict, framework: str | None = None):
     """The knobs the benchmark is predicted with: a calibration's (`knobs_kw`) and what the benchmark runs. It runs
     torch's DTensor sequence parallelism, which saves the gathered QKV/FC1 inputs; torch.distributed.pipelining,
     which keeps a receive buffer per micro-batch; torch's cross-entropy on fp32-cast logits (runner.worker's
-    loss_fn), 12 B per logit at its backward; and 'selective' as `framework` means it (Megatron's attention
-    core, or torchtitan's per-op SAC)."""
+    loss_fn), 12 B per logit at its backward, 16 B per local logit under TP, where it runs in loss_parallel; and
+    'selective' as `framework` means it (Megatron's attention core, or torchtitan's per-op SAC)."""
     from cost_models.inputs import Knobs
-    from cost_models.memory import TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT
+    from cost_models.memory import (
+        TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT,
+        TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT,
+    )
     from planner.frameworks.profiles import profile_for
 
     return Knobs(**{**knobs_kw, "sp_saves_gathered_inputs": True, "pp_receive_buffers": True,
                     "loss_bytes_per_logit": TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT,
+                    "loss_parallel_bytes_per_logit": TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT,
                     "selective_op_sac": profile_for(framework).selective_op_sac is not None})
 
 

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cost_models.inputs import Knobs, Zero3Gather
-from cost_models.memory import TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT
+from cost_models.memory import (
+    TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT,
+    TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT,
+)
 from cost_models.nccl import COMMUNICATOR_BYTES, DEFAULT_GROUPS, PAIR_COMMUNICATOR_BYTES, Group
 from planner.frameworks import Framework
 
@@ -134,6 +137,9 @@ class Profile:
     # where 'selective' is torchtitan's per-op SAC (cost_models/op_sac.py), not Megatron's core-attention recompute
     selective_op_sac: str | None = None
     loss_bytes_per_logit: Sourced | None = None  # the loss's peak bytes per logit (Knobs); None: Megatron's 4
+    # the same where TP shards the vocabulary and the loss runs on the shards (Knobs.loss_parallel_bytes_per_logit);
+    # None: loss_bytes_per_logit at every TP degree
+    loss_parallel_bytes_per_logit: Sourced | None = None
     # where the pipeline keeps a receive buffer per micro-batch for the whole step (Knobs.pp_receive_buffers)
     pp_receive_buffers: str | None = None
     # where FP8 Linears are torchao's Float8Linear (Knobs.fp8_torchao_linear): the high-precision input is saved and
@@ -180,6 +186,8 @@ class Profile:
             attention_kernel_efficiency=self.attention_kernel_efficiency(gpu_generation),
             selective_op_sac=self.selective_op_sac is not None,
             loss_bytes_per_logit=self.loss_bytes_per_logit.value if self.loss_bytes_per_logit else base.loss_bytes_per_logit,
+            loss_parallel_bytes_per_logit=(self.loss_parallel_bytes_per_logit.value
+                                           if self.loss_parallel_bytes_per_logit else base.loss_parallel_bytes_per_logit),
             pp_receive_buffers=self.pp_receive_buffers is not None,
             fp8_torchao_linear=self.fp8_torchao_linear is not None,
             precision_aware_master_bytes=self.master_remainders.value if self.master_remainders else 4.0,
@@ -403,6 +411,9 @@ _TORCHAO_FP8 = ("torchao's Float8Linear: matmul_with_hp_or_float8_args.forward s
 _TORCH_LOSS = ("torchtitan's loss is torch's cross_entropy on the fp32-cast logits (components/loss.py "
                "cross_entropy_loss: pred.flatten(0, 1).float()): 12 B per logit at its backward "
                "(cost_models/memory.py TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT) where Megatron keeps 4")
+_TORCH_LOSS_PARALLEL = ("with TP torchtitan runs that loss on the vocabulary-sharded logits inside torch's "
+                        "loss_parallel() (its default: parallelism.disable_loss_parallel = false), whose backward holds "
+                        "16 B per local logit (cost_models/memory.py TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT)")
 _CONTEXT = ("memory outside torch's pool, taken as the CUDA context measured on V100: ~1.3 GB (BigScience tr8-104B: "
             "'nvidia-smi ... incl. ~1.27 GB CUDA kernels', published_runs.json); NCCL's communicators, built at each "
             "group's first collective, are not in that measurement and are counted apart (nccl_groups) [U: the "
@@ -525,6 +536,7 @@ PROFILES: dict[Framework, Profile] = {
         {},
         sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
         fp8_torchao_linear=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS),
+        loss_parallel_bytes_per_logit=Sourced(TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS_PARALLEL),
         attention_kernel=_TORCHTITAN_CUDNN_ATTENTION, eager_elementwise=_EAGER),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
