@@ -14,8 +14,11 @@ after pytorch#141274, which put FlashAttention-2 before cuDNN on sm90, so they r
 (validation.fsdp_attention_kernel), where torchtitan now asks for cuDNN's kernel first (profiles.py).
 The rows that ran torch.compile (the table says so) name it in their framework text, so they move
 profiles.COMPILED_ELEMENTWISE_SHARE of the eager elementwise traffic, the share sized on Tables 1 and 3's
-eager/compiled pairs here. Not modelled, so expect them off: what else torch.compile changes (it frees its
-intermediates: the compiled rows hold 5 GiB less than eager), the 500 W part's HBM2e bandwidth and sustained clocks
+eager/compiled pairs here. The memory at the head is modelled as torch holds it (tests/test_head_memory_torch.py):
+the 70B run's loss_parallel at 16 B per local logit, FSDP's output unit gathered across the loss. Not modelled, so
+expect them off: what else torch.compile changes (the compiled rows hold 5 GiB less than eager; not the SAC
+must-saves its backward does not need: compiled with the min-cut partitioner, a Llama block under the bench's SAC
+policy keeps the same bytes as eager on CPU), the 500 W part's HBM2e bandwidth and sustained clocks
 (cluster_specs/gpus.yaml H100-SXM-HBM2e-500W: the SXM part's bandwidth and MAMF, a midpoint peak [U]), AsyncTP."""
 
 from __future__ import annotations
