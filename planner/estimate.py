@@ -21,13 +21,14 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
                   precision: str | None = None, headroom_gib: float = DEFAULT_HEADROOM_GIB,
                   calibration: Path | None = None, framework: str | None = None,
                   fp8_recipe: str | None = None, fp8_param_gather: bool | None = None,
-                  optimizer_states: dict[str, str] | None = None) -> Problem:
+                  optimizer_states: dict[str, str] | None = None, compile_model: bool = False) -> Problem:
     """The problem a command describes: cluster (scaled, calibrated), model, training setup, knobs. Without a
     precision, the GPU's default (bf16, or fp16 on a GPU without bf16 such as V100; a note says so). With
     precision fp8 and no recipe, the framework's default recipe (planner/frameworks/capabilities.py), and its
     default FP8 parameter all-gather unless `fp8_param_gather` says (a config read by `check` sets it).
     optimizer_states: TrainingSpec's state dtype fields (grad_dtype, master_dtype, exp_avg_dtype, exp_avg_sq_dtype;
-    planner.inputs.layout_string.parse_optimizer_states), refused where the framework cannot keep them."""
+    planner.inputs.layout_string.parse_optimizer_states), refused where the framework cannot keep them.
+    compile_model: torch.compile the model (TrainingSpec.compile), refused where the framework has no such setting."""
     import sys
 
     from pydantic import ValidationError
@@ -54,7 +55,7 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
             print(f"note: {gpu.name} has no bf16 tensor peak: using --precision {precision}", file=sys.stderr)
     try:
         tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision,
-                          **(optimizer_states or {}))
+                          compile=compile_model, **(optimizer_states or {}))
     except ValidationError as exc:
         raise from_pydantic(exc, source="training setup") from None
     if tr.grad_dtype is not None and tr.grad_dtype_off_default is None:
@@ -65,27 +66,32 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
     why = capabilities(framework).state_dtype_problem(tr)
     if why:
         raise SpecError(f"--optimizer-states: {why}")
+    why = capabilities(framework).compile_problem(tr.compile)
+    if why:
+        raise SpecError(f"--compile: {why}")
     from planner.frameworks.capabilities import fp8_gathers_params, fp8_recipe_for
 
     recipe = fp8_recipe_for(framework, tr.precision, fp8_recipe)
     if recipe is not None:
         gather = fp8_gathers_params(framework, recipe) if fp8_param_gather is None else fp8_param_gather
         tr = tr.model_copy(update={"fp8_recipe": recipe, "fp8_param_gather": gather})
-    return Problem(md, tr, cl, problem_knobs(cl, precision, framework, headroom * GIB, knobs_kw))
+    return Problem(md, tr, cl, problem_knobs(cl, tr, framework, headroom * GIB, knobs_kw))
 
 
-def problem_knobs(cluster: ClusterSpec, precision: str, framework: str | None, headroom_bytes: float,
+def problem_knobs(cluster: ClusterSpec, training: TrainingSpec, framework: str | None, headroom_bytes: float,
                   calibrated: dict) -> Knobs:
     """The knobs of a problem: the framework's execution profile (the same one `validate` uses) on the cluster's
-    GPU generation, then what a calibration measured. `build_problem` and a plan file's problem (exports) both
-    use it."""
+    GPU generation and the training's precision, a compiled model's elementwise share where it is compiled, then
+    what a calibration measured. `build_problem` and a plan file's problem (exports) both use it."""
     from dataclasses import replace
 
     from planner.bands import cluster_generation
-    from planner.frameworks.profiles import profile_knobs
+    from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE, profile_knobs
 
     profiled = profile_knobs(framework, Knobs(memory_headroom_bytes=headroom_bytes),
-                             gpu_generation=cluster_generation(cluster), precision=precision)
+                             gpu_generation=cluster_generation(cluster), precision=training.precision)
+    if training.compile:
+        profiled = replace(profiled, compiled_elementwise_share=COMPILED_ELEMENTWISE_SHARE.value)
     return replace(profiled, **calibrated)
 
 

@@ -33,6 +33,7 @@ class ProblemRequest:
     calibration: Path | None = None
     fp8_recipe: str | None = None  # None: the framework's default recipe (with precision fp8)
     optimizer_states: str | None = None  # --optimizer-states (planner.inputs.layout_string.parse_optimizer_states)
+    compile_model: bool = False  # --compile (TrainingSpec.compile)
 
     def problem(self, *, global_batch_size: int | None = None, seq_len: int | None = None,
                 framework: str | None = None) -> Problem:
@@ -41,7 +42,8 @@ class ProblemRequest:
 
         return build_problem(self.cluster, self.nodes, self.model, global_batch_size or self.global_batch_size,
                              seq_len or self.seq_len, self.precision, self.headroom_gib, self.calibration, framework,
-                             self.fp8_recipe, optimizer_states=parse_optimizer_states(self.optimizer_states))
+                             self.fp8_recipe, optimizer_states=parse_optimizer_states(self.optimizer_states),
+                             compile_model=self.compile_model)
 
 
 def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None = None,

@@ -432,3 +432,22 @@ def test_torchtitans_eager_default_is_named_with_the_compiled_step_time():
     assert found[0]["step_time_seconds_if_not"] < est.step_seconds * 0.9
     assert _named_assumptions(*args, "megatron", "tp=1,pp=1,dp=8,zero=1,mbs=2,recompute=selective",
                               "the model runs eager")[1] == []
+
+
+def test_compile_option_predicts_the_compiled_step_the_assumption_names():
+    """--compile (TrainingSpec.compile) is the compiled step the eager assumption names as its alternative, and
+    then the assumption is gone; a framework without a compile setting refuses it, naming the option."""
+    from cluster_specs import SpecError
+    from planner.estimate import build_problem, layout_from_arg
+
+    args = ("dgx-h100", 1, "llama3-8b", 16, 8192)
+    layout_text = "tp=1,pp=1,dp=8,zero=3,mbs=2,recompute=selective"
+    _, found = _named_assumptions(*args, "torchtitan", layout_text, "the model runs eager")
+    problem = build_problem(*args, framework="torchtitan", headroom_gib=0, compile_model=True)
+    assert problem.training.compile
+    step = problem.estimate(layout_from_arg(layout_text, problem)).step_seconds
+    assert step == pytest.approx(found[0]["step_time_seconds_if_not"], rel=1e-9)
+    for framework in ("megatron", "nemo", "deepspeed", "megatron-deepspeed"):
+        with pytest.raises(SpecError, match="--compile: compile: true -> .* has no setting"):
+            build_problem(*args, framework=framework, compile_model=True)
+    assert build_problem(*args, compile_model=True).training.compile  # generic: any stack may compile

@@ -120,3 +120,33 @@ def test_export_then_check_gives_the_same_layout_and_prediction(target, plan_nam
     if exp.changes:  # the nearest layout is documented in the file (or, for JSON, in the notes)
         assert exp.predicted is not None
         assert all(c.split(" ")[0] in (exp.text + " ".join(exp.notes)) for c in exp.changes)
+
+
+@pytest.mark.parametrize("fmt", ["python", "toml"])
+def test_a_compiled_plan_exports_compile_and_check_predicts_it_back(fmt, tmp_path):
+    """plan --framework torchtitan --compile: the export writes torchtitan's compile setting (the model's blocks; the
+    loss eager, as predicted) and check, reading it, predicts the plan's step time; a target without a compile
+    setting refuses the plan, naming what to do."""
+    from cluster_specs import SpecError
+    from planner.estimate import build_problem
+    from planner.inputs.specs import LayoutSpec
+
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096, framework="torchtitan", compile_model=True)
+    doc = json.loads(json.dumps(UNEVEN))
+    doc["layout"].update(PLANS["zero3-fsdp"])
+    doc["framework"], doc["inputs"]["training"] = "torchtitan", problem.training.model_dump(mode="json")
+    lay = LayoutSpec.model_validate(doc["layout"])
+    doc["predicted"] = Predicted.from_estimate(problem.estimate(lay), problem.knobs.memory_headroom_bytes).model_dump()
+    exp = export(doc, "torchtitan", torchtitan_format=fmt)
+    assert ("[compile]\nenable = true\ncomponents = [\"model\"]" if fmt == "toml"
+            else "compile=CompileConfig(\n            enable=True,\n            components=['model'],") in exp.text
+    path = tmp_path / ("cfg.toml" if fmt == "toml" else "cfg.py")
+    path.write_text(exp.text)
+    view = read_config(path, gpus=64, global_batch_size=256)
+    eager = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096, framework="torchtitan")
+    out = check(view, eager)
+    assert out.violations == [] and any("compile.enable" in n for n in out.notes)
+    assert out.estimate.step_seconds == pytest.approx(doc["predicted"]["step_time_seconds"], rel=1e-9)
+    assert out.estimate.step_seconds < eager.estimate(lay).step_seconds
+    with pytest.raises(SpecError, match="plan without --compile, or export --to torchtitan"):
+        export(doc, "megatron")

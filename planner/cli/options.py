@@ -34,6 +34,10 @@ OptimizerStatesOpt = Annotated[str | None, typer.Option(
                                "exp_avg=fp8,exp_avg_sq=bf16' (keys grad, master, exp_avg, exp_avg_sq, moments; "
                                "dtypes fp32, bf16, fp16, fp8 for moments; Megatron's precision-aware optimizer). "
                                "Default: fp32 master weights and moments, the framework's gradient buffer.")]
+CompileOpt = Annotated[bool, typer.Option(
+    "--compile", help="torch.compile the model (torchtitan: [compile] enable, components ['model'], which export "
+                      "writes): fused elementwise kernels move a quarter of eager's bytes. Default: eager, torchtitan's "
+                      "default; Megatron, NeMo and DeepSpeed have no such setting.")]
 HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
 TpAcrossOpt = Annotated[bool, typer.Option("--allow-tp-across-nodes", help="Allow TP groups larger than a node.")]
@@ -48,12 +52,13 @@ DEFAULT_HEADROOM = DEFAULT_HEADROOM_GIB  # the one default (planner.estimate), s
 
 def problem_request(cluster: str, model: str, global_batch_size: int, seq_len: int, nodes: int | None,
                     precision: str | None, headroom_gib: float, calibration: Path | None,
-                    fp8_recipe: str | None = None, optimizer_states: str | None = None) -> ProblemRequest:
+                    fp8_recipe: str | None = None, optimizer_states: str | None = None,
+                    compile_model: bool = False) -> ProblemRequest:
     from planner.requests import ProblemRequest
 
     return ProblemRequest(cluster=cluster, model=model, global_batch_size=global_batch_size, seq_len=seq_len,
                           nodes=nodes, precision=precision, headroom_gib=headroom_gib, calibration=calibration,
-                          fp8_recipe=fp8_recipe, optimizer_states=optimizer_states)
+                          fp8_recipe=fp8_recipe, optimizer_states=optimizer_states, compile_model=compile_model)
 
 
 def stdout() -> Console:

@@ -14,6 +14,7 @@ from planner.cli.options import (
     BatchOpt,
     CalibrationOpt,
     ClusterOpt,
+    CompileOpt,
     FixOpt,
     Fp8RecipeOpt,
     FrameworkOpt,
@@ -42,12 +43,13 @@ def estimate(cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, 
              nodes: NodesOpt = None, precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM,
              allow_tp_across_nodes: TpAcrossOpt = False, calibration: CalibrationOpt = None,
              framework: FrameworkOpt = None, fp8_recipe: Fp8RecipeOpt = None,
-             optimizer_states: OptimizerStatesOpt = None, as_json: JsonOpt = False) -> None:
+             optimizer_states: OptimizerStatesOpt = None, compile_model: CompileOpt = False,
+             as_json: JsonOpt = False) -> None:
     """Predict step time, throughput, MFU and memory per GPU for one layout."""
     from planner.requests import estimate_document
 
     req = problem_request(cluster, model, global_batch_size, seq_len, nodes, precision, headroom_gib, calibration,
-                          fp8_recipe, optimizer_states)
+                          fp8_recipe, optimizer_states, compile_model)
     doc = estimate_document(req, layout, framework=framework, allow_tp_across_nodes=allow_tp_across_nodes)
     if as_json:
         return emit_json(doc)
@@ -60,7 +62,8 @@ def estimate(cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, 
 def plan(
     cluster: ClusterOpt, model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
     nodes: NodesOpt = None, precision: PrecisionOpt = None, fp8_recipe: Fp8RecipeOpt = None,
-    optimizer_states: OptimizerStatesOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM,
+    optimizer_states: OptimizerStatesOpt = None, compile_model: CompileOpt = False,
+    headroom_gib: HeadroomOpt = DEFAULT_HEADROOM,
     top: Annotated[int, typer.Option("--top", "-k", help="How many runners-up to show.")] = 5,
     objective: Annotated[str, typer.Option(help="throughput (max tokens/s), memory (min peak memory per GPU), "
                                                 "or min-gpus (fewest nodes meeting --target-tokens-per-second).")] = "throughput",
@@ -98,7 +101,7 @@ def plan(
     from planner.requests import PlanRequest, plan_command, plan_document
 
     req = problem_request(cluster, model, global_batch_size, seq_len, nodes, precision, headroom_gib, calibration,
-                          fp8_recipe, optimizer_states)
+                          fp8_recipe, optimizer_states, compile_model)
     doc, lines = plan_document(req, PlanRequest(
         top=top, objective=objective, target_tokens_per_second=target_tokens_per_second, compare=compare or [],
         allow_tp_across_nodes=allow_tp_across_nodes, allow_async=allow_async, use_solver=not no_solver,

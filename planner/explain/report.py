@@ -104,8 +104,13 @@ def render_estimate(console: Console, *, title: str, layout, predicted, memory, 
 def render_estimate_document(console: Console, doc) -> None:
     """`estimate`: from the contract's EstimateDocument."""
     cl = doc.inputs.cluster
-    render_estimate(console, title=f"{doc.inputs.model.name} on {cl.num_gpus} x {gpu_name(cl)}", layout=doc.layout,
-                    predicted=doc.predicted, memory=doc.memory_breakdown, time=doc.time_breakdown)
+    render_estimate(console, title=f"{doc.inputs.model.name} on {cl.num_gpus} x {gpu_name(cl)}{compiled(doc)}",
+                    layout=doc.layout, predicted=doc.predicted, memory=doc.memory_breakdown, time=doc.time_breakdown)
+
+
+def compiled(doc) -> str:
+    """The title's mark of a torch.compiled model (--compile, TrainingSpec.compile)."""
+    return ", torch.compile" if doc.inputs.training.compile else ""
 
 
 def layout_arg(lay) -> str:
@@ -153,7 +158,7 @@ def render_plan(console: Console, doc, *, show_schedule: bool = True, full_sched
     """The plan from the contract's PlanDocument, laid out for 80 columns."""
     cl = doc.inputs.cluster
     render_estimate(console, title=f"Plan: {doc.inputs.model.name} on {cl.num_gpus} x {gpu_name(cl)} "
-                                   f"({cl.num_nodes} nodes)",
+                                   f"({cl.num_nodes} nodes){compiled(doc)}",
                     layout=doc.layout, predicted=doc.predicted, memory=doc.memory_breakdown, time=doc.time_breakdown)
     lay = doc.layout
     if lay.layers_per_stage:

@@ -58,7 +58,16 @@ class Capabilities:
     # grad_dtype only its precision's default) and the ZeRO stages that run them
     state_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     state_dtype_zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    # how its launch settings torch.compile the model (TrainingSpec.compile); empty: it has no such setting
+    compile_setting: str = ""
     sources: dict[str, str] = field(default_factory=dict)
+
+    def compile_problem(self, compile_model: bool) -> str | None:
+        """Why this framework cannot run the model compiled (TrainingSpec.compile), or None."""
+        if compile_model and not self.compile_setting:
+            return (f"compile: true -> {self.framework.value} has no setting that torch.compiles the model (its fused "
+                    f"kernels are its own); torchtitan ({TORCHTITAN_COMPILE}) or generic run it")
+        return None
 
     def state_zero_problem(self, training: TrainingSpec, zero_stage: int) -> str | None:
         """Why this framework cannot keep `training`'s lower-precision master copy and moments at this ZeRO stage."""
@@ -244,6 +253,11 @@ TORCHTITAN_ZERO_BUBBLE = (
     "prediction")
 """Why `plan --framework torchtitan` does not search zero_bubble unless asked (Capabilities.unpredicted_schedules)."""
 
+TORCHTITAN_COMPILE_SECTION = {"enable": True, "components": ["model"]}
+"""torchtitan's setting that torch.compiles each transformer block (CompileConfig; the export writes it): the loss
+left eager, as the torchtitan profile counts its bytes (torchtitan's own default compiles the loss too)."""
+TORCHTITAN_COMPILE = f"[compile] enable = true, components = {TORCHTITAN_COMPILE_SECTION['components']}"
+
 TORCHTITAN = Capabilities(
     Framework.TORCHTITAN, schedules=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), zero_stages=(0, 2, 3),
     zero_stages_with_pp=(0, 1), offload=("none", "optimizer+params"), recompute=("none", "selective", "full"),
@@ -253,6 +267,7 @@ TORCHTITAN = Capabilities(
                "embedding and output",
     precisions=("bf16", "fp32", "fp8"), fp8_recipes=("rowwise", "tensorwise"), default_fp8_recipe="rowwise",
     unpredicted_schedules={"zero_bubble": TORCHTITAN_ZERO_BUBBLE}, cp_comms=("p2p",), expert_tensor_parallel=False,
+    compile_setting=TORCHTITAN_COMPILE,
     sources={
         "cp": "frameworks.md §1.9: context_parallel_degree (torch's context_parallel), planned and exported as its "
               "ring (p2p); the planner has no key for v0.2.2's context_parallel_rotate_method",
@@ -336,6 +351,7 @@ GENERIC = Capabilities(
     uneven_split="any", per_stage_recompute="any", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="", state_dtypes={"master_dtype": ("bf16", "fp16"), "exp_avg_dtype": ("bf16", "fp16", "fp8"),
                                  "exp_avg_sq_dtype": ("bf16", "fp16", "fp8"), "grad_dtype": ("fp32", "bf16", "fp16")},
+    compile_setting="torch.compile of the model (no framework named)",
     sources={"schedules": "every schedule the cost models know (no framework named)",
                             "fp8": "every FP8 recipe the cost model knows (cost_models/fp8.py, modern-training.md "
                                    "§1.1)"})

@@ -205,6 +205,10 @@ class TrainingSpec(_Frozen):
         default=None, description="Adam's first moment (SGD's momentum); default fp32; fp8 is 1 byte")
     exp_avg_sq_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = Field(
         default=None, description="Adam's second moment; default fp32; fp8 is 1 byte")
+    compile: bool = Field(
+        default=False, description="torch.compile the model (--compile; torchtitan's [compile] enable with components "
+        "['model']): each transformer block's elementwise kernels fused, moving a quarter of eager's bytes "
+        "(planner/frameworks/profiles.py COMPILED_ELEMENTWISE_SHARE); the loss stays eager")
 
     @model_validator(mode="after")
     def _states(self) -> TrainingSpec:

@@ -159,7 +159,10 @@ def _config_knobs(view: ConfigView, problem):
         return problem
     whys = [why for k, (v, why) in view.knobs.items() if k in lower]
     view.notes.extend(f"{why} (predicted so)" for why in dict.fromkeys(whys))  # each reason once
-    return Problem(problem.model, problem.training, problem.cluster, replace(problem.knobs, **lower))
+    training = problem.training  # a compiled model is a training setting too (TrainingSpec.compile, as --compile)
+    if "compiled_elementwise_share" in lower:
+        training = training.model_copy(update={"compile": True})
+    return Problem(problem.model, training, problem.cluster, replace(problem.knobs, **lower))
 
 
 def _estimate(problem, layout: LayoutSpec, violations: list[dict]):

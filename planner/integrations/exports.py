@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from cluster_specs import ClusterSpec, SpecError
 from cost_models.step import stage_split
 from planner.frameworks import Framework
-from planner.frameworks.capabilities import capabilities
+from planner.frameworks.capabilities import TORCHTITAN_COMPILE_SECTION, capabilities
 from planner.frameworks.megatron_split import MegatronSplitError, SplitFlags, nearest_split, split_setting
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.integrations.modern_flags import (
@@ -54,7 +54,7 @@ class PlanParts:
 
         if self.cluster is None:
             raise SpecError("plan JSON: inputs.cluster missing -> needed to predict the nearest expressible layout")
-        knobs = problem_knobs(self.cluster, self.training.precision, self.framework, self.headroom_bytes,
+        knobs = problem_knobs(self.cluster, self.training, self.framework, self.headroom_bytes,
                               calibration_knobs(self.cluster))
         return Problem(self.model, self.training, self.cluster, knobs)
 
@@ -203,6 +203,9 @@ def _refuse(fw: Framework, lay: LayoutSpec, model: ModelSpec, training: Training
     why = caps.precision_problem(training.precision, training.fp8_recipe)
     if why:
         raise SpecError(f"{why}; plan with --framework {fw.value}")
+    why = caps.compile_problem(training.compile)
+    if why:
+        raise SpecError(f"{why}; plan without --compile, or export --to torchtitan")
     refuse_states(fw, lay, training)
 
 
@@ -591,8 +594,9 @@ def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     def kwargs(d: dict, indent: str) -> str:
         return "".join(f"\n{indent}{k}={v!r}," for k, v in d.items())
 
+    compiled = parts.training.compile
     text = (
-        "from torchtitan.config import ParallelismConfig, TrainingConfig\n"
+        f"from torchtitan.config import {'CompileConfig, ' if compiled else ''}ParallelismConfig, TrainingConfig\n"
         + (f"from torchtitan.distributed.activation_checkpoint import {policy}\n" if policy else "")
         + f"from torchtitan.models.{name} import model_registry\n"
         "from torchtitan.trainer import Trainer\n\n\n"
@@ -602,7 +606,9 @@ def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
         f"        training=TrainingConfig({kwargs(train, ' ' * 12)}\n        ),\n"
         f"        parallelism=ParallelismConfig({kwargs(par, ' ' * 12)}\n        ),\n"
         f"        activation_checkpoint={f'{policy}.Config()' if policy else None},\n"
-        "    )\n"
+        + (f"        compile=CompileConfig({kwargs(TORCHTITAN_COMPILE_SECTION, ' ' * 12)}\n        ),\n"
+           if compiled else "")
+        + "    )\n"
     )
     notes.append(f"run: NGPU={lay.num_gpus} torchrun ... -m torchtitan.train --module <this module> --config planner_job")
     return text, notes
@@ -620,6 +626,8 @@ def to_torchtitan_toml(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str
     lines = []
     model_section = {"name": name, "flavor": flavor} | ({"converters": ["float8"]} if float8 else {})
     sections = [("model", model_section), ("training", train), ("parallelism", par), ("activation_checkpoint", ac)]
+    if parts.training.compile:
+        sections.append(("compile", TORCHTITAN_COMPILE_SECTION))
     if float8:
         sections.append(("quantize.linear.float8", float8))
     for section, values in sections:
