@@ -257,6 +257,19 @@ def test_scaling_point_is_the_plan_pick(scaled):
     assert point["step_time_seconds"] == pytest.approx(doc["predicted"]["step_time_seconds"])
 
 
+def test_scaling_and_compare_plan_compiled_with_compile():
+    """--compile reaches every point of a sweep as it reaches `plan` (TrainingSpec.compile in the document's
+    inputs, the pick faster than eager), and a framework without a compile setting refuses it (exit 3)."""
+    args = ["-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "--framework", "torchtitan", "--no-solver", "--json"]
+    docs = [json.loads(run("scaling", "-c", "dgx-h100", "--node-counts", "1", *args, *extra).stdout)
+            for extra in ([], ["--compile"])]
+    assert [d["inputs"]["training"]["compile"] for d in docs] == [False, True]
+    eager, compiled = (d["curves"][0]["points"][0]["tokens_per_second"] for d in docs)
+    assert compiled > eager
+    proc = run("compare", "--clusters", "dgx-h100:1", *args[:-4], "--framework", "megatron", "--compile")
+    assert proc.returncode == 3 and "--compile" in proc.stderr
+
+
 def test_scaling_text_marks_where_it_stops_paying():
     proc = run("scaling", "-c", "dgx-a100-80gb", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "--node-counts",
                "1,2,4,8,16", "--no-solver")

@@ -12,6 +12,7 @@ from planner.cli.options import (
     DEFAULT_HEADROOM,
     BatchOpt,
     ClusterOpt,
+    CompileOpt,
     Fp8RecipeOpt,
     FrameworkOpt,
     HeadroomOpt,
@@ -38,7 +39,7 @@ def compare(
                                                               "'dgx-a100-80gb:128,dgx-h100:64,dgx-h200:64@3.1'")],
     model: ModelOpt, global_batch_size: BatchOpt, seq_len: SeqOpt,
     precision: PrecisionOpt = None, fp8_recipe: Fp8RecipeOpt = None, framework: FrameworkOpt = None,
-    optimizer_states: OptimizerStatesOpt = None,
+    optimizer_states: OptimizerStatesOpt = None, compile_model: CompileOpt = False,
     headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
     gpu_hour_price: Annotated[float | None, typer.Option("--gpu-hour-price", help="Price per GPU-hour for entries "
                                                                                   "without @PRICE.")] = None,
@@ -52,7 +53,7 @@ def compare(
 
     answer(compare_report(CompareRequest(
         clusters, model, global_batch_size, seq_len, precision, headroom_gib, tokens, gpu_hour_price, pue,
-        not no_solver, figure, framework, fp8_recipe, optimizer_states)), figure, as_json)
+        not no_solver, figure, framework, fp8_recipe, optimizer_states, compile_model)), figure, as_json)
 
 
 @app.command()
@@ -63,7 +64,7 @@ def scaling(
     batch_sizes: Annotated[str | None, typer.Option("--batch-sizes", help="Global batch sizes to sweep too, "
                                                                           "e.g. 1024,2048,4096.")] = None,
     precision: PrecisionOpt = None, fp8_recipe: Fp8RecipeOpt = None, framework: FrameworkOpt = None,
-    optimizer_states: OptimizerStatesOpt = None,
+    optimizer_states: OptimizerStatesOpt = None, compile_model: CompileOpt = False,
     headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
     no_solver: NoSolverOpt = False,
     figure: Annotated[Path | None, _figure_opt("curve")] = None,
@@ -74,4 +75,4 @@ def scaling(
 
     answer(scaling_report(ScalingRequest(
         cluster, model, global_batch_size, seq_len, nodes, node_counts, batch_sizes, precision, headroom_gib, tokens,
-        not no_solver, figure, framework, fp8_recipe, optimizer_states)), figure, as_json)
+        not no_solver, figure, framework, fp8_recipe, optimizer_states, compile_model)), figure, as_json)

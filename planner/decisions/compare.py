@@ -230,6 +230,7 @@ class CompareRequest:
     framework: str | None = None  # only what it runs; its default FP8 recipe (planner/frameworks/capabilities.py)
     fp8_recipe: str | None = None  # with precision fp8; validated per framework as in `plan`
     optimizer_states: str | None = None  # --optimizer-states, as in `plan`
+    compile_model: bool = False  # --compile, as in `plan`
 
 
 def compare_report(req: CompareRequest) -> DecisionReport:
@@ -250,7 +251,7 @@ def compare_report(req: CompareRequest) -> DecisionReport:
     def make(cluster: str, nodes: int) -> Any:
         return build_problem(cluster, nodes, req.model, req.global_batch_size, req.seq_len, req.precision,
                              req.headroom_gib, framework=req.framework, fp8_recipe=req.fp8_recipe,
-                             optimizer_states=states)
+                             optimizer_states=states, compile_model=req.compile_model)
 
     opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(
         req.framework, req.model, make(choices[0].cluster, choices[0].nodes).training))

@@ -177,6 +177,7 @@ class ScalingRequest:
     framework: str | None = None  # only what it runs; its default FP8 recipe (planner/frameworks/capabilities.py)
     fp8_recipe: str | None = None  # with precision fp8; validated per framework as in `plan`
     optimizer_states: str | None = None  # --optimizer-states, as in `plan`
+    compile_model: bool = False  # --compile, as in `plan`
 
 
 def scaling_report(req: ScalingRequest) -> DecisionReport:
@@ -200,7 +201,7 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
 
     def make(nodes: int, batch: int) -> Any:
         return build_problem(req.cluster, nodes, req.model, batch, req.seq_len, req.precision, req.headroom_gib,
-                             framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states)
+                             framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states, compile_model=req.compile_model)
 
     base = make(counts[0], batches[0])
     refuse_unrunnable_setup(base.training, base.cluster)  # one GPU type: no point of the sweep could run it
