@@ -150,3 +150,11 @@ def test_a_compiled_plan_exports_compile_and_check_predicts_it_back(fmt, tmp_pat
     assert out.estimate.step_seconds < eager.estimate(lay).step_seconds
     with pytest.raises(SpecError, match="plan without --compile, or export --to torchtitan"):
         export(doc, "megatron")
+    # the plan JSON itself, checked: compiled as planned; hand-edited to a stack without compile: a violation
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(doc))
+    out = check(read_config(plan_path, gpus=64), eager)
+    assert out.estimate.step_seconds == pytest.approx(doc["predicted"]["step_time_seconds"], rel=1e-9)
+    plan_path.write_text(json.dumps(dict(doc, framework="megatron")))
+    out = check(read_config(plan_path, gpus=64), eager)
+    assert [v["rule"] for v in out.violations] == ["compile"]

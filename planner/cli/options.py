@@ -35,9 +35,9 @@ OptimizerStatesOpt = Annotated[str | None, typer.Option(
                                "dtypes fp32, bf16, fp16, fp8 for moments; Megatron's precision-aware optimizer). "
                                "Default: fp32 master weights and moments, the framework's gradient buffer.")]
 CompileOpt = Annotated[bool, typer.Option(
-    "--compile", help="torch.compile the model (torchtitan: [compile] enable, components ['model'], which export "
-                      "writes): fused elementwise kernels move a quarter of eager's bytes. Default: eager, torchtitan's "
-                      "default; Megatron, NeMo and DeepSpeed have no such setting.")]
+    "--compile", help="torch.compile the model (torchtitan: compile.enable with compile.components ['model'], which "
+                      "export writes): fused elementwise kernels move a quarter of eager's bytes. Default: eager, "
+                      "torchtitan's default; Megatron, NeMo and DeepSpeed have no such setting.")]
 HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
 CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
 TpAcrossOpt = Annotated[bool, typer.Option("--allow-tp-across-nodes", help="Allow TP groups larger than a node.")]

@@ -256,7 +256,7 @@ TORCHTITAN_ZERO_BUBBLE = (
 TORCHTITAN_COMPILE_SECTION = {"enable": True, "components": ["model"]}
 """torchtitan's setting that torch.compiles each transformer block (CompileConfig; the export writes it): the loss
 left eager, as the torchtitan profile counts its bytes (torchtitan's own default compiles the loss too)."""
-TORCHTITAN_COMPILE = f"[compile] enable = true, components = {TORCHTITAN_COMPILE_SECTION['components']}"
+TORCHTITAN_COMPILE = f"compile.enable = true, compile.components = {TORCHTITAN_COMPILE_SECTION['components']}"
 
 TORCHTITAN = Capabilities(
     Framework.TORCHTITAN, schedules=("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), zero_stages=(0, 2, 3),

@@ -135,6 +135,10 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     # a plan made before a rule existed, or edited by hand, is checked against its framework too
     if why and (caps.framework is not view.framework or view.format == "plan"):
         violations.append({"rule": "framework", "message": why, "hint": f"plan with --framework {caps.framework.value}"})
+    compiled = caps.compile_problem(problem.training.compile)  # a hand-edited plan: compile for a stack without it
+    if compiled:
+        violations.append({"rule": "compile", "message": compiled, "hint": "remove inputs.training.compile, or plan "
+                           "for torchtitan"})
     states = caps.state_zero_problem(problem.training, layout.zero_stage)
     if states:
         violations.append({"rule": "optimizer_states", "message": states,

@@ -101,6 +101,8 @@ def _plan(doc: dict) -> ConfigView:
     view = ConfigView("plan", fw, lay, training.get("global_batch_size"), training.get("seq_length"),
                       training.get("precision"))
     view.optimizer_states = {k: training[k] for k in STATE_FIELDS if isinstance(training.get(k), str)}
+    if training.get("compile") is True:
+        compiled_model(view, "inputs.training.compile (planned with --compile)")
     return view
 
 
@@ -501,6 +503,12 @@ def _torchtitan_compile(doc: dict, view: ConfigView) -> None:
             view.notes.append("compile section without enable = true for the model: predicted eager (torchtitan's "
                               "default)")
         return
+    compiled_model(view, how)
+
+
+def compiled_model(view: ConfigView, how: str) -> None:
+    """The config runs the model torch.compiled (`how`: the setting that says so): predicted with
+    profiles.COMPILED_ELEMENTWISE_SHARE of the eager elementwise traffic, and a note."""
     view.knobs["compiled_elementwise_share"] = (
         COMPILED_ELEMENTWISE_SHARE.value,
         f"{how}: torch.compile fuses the model's elementwise kernels, {COMPILED_ELEMENTWISE_SHARE.value:.0%} of the "
