@@ -49,6 +49,18 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
                 + units * reduce_scatter_seconds(message_bytes=grad_msg / units, group_size=dp, link=link))
 
 
+def replica_all_reduce_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: float, shard: int,
+                               replicas: int, num_micro_batches: int, link: Link) -> float:
+    """Hybrid sharding (HSDP): after the sharding group's reduce-scatter, the replicas all-reduce each rank's
+    gradient shard (params / shard): once a step under ZeRO-1, after every micro-batch under ZeRO-2/3, whose
+    gradients are reduced in each backward (torch FSDP2's HSDP; torchtitan never skips that sync without PP,
+    frameworks.md §1.6). 0 without replicas."""
+    if replicas <= 1:
+        return 0.0
+    once = all_reduce_seconds(message_bytes=params * grad_reduce_bytes / shard, group_size=replicas, link=link)
+    return once * (num_micro_batches if zero_stage >= 2 else 1)
+
+
 def overlap_window_seconds(*, zero_stage: int, forward_seconds: float, backward_seconds: float,
                            num_micro_batches: int) -> float:
     """Compute time the traffic can hide behind: the last backward (ZeRO 0/1 reduce once, at the end), every

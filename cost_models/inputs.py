@@ -210,6 +210,20 @@ class Layout:
     cp_comm: str = "p2p"  # p2p (ring) | all_gather | a2a (Ulysses); Megatron --cp-comm-type
     ep: int = 1  # expert parallel: routed experts split over ep ranks, carved from dp·cp·tp (parallel folding)
     etp: int = 1  # expert tensor parallel (Megatron --expert-tensor-parallel-size); 1 for fine-grained MoE
+    # hybrid sharding (HSDP): ZeRO shards the states over dp_shard of the dp ranks and the dp / dp_shard replicas
+    # all-reduce the sharded gradients (torchtitan data_parallel_shard_degree x data_parallel_replicate_degree);
+    # 0: over all dp ranks
+    dp_shard: int = 0
+
+    @property
+    def zero_shard_ranks(self) -> int:
+        """The ranks ZeRO shards the states over: the sharding group x CP (Megatron and torchtitan fold CP into it)."""
+        return (self.dp_shard or self.dp) * self.cp
+
+    @property
+    def zero_replicas(self) -> int:
+        """How many copies of the sharded states hybrid sharding keeps (1 without it)."""
+        return self.dp // (self.dp_shard or self.dp)
 
 
 @dataclass(frozen=True, slots=True)

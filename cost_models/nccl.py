@@ -48,10 +48,11 @@ neighbouring stage and the embedding group (the Megatron-LM/Core profiles and th
 
 
 def communicator_group_sizes(groups: Sequence[str], *, tp: int, dp: int, pp: int, stage: int, cp: int = 1,
-                             ep: int = 1, tied_embeddings: bool = False) -> tuple[int, ...]:
+                             ep: int = 1, tied_embeddings: bool = False, dp_replicas: int = 1) -> tuple[int, ...]:
     """The size of each communicator a GPU of pipeline stage `stage` holds, for the groups a framework's step uses.
-    A group of one rank needs no communicator."""
-    size = {Group.WORLD: tp * dp * cp * pp, Group.TP: tp, Group.DP: dp * cp, Group.CP: cp, Group.EP: ep,
+    A group of one rank needs no communicator. Under hybrid sharding (`dp_replicas` > 1) the DP group is the
+    sharding group and the replicas reduce on a group of their own."""
+    size = {Group.WORLD: tp * dp * cp * pp, Group.TP: tp, Group.DP: dp * cp // dp_replicas, Group.CP: cp, Group.EP: ep,
             Group.MODEL: tp * pp, Group.PIPE: pp,
             Group.P2P: 2, Group.TIED: 2}  # a send/recv pair; the first and last stage's tied pair
     count = {Group.P2P: (stage > 0) + (stage < pp - 1),
@@ -60,6 +61,8 @@ def communicator_group_sizes(groups: Sequence[str], *, tp: int, dp: int, pp: int
     for name in groups:
         g = Group(name)
         sizes += [size[g]] * count.get(g, 1)
+        if g is Group.DP:
+            sizes.append(dp_replicas)
     return tuple(s for s in sizes if s > 1)
 
 

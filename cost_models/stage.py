@@ -616,7 +616,7 @@ class StageModel(NamedTuple):
             if not module:
                 out[-1] += fsdp_head_unit_params(lc) * tr.param_bytes
         if lay.offload != _OFFLOAD_NONE:
-            shard = lay.dp * lay.cp if lay.zero_stage >= 1 else 1
+            shard = lay.zero_shard_ranks if lay.zero_stage >= 1 else 1
             grad = tr.grad_bytes  # one reduce bucket
             out = [x + min(P / shard, OFFLOAD_REDUCE_BUCKET_ELEMENTS) * grad for x, P in zip(out, params, strict=True)]
         return out
@@ -662,7 +662,7 @@ class StageModel(NamedTuple):
         """What every stage's model states share: bytes per parameter (weight, gradient, optimizer state) over
         DP x CP, the divisor of the FP8 weight copies, and the optimizer bytes per expert parameter over EDP."""
         lay = self.layout
-        dc = lay.dp * lay.cp  # states shard over DP x CP (Megatron: CP piggybacks on the DP group)
+        dc = lay.zero_shard_ranks  # states shard over DP x CP (Megatron: CP piggybacks on the DP group), or HSDP's group
         w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=dc, offload=lay.offload)
         o_expert = self.training.optimizer_bytes / expert_data_parallel(lay) if lay.zero_stage >= 1 and o > 0 else None
         return w, g, o, dc if lay.zero_stage >= 3 else 1, o_expert
@@ -671,7 +671,7 @@ class StageModel(NamedTuple):
         """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the
         memory row is a safe bound whether or not the stage recomputes (the estimate re-checks the result)."""
         lc, lay = self.lc, self.layout
-        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.dp * lay.cp)
+        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.zero_shard_ranks)
         flight = self.in_flight(i)
         exposed_ar = lc.t_tp_all_reduce * lc.tp_expose
         grow = 1 + self.knobs.allocator_reserve_fraction  # dynamic bytes carry the allocator's reserve (memory())
@@ -722,7 +722,7 @@ def overhead_bytes_per_stage(model: Transformer, layout: Layout, knobs: Knobs) -
     def at(stage: int) -> float:
         return knobs.per_process_overhead_bytes + communicator_bytes(communicator_group_sizes(
             knobs.nccl_groups, tp=layout.tp, dp=layout.dp, pp=p, stage=stage, cp=layout.cp, ep=layout.ep,
-            tied_embeddings=model.tied_embeddings), knobs.nccl_bytes_scale)
+            tied_embeddings=model.tied_embeddings, dp_replicas=layout.zero_replicas), knobs.nccl_bytes_scale)
     if p == 1:
         return (at(0),)
     middle = (at(1),) * (p - 2) if p > 2 else ()  # every inner stage holds the same groups

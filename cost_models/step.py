@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 from cost_models.communication import group_link, p2p_seconds, pp_neighbour_link
 from cost_models.compute import recompute_extra_forward_flops, step_flops
-from cost_models.data_parallel import embedding_sync_seconds, overlap_window_seconds, zero_comm_seconds
+from cost_models.data_parallel import (
+    embedding_sync_seconds,
+    overlap_window_seconds,
+    replica_all_reduce_seconds,
+    zero_comm_seconds,
+)
 from cost_models.fp8 import param_all_gather_bytes
 from cost_models.inputs import (
     Hardware,
@@ -152,7 +157,10 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     """(total, exposed) data-parallel traffic of the slowest stage."""
     lay = sm.layout
     p, d = lay.pp, lay.dp * lay.cp  # gradients reduce over DP x CP
-    link = group_link(hw, group_size=d, stride=lay.tp).link
+    # the sharding group (all of DP x CP unless hybrid sharding), and the replicas of hybrid sharding, further out
+    shard = lay.zero_shard_ranks
+    link = group_link(hw, group_size=shard, stride=lay.tp).link
+    replica_link = group_link(hw, group_size=lay.zero_replicas, stride=lay.tp * shard).link
     tied, sync = p > 1 and model.tied_embeddings, 0.0
     if tied:  # embedding-gradient sync, first <-> last stage: not overlapped, it runs after the last backward
         sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
@@ -166,7 +174,8 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     for i, (P, n, t) in enumerate(zip(params, sm.split, times, strict=True)):
         if t is not seen[2] or P != seen[0] or n != seen[1]:  # a run of alike stages shares one StageTime object
             seen, key = (P, n, t), (P, n, t.forward_seconds, t.backward_seconds)
-            traffic = known.get(key) or known.setdefault(key, _stage_dp_traffic(training, knobs, lay, link, key, units))
+            traffic = known.get(key) or known.setdefault(
+                key, _stage_dp_traffic(training, knobs, lay, (link, replica_link), key, units))
         comm, hidden = traffic
         if tied and (i == 0 or i == p - 1):
             comm, hidden = comm + sync, hidden + sync
@@ -177,21 +186,25 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     return total, exposed
 
 
-def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, link: Link,
+def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tuple[Link, Link],
                       stage: tuple[float, int, float, float], units: tuple[int, int]) -> tuple[float, float]:
     """(traffic, exposed traffic) of one stage of (parameters, layers, forward and backward seconds per
-    micro-batch) under the layout's ZeRO stage; `units`: zero3_units_per_layer."""
+    micro-batch) under the layout's ZeRO stage; `units`: zero3_units_per_layer; `links`: the sharding group's and,
+    under hybrid sharding, the replicas'."""
     params, layers, forward_seconds, backward_seconds = stage
-    d, m = lay.dp * lay.cp, lay.num_micro_batches
+    d, m, link = lay.zero_shard_ranks, lay.num_micro_batches, links[0]
     comm = window = 0.0
-    if d > 1:
+    if lay.dp * lay.cp > 1:
         comm = zero_comm_seconds(zero_stage=lay.zero_stage, params=params, dp=d, layers=layers,
                                  grad_reduce_bytes=training.grad_reduce_bytes,
                                  param_bytes=param_all_gather_bytes(param_bytes=training.param_bytes,
                                                                     recipe=training.fp8_recipe,
                                                                     fp8_param_gather=training.fp8_param_gather),
                                  num_micro_batches=m, link=link,
-                                 modules_per_layer=units[1], gathers_per_layer=units[0])
+                                 modules_per_layer=units[1], gathers_per_layer=units[0]) if d > 1 else 0.0
+        comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
+                                           grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
+                                           num_micro_batches=m, link=links[1])
         window = overlap_window_seconds(zero_stage=lay.zero_stage, forward_seconds=forward_seconds,
                                         backward_seconds=backward_seconds, num_micro_batches=m)
     # the overlap knob is the share of this traffic hidden; it cannot hide behind more compute than there is
@@ -206,7 +219,7 @@ def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, 
     """(optimizer step, exposed offload traffic) of the largest stage: Adam on the GPU bound by HBM, or CPU Adam
     plus the gradient/parameter copies over PCIe, and with optimizer+params the streamed parameters' share not
     hidden behind compute."""
-    shard = layout.dp * layout.cp if layout.zero_stage >= 1 else 1
+    shard = layout.zero_shard_ranks if layout.zero_stage >= 1 else 1
     local = max_params / shard
     if layout.offload == _OFFLOAD_NONE:
         step_bytes = OPTIMIZER_STEP_BYTES_PER_PARAM - 2 * training.optimizer_state_saved_bytes
@@ -226,7 +239,7 @@ def host_memory_bytes(hw: Hardware, training: Training, layout: Layout, max_para
     """Host memory per node under offload: optimizer state and fp32 gradients (and parameters) of every GPU."""
     if layout.offload == _OFFLOAD_NONE:
         return 0.0
-    local = max_params / (layout.dp * layout.cp if layout.zero_stage >= 1 else 1)
+    local = max_params / (layout.zero_shard_ranks if layout.zero_stage >= 1 else 1)
     host = local * (training.optimizer_bytes + HOST_GRAD_BYTES) * hw.gpus_per_node
     if layout.offload == _OFFLOAD_PARAMS:
         host += local * training.param_bytes * hw.gpus_per_node

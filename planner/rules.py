@@ -136,7 +136,24 @@ def _state_rules(layout: LayoutSpec) -> list[Violation]:
     if layout.offload == Offload.OPTIMIZER_PARAMS and layout.zero_stage != 3:
         out.append(Violation("param_offload_needs_zero3", "offload", "optimizer+params",
                              "needs zero_stage 3 (ZeRO-Infinity offloads partitioned parameters)", ofix))
-    return out
+    return out + _hybrid_shard_rules(layout)
+
+
+def _hybrid_shard_rules(layout: LayoutSpec) -> list[Violation]:
+    """Hybrid sharding (dp_shard): a divisor of dp, over a ZeRO stage that shards, without offload or expert
+    parallelism (neither is modelled with it)."""
+    s = layout.dp_shard
+    if s is None:
+        return []
+    fix = "drop shard (ZeRO over all dp ranks), or give a divisor of dp"
+    if layout.dp % s:
+        return [Violation("dp_shard_divides_dp", "dp_shard", f"{s} (dp {layout.dp})", "a divisor of dp", fix)]
+    if not layout.hybrid_sharded:
+        return []
+    why = ("zero_stage >= 1 (hybrid sharding shards the states)" if layout.zero_stage == 0 else
+           "offload none (offload with hybrid sharding is not modelled)" if layout.offload != Offload.NONE else
+           "ep 1 (hybrid sharding with expert parallelism is not modelled)" if layout.ep > 1 else None)
+    return [Violation("hybrid_shard", "dp_shard", f"{s} of dp {layout.dp}", f"needs {why}", fix)] if why else []
 
 
 def _split_rules(layout: LayoutSpec, model: ModelSpec) -> list[Violation]:

@@ -37,6 +37,11 @@ PLANS = {
     "zero3-offload": dict(tp=1, pp=1, dp=64, zero_stage=3, offload="optimizer+params", micro_batch_size=1,
                           num_micro_batches=4, recompute="full", sequence_parallel=False, layers_per_stage=None,
                           recompute_layers_per_stage=None),
+    # hybrid sharding: FSDP over 8 ranks, 8 replicas (torchtitan's replicate x shard degrees; the others shard over
+    # every dp rank, a documented nearest layout)
+    "hsdp-zero3": dict(tp=1, pp=1, dp=64, zero_stage=3, dp_shard=8, micro_batch_size=1, num_micro_batches=4,
+                       recompute="full", sequence_parallel=False, layers_per_stage=None,
+                       recompute_layers_per_stage=None),
     "zero1-offload-optimizer": dict(tp=8, pp=1, dp=8, zero_stage=1, offload="optimizer", micro_batch_size=1,
                                     num_micro_batches=32, recompute="full", layers_per_stage=None,
                                     recompute_layers_per_stage=None),
@@ -158,3 +163,50 @@ def test_a_compiled_plan_exports_compile_and_check_predicts_it_back(fmt, tmp_pat
     plan_path.write_text(json.dumps(dict(doc, framework="megatron")))
     out = check(read_config(plan_path, gpus=64), eager)
     assert [v["rule"] for v in out.violations] == ["compile"]
+
+
+def test_a_torchtitan_hsdp_config_is_checked_hybrid_sharded(tmp_path):
+    """torchtitan's data_parallel_replicate_degree x data_parallel_shard_degree is read as hybrid sharding
+    (dp_shard = the shard degree): the states shard over 8 ranks, not all 128, so check predicts what `estimate`
+    predicts for `shard=8` (it read all 128 before, optimistic for memory, and passed this config at 63 GiB)."""
+    from planner.estimate import build_problem, layout_from_arg
+
+    path = tmp_path / "hsdp.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n\n[training]\nlocal_batch_size = 2\n'
+                    'global_batch_size = 256\nseq_len = 8192\n\n[parallelism]\ndata_parallel_replicate_degree = 16\n'
+                    'data_parallel_shard_degree = 8\n\n[activation_checkpoint]\nmode = "selective"\n'
+                    'selective_ac_option = "op"\n')
+    problem = build_problem("dgx-h100", 16, "llama3-8b", 256, 8192, "bf16", framework="torchtitan")
+    out = check(read_config(path, gpus=128), problem)
+    assert out.layout.dp == 128 and out.layout.dp_shard == 8 and out.layout.hybrid_sharded
+    want = problem.estimate(layout_from_arg("tp=1,pp=1,dp=128,zero=3,shard=8,mbs=2,recompute=selective", problem))
+    assert out.estimate.step_seconds == pytest.approx(want.step_seconds, rel=1e-12)
+    assert out.estimate.peak_memory_bytes == pytest.approx(want.peak_memory_bytes, rel=1e-12)
+    every = problem.estimate(layout_from_arg("tp=1,pp=1,dp=128,zero=3,mbs=2,recompute=selective", problem))
+    assert out.estimate.peak_memory_bytes > every.peak_memory_bytes + 10 * 2**30  # 16 B/param over 8, not 128
+    assert [v["rule"] for v in out.violations] == ["memory"]  # 77.9 + 2 GiB headroom on an 80 GB H100
+
+
+@pytest.mark.parametrize("layout, rule", [
+    ("tp=1,pp=1,dp=64,zero=3,shard=6,mbs=1", "dp_shard_divides_dp"),
+    ("tp=1,pp=1,dp=64,zero=0,shard=8,mbs=1", "hybrid_shard"),
+    ("tp=1,pp=1,dp=64,zero=3,shard=8,mbs=1,offload=optimizer+params", "hybrid_shard"),
+])
+def test_hybrid_sharding_rules(layout, rule):
+    from planner.estimate import build_problem, layout_from_arg
+    from planner.rules import layout_violations
+
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-13b", 256, 4096)
+    lay = layout_from_arg(layout, problem)
+    assert [v.rule for v in layout_violations(lay, problem.model, problem.training, problem.cluster)] == [rule]
+
+
+def test_hybrid_sharding_is_refused_where_the_framework_has_none():
+    from cluster_specs import SpecError
+    from planner.requests import ProblemRequest, estimate_document
+
+    req = ProblemRequest("dgx-a100-80gb", "llama2-13b", 256, 4096, nodes=8)
+    layout = "tp=1,pp=1,dp=64,zero=1,shard=8,mbs=1,recompute=full"
+    with pytest.raises(SpecError, match="dp_shard 8 of dp 64 at zero_stage 1 -> no hybrid sharding"):
+        estimate_document(req, layout, framework="megatron")
+    assert estimate_document(req, layout).layout.dp_shard == 8  # generic: any stack

@@ -232,6 +232,39 @@ def test_fsdp_keeps_the_output_unit_gathered_on_the_last_stage(tied):
         module.memory(0).transient_bytes - largest * (2 * 2 + 4) + head * 2, rel=1e-12)
 
 
+def test_hybrid_sharding_shards_states_over_its_group_and_all_reduces_across_replicas():
+    """HSDP (Layout.dp_shard): the model states divide by the sharding group (x CP), not all DP ranks; the sharding
+    group runs ZeRO's collectives and the dp / dp_shard replicas all-reduce each gradient shard, after every
+    micro-batch under ZeRO-3 (data_parallel.replica_all_reduce_seconds); one more NCCL communicator (the
+    replicas'). dp_shard = dp is plain ZeRO."""
+    from cost_models.communication import all_reduce_seconds, group_link
+    from cost_models.data_parallel import zero_comm_seconds
+    from cost_models.nccl import COMMUNICATOR_BYTES
+    from cost_models.step import dp_comm_seconds
+
+    model = gpt_shape(num_layers=8, hidden_size=2048, num_attention_heads=16, num_kv_heads=16, ffn_hidden_size=8192)
+    hw = _hw()
+    base = Layout(dp=32, tp=2, pp=1, zero_stage=3, micro_batch_size=1, num_micro_batches=4, recompute="full",
+                  sequence_parallel=True)
+    knobs = Knobs(zero3_overlap_fraction=0.0)
+    full, same, hsdp = (stage_model(model, BF16, hw, replace(base, dp_shard=s), knobs) for s in (0, 32, 8))
+    assert same.memory(0) == full.memory(0) and hsdp.layout.zero_replicas == 4
+    P = full.params(0)
+    w, g, o = state_bytes_per_param(BF16, zero_stage=3, dp=8)
+    m = hsdp.memory(0)
+    assert (m.weights_bytes, m.gradients_bytes, m.optimizer_bytes) == pytest.approx((P * w, P * g, P * o), rel=1e-12)
+    assert m.optimizer_bytes == pytest.approx(full.memory(0).optimizer_bytes * 4, rel=1e-12)
+    assert m.overhead_bytes == pytest.approx(full.memory(0).overhead_bytes + COMMUNICATOR_BYTES, rel=1e-12)
+    times = [hsdp.time(0)]
+    total, _ = dp_comm_seconds(hw, BF16, model, knobs, hsdp, times, [P])
+    shard_link = group_link(hw, group_size=8, stride=2).link
+    replica_link = group_link(hw, group_size=4, stride=16).link
+    want = (zero_comm_seconds(zero_stage=3, params=P, grad_reduce_bytes=BF16.grad_reduce_bytes,
+                              param_bytes=BF16.param_bytes, dp=8, layers=8, num_micro_batches=4, link=shard_link)
+            + 4 * all_reduce_seconds(message_bytes=P * BF16.grad_reduce_bytes / 8, group_size=4, link=replica_link))
+    assert total == pytest.approx(want, rel=1e-9)
+
+
 def test_estimate_reports_the_stage_model():
     model = gpt_shape(num_layers=10, hidden_size=2048, num_attention_heads=16, num_kv_heads=16, ffn_hidden_size=8192)
     layout = Layout(dp=32, tp=1, pp=4, zero_stage=1, num_micro_batches=16)

@@ -60,6 +60,8 @@ class Capabilities:
     state_dtype_zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     # how its launch settings torch.compile the model (TrainingSpec.compile); empty: it has no such setting
     compile_setting: str = ""
+    # ZeRO stages it shards over part of the DP ranks at (hybrid sharding, LayoutSpec.dp_shard); empty: none
+    hybrid_shard_zero_stages: tuple[int, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
 
     def compile_problem(self, compile_model: bool) -> str | None:
@@ -115,6 +117,12 @@ class Capabilities:
         if zero not in allowed:
             with_pp = " with pipelining" if pp > 1 else ""
             return f"zero_stage {zero}{with_pp} -> allowed: {allowed} ({self.sources.get('zero', '')})"
+        shard, dp = f.get("dp_shard"), f.get("dp", 1)
+        if shard is not None and shard < dp and zero not in self.hybrid_shard_zero_stages:
+            allowed_hsdp = (f"hybrid sharding at zero_stage {self.hybrid_shard_zero_stages}"
+                            if self.hybrid_shard_zero_stages else "no hybrid sharding the planner writes")
+            return (f"dp_shard {shard} of dp {dp} at zero_stage {zero} -> {allowed_hsdp} "
+                    f"({self.sources.get('hsdp', 'shard over every dp rank: drop shard')})")
         off = f.get("offload", "none")
         if off not in self.offload:
             return f"offload {off} -> allowed: {', '.join(self.offload)} ({self.sources.get('offload', '')})"
@@ -267,7 +275,7 @@ TORCHTITAN = Capabilities(
                "embedding and output",
     precisions=("bf16", "fp32", "fp8"), fp8_recipes=("rowwise", "tensorwise"), default_fp8_recipe="rowwise",
     unpredicted_schedules={"zero_bubble": TORCHTITAN_ZERO_BUBBLE}, cp_comms=("p2p",), expert_tensor_parallel=False,
-    compile_setting=TORCHTITAN_COMPILE,
+    compile_setting=TORCHTITAN_COMPILE, hybrid_shard_zero_stages=(1, 2, 3),
     sources={
         "cp": "frameworks.md §1.9: context_parallel_degree (torch's context_parallel), planned and exported as its "
               "ring (p2p); the planner has no key for v0.2.2's context_parallel_rotate_method",
@@ -278,6 +286,8 @@ TORCHTITAN = Capabilities(
         "zero": "frameworks.md §1.6: FSDP2: reshard_after_forward default = ZeRO-3, never = ZeRO-2 (parameters "
                 "gathered from forward to backward); under PP FSDP keeps parameters unsharded (read as ZeRO-1); "
                 "no optimizer-only sharding",
+        "hsdp": "frameworks.md §1.2: data_parallel_replicate_degree x data_parallel_shard_degree (HSDP: FSDP over "
+                "the shard group, gradients all-reduced across the replicas)",
         "offload": "frameworks.md §1.6: enable_cpu_offload = CPUOffloadPolicy (parameters, gradients, optimizer)",
         "recompute": "frameworks.md §1.5: none, full, selective (per-op SAC); no per-stage counts in 0.3",
         "split": "frameworks.md §1.4: module_fqns_per_model_part gives any split",
@@ -351,7 +361,7 @@ GENERIC = Capabilities(
     uneven_split="any", per_stage_recompute="any", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="", state_dtypes={"master_dtype": ("bf16", "fp16"), "exp_avg_dtype": ("bf16", "fp16", "fp8"),
                                  "exp_avg_sq_dtype": ("bf16", "fp16", "fp8"), "grad_dtype": ("fp32", "bf16", "fp16")},
-    compile_setting="torch.compile of the model (no framework named)",
+    compile_setting="torch.compile of the model (no framework named)", hybrid_shard_zero_stages=(1, 2, 3),
     sources={"schedules": "every schedule the cost models know (no framework named)",
                             "fp8": "every FP8 recipe the cost model knows (cost_models/fp8.py, modern-training.md "
                                    "§1.1)"})

@@ -12,10 +12,10 @@ ALIASES = {
     "schedule": "schedule", "vpp": "virtual_stages", "virtual_stages": "virtual_stages",
     "layers_per_stage": "layers_per_stage", "recompute_layers_per_stage": "recompute_layers_per_stage",
     "cp": "cp", "context_parallel": "cp", "cp_comm": "cp_comm", "ep": "ep", "expert_parallel": "ep",
-    "etp": "etp", "expert_tensor_parallel": "etp",
+    "etp": "etp", "expert_tensor_parallel": "etp", "shard": "dp_shard", "dp_shard": "dp_shard",
 }
 INT_FIELDS = {"tp", "pp", "dp", "zero_stage", "micro_batch_size", "num_micro_batches", "virtual_stages", "cp", "ep",
-              "etp"}
+              "etp", "dp_shard"}
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
 

@@ -305,6 +305,10 @@ class LayoutSpec(_Frozen):
         default="p2p", description="CP exchange: ring (Megatron's default), Llama 3's all-gather, or Ulysses all-to-all")
     ep: int = Field(default=1, ge=1, description="expert parallel degree (routed experts split over ep ranks)")
     etp: int = Field(default=1, ge=1, description="expert tensor parallel degree (Megatron)")
+    dp_shard: int | None = Field(
+        default=None, ge=1, description="hybrid sharding (HSDP): ZeRO shards the states over dp_shard of the dp ranks, "
+        "and the dp / dp_shard replicas all-reduce the sharded gradients (torchtitan's data_parallel_shard_degree with "
+        "data_parallel_replicate_degree); None: over all dp ranks")
 
     @classmethod
     def trusted(cls, **fields: Any) -> LayoutSpec:
@@ -320,6 +324,11 @@ class LayoutSpec(_Frozen):
     @property
     def num_gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def hybrid_sharded(self) -> bool:
+        """Whether ZeRO shards over part of the dp ranks only (dp_shard below dp)."""
+        return self.dp_shard is not None and self.dp_shard < self.dp
 
     def to_cost_model(self) -> cm.Layout:
         return cm.Layout(
@@ -342,10 +351,13 @@ class LayoutSpec(_Frozen):
             cp_comm=self.cp_comm,
             ep=self.ep,
             etp=self.etp,
+            dp_shard=self.dp_shard or 0,
         )
 
     def short(self) -> str:
         parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"zero={self.zero_stage}"]
+        if self.hybrid_sharded:
+            parts.append(f"shard={self.dp_shard}")
         if self.cp > 1:
             parts += [f"cp={self.cp}"] + ([f"cp_comm={self.cp_comm}"] if self.cp_comm != "p2p" else [])
         if self.ep > 1 or self.etp > 1:

@@ -187,6 +187,10 @@ def _fix_sharding(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutS
     if lay.sequence_parallel and (not caps.sequence_parallel or lay.schedule in caps.no_sp_schedules):
         changes.append(f"sequence_parallel -> off ({caps.sources['sp']})")
         lay = with_fields(lay, {"sequence_parallel": False})
+    if lay.hybrid_sharded and lay.zero_stage not in caps.hybrid_shard_zero_stages:
+        changes.append(f"dp_shard {lay.dp_shard} -> every dp rank ({fw.value} has no hybrid sharding the planner "
+                       "writes: the states shard over all dp ranks)")
+        lay = with_fields(lay, {"dp_shard": None})
     return lay
 
 
@@ -494,7 +498,8 @@ def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -
 
 
 def _torchtitan_parallelism(lay: LayoutSpec, model: ModelSpec, head: str) -> dict:
-    shard, replicate = (lay.dp, 1) if lay.zero_stage >= 1 else (1, lay.dp)
+    shard = (lay.dp_shard or lay.dp) if lay.zero_stage >= 1 else 1  # HSDP: FSDP over the shard group
+    replicate = lay.dp // shard
     par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                  "tensor_parallel_degree": lay.tp, "pipeline_parallel_degree": lay.pp}
     if lay.tp > 1:

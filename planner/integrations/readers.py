@@ -381,17 +381,15 @@ def _require_ints(doc: dict) -> None:
                 raise SpecError(f"{section}.{name}: {v!r} -> must be {allowed}")
 
 
-def _torchtitan_degrees(par: dict, gpus: int, view: ConfigView) -> tuple[int, int, int, int]:
-    """(tp, pp, dp, ZeRO stage) of a torchtitan parallelism section; notes what the planner does not model."""
+def _torchtitan_degrees(par: dict, gpus: int) -> tuple[int, int, int, int, int | None]:
+    """(tp, pp, dp, ZeRO stage, the HSDP shard group or None) of a torchtitan parallelism section."""
     tp, pp = par.get("tensor_parallel_degree", 1), par.get("pipeline_parallel_degree", 1)
     rep, shard, cp = par.get("data_parallel_replicate_degree", 1), par.get("data_parallel_shard_degree", -1), \
         par.get("context_parallel_degree", 1)
     if shard == -1:  # world / (replicate x cp x tp x pp) (frameworks.md §1.2)
         shard = _dp(gpus, tp, pp, rep, cp)
     dp = rep * shard
-    if rep > 1 and shard > 1:
-        view.notes.append(f"HSDP (replicate {rep} x shard {shard}): the planner shards over all {dp} data-parallel "
-                          "ranks (optimistic for memory)")
+    hsdp = shard if rep > 1 and shard > 1 else None  # FSDP over the shard group, the replicas all-reduce its shards
     reshard = par.get("fsdp_reshard_after_forward", "default")
     if shard == 1:
         zero = 0
@@ -399,7 +397,7 @@ def _torchtitan_degrees(par: dict, gpus: int, view: ConfigView) -> tuple[int, in
         zero = 1  # FSDP keeps parameters unsharded under PP (§1.6): optimizer and gradients sharded
     else:
         zero = 2 if reshard == "never" else 3  # never = gathered from forward to backward: not ZeRO-3 (§1.6)
-    return tp, pp, dp, zero
+    return tp, pp, dp, zero, hsdp
 
 
 def _torchtitan_schedule(par: dict, view: ConfigView) -> tuple[str, int]:
@@ -443,7 +441,7 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
     par, train = doc.get("parallelism", {}), doc.get("training", {})
     era = "torchtitan <= 0.2 TOML" if legacy else "torchtitan 0.3 Python recipe"
     view = ConfigView("torchtitan" if legacy else "torchtitan-python", Framework.TORCHTITAN, {})
-    tp, pp, dp, zero = _torchtitan_degrees(par, gpus, view)
+    tp, pp, dp, zero, hsdp = _torchtitan_degrees(par, gpus)
     schedule, stages_per_rank = _torchtitan_schedule(par, view)
     gbs, mbs, m = _torchtitan_batch(train, par, pp, dp, view)
     rec, every = _torchtitan_ac(doc.get("activation_checkpoint"), legacy, view)
@@ -454,7 +452,7 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
                    "sequence_parallel": tp > 1 and par.get("enable_sequence_parallel",
                                                             TORCHTITAN.sequence_parallel_default),
                    "schedule": schedule,
-                   "virtual_stages": 1}
+                   "virtual_stages": 1} | ({"dp_shard": hsdp} if hsdp else {})
     # torch's context_parallel is a ring (p2p); experts borrow their ranks from FSDP (and TP): no etp key
     _cp_ep(view, cp=par.get("context_parallel_degree", 1), ep=par.get("expert_parallel_degree", 1))
     if legacy and par.get("context_parallel_degree", 1) > 1:  # frameworks.md §1.9: v0.2.2's rotate method
