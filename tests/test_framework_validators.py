@@ -157,6 +157,7 @@ for case in json.loads(sys.stdin.read()):
                     "vpp": c.virtual_pipeline_model_parallel_size, "first": c.num_layers_in_first_pipeline_stage,
                     "last": c.num_layers_in_last_pipeline_stage, "recompute": c.recompute_granularity,
                     "sp": c.sequence_parallel, "overlap_grad_reduce": d.overlap_grad_reduce,
+                    "instances": d.num_distributed_optimizer_instances,
                     "overlap_param_gather": d.overlap_param_gather, "tp_comm_overlap": c.tp_comm_overlap,
                     "cp": c.context_parallel_size, "ep": c.expert_model_parallel_size, "fp8": c.fp8,
                     "experts": c.num_moe_experts, "recompute_modules": c.recompute_modules,
@@ -223,6 +224,8 @@ def test_megatron_core_accepts_every_exported_megatron_config():
         assert res["overlap_grad_reduce"] == (lay.dp > 1), name
         assert res["overlap_param_gather"] == (lay.dp > 1 and lay.zero_stage >= 1), name
         assert res["tp_comm_overlap"] == (lay.tp > 1 and lay.sequence_parallel), name
+        # hybrid sharding: the partial distributed optimizer's instances (hsdp-zero1; hsdp-zero3 exports unsharded)
+        assert res["instances"] == (lay.dp // lay.dp_shard if lay.hybrid_sharded else 1), name
     assert not results[-1]["ok"] and "pipeline" in results[-1]["error"].lower(), results[-1]
     assert [n for n, _ in expect] == [n for n in PLANS if n != "zero3-offload"]  # Megatron offloads no parameters
 

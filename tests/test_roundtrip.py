@@ -42,6 +42,11 @@ PLANS = {
     "hsdp-zero3": dict(tp=1, pp=1, dp=64, zero_stage=3, dp_shard=8, micro_batch_size=1, num_micro_batches=4,
                        recompute="full", sequence_parallel=False, layers_per_stage=None,
                        recompute_layers_per_stage=None),
+    # Megatron-Core's partial distributed optimizer: ZeRO-1 over 16 ranks, 2 instances (torchtitan runs it as FSDP
+    # under PP only: the nearest layout, ZeRO-2)
+    "hsdp-zero1": dict(tp=2, pp=1, dp=32, zero_stage=1, dp_shard=16, micro_batch_size=1, num_micro_batches=8,
+                       recompute="full", sequence_parallel=True, layers_per_stage=None,
+                       recompute_layers_per_stage=None),
     "zero1-offload-optimizer": dict(tp=8, pp=1, dp=8, zero_stage=1, offload="optimizer", micro_batch_size=1,
                                     num_micro_batches=32, recompute="full", layers_per_stage=None,
                                     recompute_layers_per_stage=None),
@@ -208,5 +213,26 @@ def test_hybrid_sharding_is_refused_where_the_framework_has_none():
     req = ProblemRequest("dgx-a100-80gb", "llama2-13b", 256, 4096, nodes=8)
     layout = "tp=1,pp=1,dp=64,zero=1,shard=8,mbs=1,recompute=full"
     with pytest.raises(SpecError, match="dp_shard 8 of dp 64 at zero_stage 1 -> no hybrid sharding"):
-        estimate_document(req, layout, framework="megatron")
-    assert estimate_document(req, layout).layout.dp_shard == 8  # generic: any stack
+        estimate_document(req, layout, framework="deepspeed")
+    zero3 = layout.replace("zero=1", "zero=3")  # Megatron: the partial distributed optimizer, ZeRO-1 only
+    with pytest.raises(SpecError, match=r"at zero_stage 3 -> hybrid sharding at zero_stage \(1,\)"):
+        estimate_document(req, zero3, framework="megatron")
+    assert estimate_document(req, layout, framework="megatron").layout.dp_shard == 8
+    assert estimate_document(req, zero3).layout.dp_shard == 8  # generic: any stack
+
+
+@pytest.mark.parametrize("extra, shard, rule, note", [
+    ("--use-distributed-optimizer --num-distributed-optimizer-instances 4", 8, None, None),
+    ("--use-distributed-optimizer --num-distributed-optimizer-instances 5", None, "dp_shard", None),
+    ("--num-distributed-optimizer-instances 4", None, None, "without the distributed optimizer"),
+])
+def test_megatron_partial_distributed_optimizer_is_read_as_hybrid_sharding(tmp_path, extra, shard, rule, note):
+    """--num-distributed-optimizer-instances R: the distributed optimizer over dp / R ranks (dp_shard); R must divide
+    dp (a violation naming it, as Megatron asserts); without the distributed optimizer it does nothing (a note)."""
+    path = tmp_path / "run.sh"
+    path.write_text("torchrun pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 "
+                    f"--micro-batch-size 1 --global-batch-size 256 --seq-length 4096 --bf16 {extra}\n")
+    view = read_config(path, gpus=64)
+    assert view.fields.get("dp_shard") == shard
+    assert [r for r, _, _ in view.errors] == ([rule] if rule else [])
+    assert any(note in n for n in view.notes) if note else True

@@ -208,6 +208,10 @@ class Capabilities:
 
 
 _MEGATRON_SOURCES = {
+    "hsdp": "Megatron-Core's partial distributed optimizer: --num-distributed-optimizer-instances R (Bridge: "
+            "ddp.num_distributed_optimizer_instances), the distributed optimizer over dp / R ranks and R instances "
+            "all-reducing the gradient shards ('the factor by which the DP domain is sharded', megatron-core 0.16.1 "
+            "DistributedDataParallelConfig); ZeRO-1 only",
     "schedules": "frameworks.md §2.3: upstream Megatron-LM has 1F1B and interleaved 1F1B, no zero-bubble",
     "zero": "frameworks.md §2.5/§2.7: distributed optimizer = ZeRO-1; Megatron-FSDP optim_grads = ZeRO-2, "
             "optim_grads_params = ZeRO-3; FSDP needs pp = 1",
@@ -237,7 +241,8 @@ MEGATRON = Capabilities(
     uneven_split="megatron", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron pads the vocabulary to a multiple of 128 x tp",
     fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="delayed",
-    state_dtypes=MEGATRON_STATE_DTYPES, state_dtype_zero_stages=(1,), sources=_MEGATRON_SOURCES)
+    state_dtypes=MEGATRON_STATE_DTYPES, state_dtype_zero_stages=(1,), hybrid_shard_zero_stages=(1,),
+    sources=_MEGATRON_SOURCES)
 
 NEMO = Capabilities(
     Framework.NEMO, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
@@ -245,7 +250,7 @@ NEMO = Capabilities(
     uneven_split="megatron", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron-Core pads the vocabulary to a multiple of 128 x tp",
     fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="tensorwise",
-    state_dtypes=MEGATRON_STATE_DTYPES, state_dtype_zero_stages=(1,),
+    state_dtypes=MEGATRON_STATE_DTYPES, state_dtype_zero_stages=(1,), hybrid_shard_zero_stages=(1,),
     sources={**_MEGATRON_SOURCES,
              "sp": "frameworks.md §4.5: Megatron-Bridge builds the mcore config directly: SP with tp = 1 is a "
                    "ValueError",

@@ -304,6 +304,8 @@ def _megatron_recompute(lay: LayoutSpec, *, deepspeed: bool, mla: bool = False) 
 def _megatron_sharding(lay: LayoutSpec) -> list[tuple[str, object]]:
     if lay.zero_stage == 1:
         args: list[tuple[str, object]] = [("--use-distributed-optimizer", None)]
+        if lay.hybrid_sharded:  # the partial distributed optimizer: R instances over dp / R ranks each
+            args.append(("--num-distributed-optimizer-instances", lay.dp // (lay.dp_shard or lay.dp)))
     elif lay.zero_stage in (2, 3):  # Megatron-FSDP (frameworks.md §2.5, §2.7 rules 7-9)
         strategy = "optim_grads" if lay.zero_stage == 2 else "optim_grads_params"
         args = [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
@@ -415,6 +417,8 @@ def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
         *nemo_settings(lay, parts.model, training),  # mixed_precision (FP8 recipe), CP, EP
         ("ddp.use_distributed_optimizer", lay.zero_stage == 1),
     ]
+    if lay.zero_stage == 1 and lay.hybrid_sharded:  # the partial distributed optimizer (as _megatron_sharding)
+        kv.append(("ddp.num_distributed_optimizer_instances", lay.dp // (lay.dp_shard or lay.dp)))
     if lay.pp > 1:
         kv.append(("model.pipeline_dtype", "torch.bfloat16" if training.precision == "bf16" else None))
     flags = megatron_split_of(lay, parts.model)

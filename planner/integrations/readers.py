@@ -630,7 +630,7 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--context-parallel-size",
             "--data-parallel-size", "--zero-stage", "--checkpoint-num-layers", "--padded-vocab-size",
             "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--ds-sequence-parallel-size",
-            "--vocab-size", "--num-experts", "--mtp-num-layers"]
+            "--vocab-size", "--num-experts", "--mtp-num-layers", "--num-distributed-optimizer-instances"]
     for name in ints:
         p.add_argument(name, type=int)
     for name in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
@@ -788,6 +788,9 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
     _megatron_recompute(args, view, ds)
     _megatron_pipeline(args, view, ds)
     _megatron_cp_ep(args, view, ds)
+    if not ds:
+        partial_distributed_optimizer(view, args.num_distributed_optimizer_instances,
+                                      "--num-distributed-optimizer-instances")
     view.global_batch_size, view.seq_length = gbs, args.seq_length
     view.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     if args.fp8_format:  # FP8 GEMMs over the 16-bit run (frameworks.md §2.8: --fp8-recipe defaults to delayed)
@@ -907,6 +910,22 @@ def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str)
         view.fields["offload"] = "optimizer"
     ds_overlap(zero, view.fields["zero_stage"], view)
     view.notes.append(f"read ZeRO settings from {name}")
+
+
+def partial_distributed_optimizer(view: ConfigView, instances: int | None, name: str) -> None:
+    """Megatron-Core's partial distributed optimizer (`name` = R instances): hybrid sharding, the distributed
+    optimizer over dp / R ranks (LayoutSpec.dp_shard), with ZeRO-1 only; R must divide dp (Megatron asserts it)."""
+    if instances is None or instances <= 1:
+        return
+    dp = view.fields["dp"]
+    if view.fields["zero_stage"] != 1:
+        view.notes.append(f"{name} {instances} without the distributed optimizer: it applies to the distributed "
+                          "optimizer only (ignored)")
+    elif dp % instances:
+        view.errors.append(("dp_shard", f"{name}: {instances} -> must divide the data-parallel size {dp}",
+                            "give a divisor of the data-parallel size"))
+    else:
+        view.fields["dp_shard"] = dp // instances
 
 
 def _megatron_zero(args: argparse.Namespace, view: ConfigView) -> int:
@@ -1210,8 +1229,13 @@ def _nemo(text: str, gpus: int) -> ConfigView:
 
 def _nemo_states(kv: dict[str, str], view: ConfigView) -> None:
     """Megatron-Bridge's gradient buffer (MixedPrecisionConfig.grad_reduce_in_fp32, which it copies over
-    ddp.grad_reduce_in_fp32 at setup) and the precision-aware optimizer's OptimizerConfig dtypes."""
+    ddp.grad_reduce_in_fp32 at setup), the precision-aware optimizer's OptimizerConfig dtypes, and the partial
+    distributed optimizer's instances (hybrid sharding)."""
     from planner.integrations.modern_flags import BRIDGE_STATE_FIELDS, TORCH_STATE_DTYPES
+
+    instances = kv.get("ddp.num_distributed_optimizer_instances")
+    partial_distributed_optimizer(view, None if instances in (None, "null", "None") else int(instances),
+                                  "ddp.num_distributed_optimizer_instances")
 
     dtype_of = {v: k for k, v in TORCH_STATE_DTYPES.items()}
     states: dict[str, str] = {}
