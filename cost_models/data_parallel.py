@@ -54,9 +54,7 @@ def replica_all_reduce_seconds(*, zero_stage: int, params: float, grad_reduce_by
     """Hybrid sharding (HSDP): after the sharding group's reduce-scatter, the replicas all-reduce each rank's
     gradient shard (params / shard): once a step under ZeRO-1, after every micro-batch under ZeRO-2/3, whose
     gradients are reduced in each backward (torch FSDP2's HSDP; torchtitan never skips that sync without PP,
-    frameworks.md §1.6). 0 without replicas."""
-    if replicas <= 1:
-        return 0.0
+    frameworks.md §1.6). 0 without replicas (a group of one rank moves nothing)."""
     once = all_reduce_seconds(message_bytes=params * grad_reduce_bytes / shard, group_size=replicas, link=link)
     return once * (num_micro_batches if zero_stage >= 2 else 1)
 

@@ -221,6 +221,11 @@ class Layout:
         return (self.dp_shard or self.dp) * self.cp
 
     @property
+    def optimizer_shard_ranks(self) -> int:
+        """The ranks the optimizer state (and what offload moves) is split over: ZeRO's group from stage 1, else 1."""
+        return self.zero_shard_ranks if self.zero_stage >= 1 else 1
+
+    @property
     def zero_replicas(self) -> int:
         """How many copies of the sharded states hybrid sharding keeps (1 without it)."""
         return self.dp // (self.dp_shard or self.dp)

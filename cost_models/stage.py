@@ -616,8 +616,7 @@ class StageModel(NamedTuple):
             if not module:
                 out[-1] += fsdp_head_unit_params(lc) * tr.param_bytes
         if lay.offload != _OFFLOAD_NONE:
-            shard = lay.zero_shard_ranks if lay.zero_stage >= 1 else 1
-            grad = tr.grad_bytes  # one reduce bucket
+            shard, grad = lay.optimizer_shard_ranks, tr.grad_bytes  # one reduce bucket
             out = [x + min(P / shard, OFFLOAD_REDUCE_BUCKET_ELEMENTS) * grad for x, P in zip(out, params, strict=True)]
         return out
 

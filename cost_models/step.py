@@ -201,7 +201,7 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                                                     recipe=training.fp8_recipe,
                                                                     fp8_param_gather=training.fp8_param_gather),
                                  num_micro_batches=m, link=link,
-                                 modules_per_layer=units[1], gathers_per_layer=units[0]) if d > 1 else 0.0
+                                 modules_per_layer=units[1], gathers_per_layer=units[0])
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
                                            num_micro_batches=m, link=links[1])
@@ -219,8 +219,7 @@ def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, 
     """(optimizer step, exposed offload traffic) of the largest stage: Adam on the GPU bound by HBM, or CPU Adam
     plus the gradient/parameter copies over PCIe, and with optimizer+params the streamed parameters' share not
     hidden behind compute."""
-    shard = layout.zero_shard_ranks if layout.zero_stage >= 1 else 1
-    local = max_params / shard
+    local = max_params / layout.optimizer_shard_ranks
     if layout.offload == _OFFLOAD_NONE:
         step_bytes = OPTIMIZER_STEP_BYTES_PER_PARAM - 2 * training.optimizer_state_saved_bytes
         return local * step_bytes / hw.hbm_bytes_per_second, 0.0
@@ -239,7 +238,7 @@ def host_memory_bytes(hw: Hardware, training: Training, layout: Layout, max_para
     """Host memory per node under offload: optimizer state and fp32 gradients (and parameters) of every GPU."""
     if layout.offload == _OFFLOAD_NONE:
         return 0.0
-    local = max_params / (layout.zero_shard_ranks if layout.zero_stage >= 1 else 1)
+    local = max_params / layout.optimizer_shard_ranks
     host = local * (training.optimizer_bytes + HOST_GRAD_BYTES) * hw.gpus_per_node
     if layout.offload == _OFFLOAD_PARAMS:
         host += local * training.param_bytes * hw.gpus_per_node

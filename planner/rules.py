@@ -150,10 +150,11 @@ def _hybrid_shard_rules(layout: LayoutSpec) -> list[Violation]:
         return [Violation("dp_shard_divides_dp", "dp_shard", f"{s} (dp {layout.dp})", "a divisor of dp", fix)]
     if not layout.hybrid_sharded:
         return []
-    why = ("zero_stage >= 1 (hybrid sharding shards the states)" if layout.zero_stage == 0 else
-           "offload none (offload with hybrid sharding is not modelled)" if layout.offload != Offload.NONE else
-           "ep 1 (hybrid sharding with expert parallelism is not modelled)" if layout.ep > 1 else None)
-    return [Violation("hybrid_shard", "dp_shard", f"{s} of dp {layout.dp}", f"needs {why}", fix)] if why else []
+    needs = [(layout.zero_stage == 0, "zero_stage >= 1 (hybrid sharding shards the states)"),
+             (layout.offload != Offload.NONE, "offload none (offload with hybrid sharding is not modelled)"),
+             (layout.ep > 1, "ep 1 (hybrid sharding with expert parallelism is not modelled)")]
+    return [Violation("hybrid_shard", "dp_shard", f"{s} of dp {layout.dp}", f"needs {why}", fix)
+            for broken, why in needs if broken][:1]
 
 
 def _split_rules(layout: LayoutSpec, model: ModelSpec) -> list[Violation]:

@@ -201,7 +201,8 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
 
     def make(nodes: int, batch: int) -> Any:
         return build_problem(req.cluster, nodes, req.model, batch, req.seq_len, req.precision, req.headroom_gib,
-                             framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states, compile_model=req.compile_model)
+                             framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states,
+                             compile_model=req.compile_model)
 
     base = make(counts[0], batches[0])
     refuse_unrunnable_setup(base.training, base.cluster)  # one GPU type: no point of the sweep could run it

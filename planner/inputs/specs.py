@@ -330,6 +330,12 @@ class LayoutSpec(_Frozen):
         """Whether ZeRO shards over part of the dp ranks only (dp_shard below dp)."""
         return self.dp_shard is not None and self.dp_shard < self.dp
 
+    @property
+    def dp_replicas(self) -> int:
+        """Copies of the sharded states hybrid sharding keeps, dp / dp_shard (1 without it; the cost model's
+        Layout.zero_replicas)."""
+        return self.to_cost_model().zero_replicas
+
     def to_cost_model(self) -> cm.Layout:
         return cm.Layout(
             dp=self.dp,

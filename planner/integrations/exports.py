@@ -305,7 +305,7 @@ def _megatron_sharding(lay: LayoutSpec) -> list[tuple[str, object]]:
     if lay.zero_stage == 1:
         args: list[tuple[str, object]] = [("--use-distributed-optimizer", None)]
         if lay.hybrid_sharded:  # the partial distributed optimizer: R instances over dp / R ranks each
-            args.append(("--num-distributed-optimizer-instances", lay.dp // (lay.dp_shard or lay.dp)))
+            args.append(("--num-distributed-optimizer-instances", lay.dp_replicas))
     elif lay.zero_stage in (2, 3):  # Megatron-FSDP (frameworks.md §2.5, §2.7 rules 7-9)
         strategy = "optim_grads" if lay.zero_stage == 2 else "optim_grads_params"
         args = [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", strategy),
@@ -418,7 +418,7 @@ def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
         ("ddp.use_distributed_optimizer", lay.zero_stage == 1),
     ]
     if lay.zero_stage == 1 and lay.hybrid_sharded:  # the partial distributed optimizer (as _megatron_sharding)
-        kv.append(("ddp.num_distributed_optimizer_instances", lay.dp // (lay.dp_shard or lay.dp)))
+        kv.append(("ddp.num_distributed_optimizer_instances", lay.dp_replicas))
     if lay.pp > 1:
         kv.append(("model.pipeline_dtype", "torch.bfloat16" if training.precision == "bf16" else None))
     flags = megatron_split_of(lay, parts.model)
@@ -502,8 +502,9 @@ def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -
 
 
 def _torchtitan_parallelism(lay: LayoutSpec, model: ModelSpec, head: str) -> dict:
-    shard = (lay.dp_shard or lay.dp) if lay.zero_stage >= 1 else 1  # HSDP: FSDP over the shard group
-    replicate = lay.dp // shard
+    # HSDP: FSDP over the shard group, dp_replicas copies of it; without ZeRO, plain replication (DDP)
+    replicate = lay.dp_replicas if lay.zero_stage >= 1 else lay.dp
+    shard = lay.dp // replicate
     par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                  "tensor_parallel_degree": lay.tp, "pipeline_parallel_degree": lay.pp}
     if lay.tp > 1:
