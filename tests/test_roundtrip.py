@@ -236,3 +236,16 @@ def test_megatron_partial_distributed_optimizer_is_read_as_hybrid_sharding(tmp_p
     assert view.fields.get("dp_shard") == shard
     assert [r for r, _, _ in view.errors] == ([rule] if rule else [])
     assert any(note in n for n in view.notes) if note else True
+
+
+@pytest.mark.parametrize("line", ["ddp.num_distributed_optimizer_instances=abc", "model.tensor_model_parallel_size=2x"])
+def test_a_nemo_override_that_is_not_an_integer_is_named(tmp_path, line):
+    """An integer override Megatron-Bridge would refuse is an error naming the key and value (exit 3), not the
+    internal error (exit 9) int() raised before."""
+    from cluster_specs import SpecError
+
+    path = tmp_path / "overrides.txt"
+    path.write_text(f"train.micro_batch_size=1\ntrain.global_batch_size=256\nddp.use_distributed_optimizer=true\n{line}\n")
+    key, value = line.split("=")
+    with pytest.raises(SpecError, match=f"{key}: '{value}' -> an integer"):
+        read_config(path, gpus=64)

@@ -1165,12 +1165,22 @@ def _nemo_layout(view: ConfigView, layout: str | None, flags: SplitFlags, mtp: i
                             "drop model.virtual_pipeline_model_parallel_size"))
 
 
+def _nemo_int(kv: dict[str, str], key: str, default: int | None) -> int | None:
+    """An integer override (null/None: the default); anything else is an error naming the key, not a traceback."""
+    v = kv.get(key)
+    if v in (None, "null", "None"):
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise SpecError(f"{key}: {v!r} -> an integer (or null)") from None
+
+
 def _nemo(text: str, gpus: int) -> ConfigView:
     kv = dict(line.split("=", 1) for line in _shell_lines(text))
 
     def num(key: str, default: int | None) -> int | None:
-        v = kv.get(key)
-        return default if v in (None, "null", "None") else int(v)
+        return _nemo_int(kv, key, default)
 
     tp, pp = num("model.tensor_model_parallel_size", 1) or 1, num("model.pipeline_model_parallel_size", 1) or 1
     dp = _dp(gpus, tp, pp, num("model.context_parallel_size", 1) or 1)
@@ -1233,9 +1243,8 @@ def _nemo_states(kv: dict[str, str], view: ConfigView) -> None:
     distributed optimizer's instances (hybrid sharding)."""
     from planner.integrations.modern_flags import BRIDGE_STATE_FIELDS, TORCH_STATE_DTYPES
 
-    instances = kv.get("ddp.num_distributed_optimizer_instances")
-    partial_distributed_optimizer(view, None if instances in (None, "null", "None") else int(instances),
-                                  "ddp.num_distributed_optimizer_instances")
+    key = "ddp.num_distributed_optimizer_instances"
+    partial_distributed_optimizer(view, _nemo_int(kv, key, None), key)
 
     dtype_of = {v: k for k, v in TORCH_STATE_DTYPES.items()}
     states: dict[str, str] = {}
