@@ -13,6 +13,8 @@ Search order and pruning (each rule is a dominance argument in the cost model, o
   1F1B's time and more memory and naive is slower still, so both are dominated; PipeDream's asynchronous 1F1B
   changes the optimisation (stale weights) and is searched only with --allow-async;
 - offload is a fallback: searched only when nothing fits on the GPUs;
+- hybrid sharding (HSDP) with ZeRO-2/3 where the framework runs it: groups of one node's dp ranks x 1, 2, 4, ...
+  below dp (`_shard_options`; at ZeRO-1 only when pinned);
 - a candidate whose model states alone cannot fit is counted but not evaluated.
 """
 
@@ -51,6 +53,10 @@ MAX_VIRTUAL_STAGES = 8
 # the simpler layout is picked; the explanation calls a recommended-kind layout within 0.5% "a tie" for the reader.
 TIE_RELATIVE = 1e-3
 DECISION_TIE_RELATIVE = 5e-3
+# A hybrid-sharded layout (HSDP) ranks above the same kind sharded over every dp rank only when it is faster by more
+# than this: it holds more memory (the states over fewer ranks), one more NCCL communicator and a second degree every
+# config must carry, for a gain that below it is inside what the relative predictions resolve.
+HYBRID_SHARD_MARGIN = DECISION_TIE_RELATIVE
 
 
 @dataclass
@@ -114,7 +120,7 @@ def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero:
                               ep: int = 1) -> float:
     """Model states of an average stage (the stage model's bytes per parameter): no stage holds less, so above
     capacity the layout cannot fit. Routed experts divide by ep instead of tp; states shard over dp·cp (experts
-    over EDP, never counted as less sharded than that here)."""
+    over EDP, never counted as less sharded than that here); under hybrid sharding `dp` is the sharding group."""
     per_param = sum(state_bytes_per_param(problem.cm_training, zero_stage=zero, dp=max(dp * cp, dp * cp * tp // ep),
                                           offload=offload))
     if per_param == 0:
@@ -181,6 +187,32 @@ def _state_options(pp: int, dp: int, offload: bool) -> list[tuple[int, Offload]]
             if not (off == Offload.OPTIMIZER and z == 0) and not (off == Offload.OPTIMIZER_PARAMS and z != 3)]
 
 
+def _shard_options(dp: int, cp: int, tp: int, gpus_per_node: int, zero: int, offload: Offload,
+                   ep: int, pinned: int | None = None) -> list[int | None]:
+    """Hybrid sharding degrees (LayoutSpec.dp_shard) for a ZeRO stage that shards: None (every dp rank), and the dp
+    ranks of one node (gpus_per_node / (tp cp)) times 1, 2, 4, ... below dp, where the states would otherwise shard
+    across nodes. A group of whole nodes, doubling: HSDP groups are a node (torchtitan's and MaxText's recipes shard
+    inside the node or a few, and replicate across the rest), and the step time is smooth in the group size between
+    them (a ring's latency grows with its ranks, the replicas' all-reduce with their count). Not with offload or
+    expert parallelism (rules._hybrid_shard_rules). Searched under ZeRO-2/3, whose gathers and reduce-scatters run
+    every micro-batch; under ZeRO-1 (Megatron's partial distributed optimizer) the sharded traffic runs once a step
+    and mostly hides, so it is only pinned (`--fix shard=S`: then the pinned degree is the only one, where it divides
+    dp), which keeps the search over pipelined layouts, all ZeRO <= 1, as it was."""
+    if pinned is not None:
+        ok = zero >= 1 and offload == Offload.NONE and ep == 1 and pinned < dp and dp % pinned == 0
+        return [pinned] if ok else []
+    per_node = gpus_per_node // (tp * cp) if gpus_per_node % (tp * cp) == 0 else 0
+    if zero < 2 or offload != Offload.NONE or ep > 1 or per_node < 1 or dp <= per_node:
+        return [None]
+    out: list[int | None] = [None]
+    s = per_node
+    while s < dp:
+        if s >= 2 and dp % s == 0:
+            out.append(s)
+        s *= 2
+    return out
+
+
 def _interleaved_splits(pp: int, v: int, num_layers: int) -> list[list[int] | None]:
     """Stage splits for interleaving over pp x v chunks: even (None) where the layers divide, else the ones that
     count the embedding and/or the loss as a layer (Megatron's account-for flags: ranks 0 and pp-1 build one layer
@@ -210,8 +242,9 @@ def _schedule_options(pp: int, m: int, num_layers: int,
 def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool) -> Iterator[dict[str, Any]]:
     """Yield layout field dicts without recompute (the ladder is applied by the caller), in a fixed order
     (tp, pp, micro-batch size, ZeRO/offload, schedule) that breaks exact ties."""
-    B, L = problem.training.global_batch_size, problem.model.num_layers
+    B, L, g = problem.training.global_batch_size, problem.model.num_layers, problem.cluster.gpus_per_node
     comm = search_cp_comm(opts)
+    pinned = opts.restriction.fixed.get("dp_shard") if opts.restriction is not None else None
     for tp, pp, dp, cp in _degrees(problem, opts):
         per_dp = B // dp
         exchange = {"cp_comm": comm} if cp > 1 else {}
@@ -221,11 +254,14 @@ def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool) -> It
             m = per_dp // mbs
             for (zero, off), (schedule, v, split) in itertools.product(states, _schedule_options(pp, m, L, opts)):
                 uneven = {"layers_per_stage": split} if split else {}
-                base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero_stage": zero, "offload": off,
-                                    "micro_batch_size": mbs, "num_micro_batches": m, "sequence_parallel": tp > 1,
-                                    "schedule": schedule, "virtual_stages": v, **exchange, **uneven})
-                if base is not None:
-                    yield base
+                for shard in _shard_options(dp, cp, tp, g, zero, off, ep, pinned):
+                    hybrid = {"dp_shard": shard} if shard else {}
+                    base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero_stage": zero,
+                                        "offload": off, "micro_batch_size": mbs, "num_micro_batches": m,
+                                        "sequence_parallel": tp > 1, "schedule": schedule, "virtual_stages": v,
+                                        **exchange, **uneven, **hybrid})
+                    if base is not None:
+                        yield base
 
 
 def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: bool) -> tuple[list[Candidate], float]:
@@ -248,8 +284,8 @@ def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: 
                 progress.advance(task)
             ladder = [r for r in Recompute if opts.allows({**base, "recompute": r})]
             stats.candidates_considered += len(ladder)
-            lb = _states_lower_bound_bytes(problem, base["tp"], base["pp"], base["dp"], base["zero_stage"], base["offload"],
-                                           base.get("cp", 1), base.get("ep", 1))
+            lb = _states_lower_bound_bytes(problem, base["tp"], base["pp"], base.get("dp_shard") or base["dp"],
+                                           base["zero_stage"], base["offload"], base.get("cp", 1), base.get("ep", 1))
             if lb > cap:
                 least_peak = min(least_peak, lb)
                 continue
@@ -274,9 +310,10 @@ def _stderr_console():
 
 
 def _simplicity(lay: LayoutSpec) -> tuple:
-    """Among ties, prefer what is simpler to run: no offload, lower ZeRO stage, fewer model-parallel GPUs,
-    the plain 1F1B schedule, no recomputation."""
-    return (lay.offload != "none", lay.zero_stage, lay.tp * lay.pp, lay.schedule != "1f1b", lay.recompute != "none")
+    """Among ties, prefer what is simpler to run: no offload, lower ZeRO stage, sharded over every dp rank (no
+    hybrid sharding), fewer model-parallel GPUs, the plain 1F1B schedule, no recomputation."""
+    return (lay.offload != "none", lay.zero_stage, lay.hybrid_sharded, lay.tp * lay.pp, lay.schedule != "1f1b",
+            lay.recompute != "none")
 
 
 def _objective_key(opts: PlanOptions):
@@ -285,7 +322,13 @@ def _objective_key(opts: PlanOptions):
 
     if opts.objective == "memory":
         return lambda c: (bucket(c.estimate.peak_memory_bytes), c.step_seconds, _simplicity(c.layout))
-    return lambda c: (bucket(c.step_seconds), _simplicity(c.layout), c.estimate.peak_memory_bytes)
+    return lambda c: (bucket(ranking_seconds(c)), _simplicity(c.layout), c.estimate.peak_memory_bytes)
+
+
+def ranking_seconds(c) -> float:
+    """The step time a candidate ranks by under the throughput objective: its own, a hybrid-sharded layout's raised
+    by HYBRID_SHARD_MARGIN."""
+    return c.step_seconds * (1 + HYBRID_SHARD_MARGIN * c.layout.hybrid_sharded)
 
 
 # ---- refinement: exact uneven split, then the ILP ------------------------------------------------------
@@ -381,8 +424,9 @@ def reason(problem: Problem, c: Candidate, pick: Candidate | None = None) -> str
         where = "crosses nodes" if lay.tp > g else "inside the node"
         facts.append((t.tp_comm_seconds, f"tp={lay.tp} ({where}): TP all-reduces {t.tp_comm_seconds / step:.1%} of the step"))
     if lay.dp > 1:
-        facts.append((t.dp_comm_seconds, f"dp={lay.dp}, zero={lay.zero_stage}: {t.dp_comm_total_seconds:.3g} s of "
-                                         f"gradient/parameter traffic, {t.dp_comm_seconds:.3g} s exposed"))
+        hybrid = f" sharded over {lay.dp_shard} x {lay.dp_replicas} replicas" if lay.hybrid_sharded else ""
+        facts.append((t.dp_comm_seconds, f"dp={lay.dp}, zero={lay.zero_stage}{hybrid}: {t.dp_comm_total_seconds:.3g} s "
+                                         f"of gradient/parameter traffic, {t.dp_comm_seconds:.3g} s exposed"))
     if t.recompute_seconds > 0:
         facts.append((t.recompute_seconds, f"recompute={lay.recompute}: +{t.recompute_seconds / step:.1%} of the step "
                                            "recomputing activations"))
@@ -550,7 +594,8 @@ def _distinct(cands: list[Candidate], pick: Candidate, k: int) -> list[Candidate
 
 
 def _shape(lay: LayoutSpec):
-    return (lay.tp, lay.pp, lay.dp, lay.zero_stage, lay.offload, lay.recompute, lay.schedule, lay.virtual_stages)
+    return (lay.tp, lay.pp, lay.dp, lay.zero_stage, lay.dp_shard, lay.offload, lay.recompute, lay.schedule,
+            lay.virtual_stages)
 
 
 def infeasible(problem: Problem, least_peak_bytes: float, opts: PlanOptions) -> InfeasibleError:
@@ -640,7 +685,7 @@ def published_layout_ranks(report) -> str:
             rows.append((c.row_id, r.layout.short(), "-", "-", f"planner: {str(res).splitlines()[0][:80]}"))
             continue
         published = problem.estimate(r.layout)
-        rank = 1 + sum(1 for x in res.ranked if x.step_seconds < published.step_seconds * (1 - TIE_RELATIVE))
+        rank = 1 + sum(1 for x in res.ranked if ranking_seconds(x) < published.step_seconds * (1 - TIE_RELATIVE))
         gap = res.pick.step_seconds / published.step_seconds - 1
         rows.append((c.row_id, r.layout.short(), f"{rank} of {len(res.ranked)}", f"{gap:+.1%}", res.pick.layout.short()))
     ranks = [int(x[2].split()[0]) for x in rows if x[2] != "-"]
@@ -649,7 +694,8 @@ def published_layout_ranks(report) -> str:
            "For every evaluated row the planner plans the same model, batch and cluster (with the row's overlap "
            "knobs), the published layout is estimated in the same model, and its rank among the planner's fitting "
            "candidates is given (1 = the planner's pick; step times within 0.1% tie, and among ties the simpler layout "
-           "is picked). 'pick vs published' is the pick's predicted step time "
+           "is picked; a hybrid-sharded candidate counts as faster only by more than search.HYBRID_SHARD_MARGIN, as the "
+           "pick is chosen). 'pick vs published' is the pick's predicted step time "
            "relative to the published layout's (negative: the pick is predicted faster).", "",
            f"- rows: {len(rows)}; published layout is the pick or ties it: {sum(1 for x in ranks if x == 1)}; "
            f"in the top 10: {sum(1 for x in ranks if x <= 10)}; median predicted gain of the pick "

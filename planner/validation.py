@@ -888,7 +888,13 @@ llm-foundry fold chose 320 with the FSDP/Hopper factor 0.7 (LOSO 7.6% / 21.6%); 
 because the shape term takes its share of the old factor. The all-source fit sits on the elementwise grid's edge
 (12): end_to_end_efficiency and elementwise_traffic_factor trade off along a ridge of near-equal objective, and
 with 14 and 16 added (tried 2026-12-02, not kept) the fit moved along it to 0.9 / 14 (objective 5.12% vs 5.17%)
-while the held-out figures worsened to 8.3% / 24.2% (7.2% / 18.6% on this grid)."""
+while the held-out figures worsened to 8.3% / 24.2% (7.2% / 18.6% on this grid). Tried 2026-12-07 and not kept:
+the half dimension as a share of each GPU's ridge point (dense peak FLOP/s over HBM bytes/s; a GEMM whose smallest
+dimension is d does ~d FLOPs per byte it moves, so its traffic weighs ridge / d of its math: the roofline), which
+puts A100's at about half of H100's. The all-source fit chose share 1.0 (H100 295, A100 153): LOSO 4.7% / 11.7%
+(4.8% / 13.1% on this grid), but vTrain's bias went to -6.1% (target |bias| <= 5%) and the megatron-deepspeed
+family's LOSO median to 6.5% (2.1%): the A100 Megatron rows want the shape term this grid gives them. With the exact
+intensity 1 / (1/M + 1/N + 1/K) for the smallest dimension: 4.9% / 12.2%, bias -6.8%."""
 
 KERNEL_FACTOR_GRID: dict[tuple[str, str], tuple[float, ...]] = {
     ("megatron-deepspeed", "ampere"): (0.70, 0.75, 0.80, 0.85, 0.90, 0.95, 1.0),

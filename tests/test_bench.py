@@ -58,6 +58,8 @@ LAYOUTS = [
                                                               num_micro_batches=2)),
     ("dp2 x tp2, tied embeddings, FSDP2", TIED, dict(tp=2, pp=1, dp=2, zero_stage=3, micro_batch_size=1,
                                                     num_micro_batches=2)),
+    ("dp4 as 2 replicas x 2 shards, ZeRO-3 (HSDP)", GPT, dict(tp=1, pp=1, dp=4, zero_stage=3, dp_shard=2,
+                                                              micro_batch_size=1, num_micro_batches=2)),
 ]
 SELECTIVE = {"dp2 x tp2 + SP, per-op SAC": PER_OP}  # the layouts whose 'selective' is torchtitan's (others: Megatron's)
 assert set(SELECTIVE) <= {t for t, _, _ in LAYOUTS}  # a renamed layout must not fall back to Megatron's silently
@@ -67,6 +69,8 @@ ADAMW = [
     ("AdamW dp4, ZeRO-2 (FSDP2)", GPT, dict(tp=1, pp=1, dp=4, zero_stage=2, micro_batch_size=1, num_micro_batches=2)),
     ("AdamW pp2 x dp2, tied, ZB-H1", TIED, dict(tp=1, pp=2, dp=2, micro_batch_size=1, num_micro_batches=4,
                                               schedule="zero_bubble")),
+    ("AdamW dp4 as 2 x 2, ZeRO-1 over the shard group", LLAMA, dict(tp=1, pp=1, dp=4, zero_stage=1, dp_shard=2,
+                                                                    micro_batch_size=1, num_micro_batches=2)),
 ]
 
 
@@ -86,6 +90,24 @@ def test_layout_matches_single_process(title, shape, layout):
     assert ("tp_all_reduce" in colls) == (layout["tp"] > 1)
     assert ("dp_all_reduce" in colls) == (layout["dp"] > 1)
     assert ("pp_send_recv" in colls) == (layout["pp"] > 1)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_hybrid_sharding_keeps_one_copy_of_the_states_per_replica(zero):
+    """Hybrid sharding over 2 of 4 dp ranks: the states shard within each pair and the two replicas each hold a
+    whole copy, so the ranks together hold twice what ZeRO over all 4 holds (optimizer state under ZeRO-1, the
+    fp32 parameter shards and AdamW's moments under FSDP2)."""
+    base = dict(tp=1, pp=1, dp=4, zero_stage=zero, micro_batch_size=1, num_micro_batches=2)
+
+    def total(layout, key):
+        cfg = BenchConfig(shape=GPT, seq_length=16, layout=layout, steps=1, warmup=0, timeout_seconds=60,
+                          measure_collectives=False, optimizer="adamw", lr=1e-3)
+        return sum(r[key] for r in launch_local(cfg, 4))
+
+    keys = ["optimizer_state_bytes"] + (["parameter_bytes"] if zero == 3 else [])
+    for key in keys:
+        flat, hybrid = total(base, key), total(dict(base, dp_shard=2), key)
+        assert hybrid == pytest.approx(2 * flat, rel=0.02), key  # rel: FSDP2 pads shards to equal rows
 
 
 @pytest.mark.parametrize("title,shape,layout", ADAMW, ids=[t for t, _, _ in ADAMW])

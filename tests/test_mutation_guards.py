@@ -672,8 +672,9 @@ def test_capacity_and_fits_read_the_headroom_and_the_margin():
 
 
 def test_simplicity_and_objective_key():
-    """Ties: no offload, lower ZeRO, fewer model-parallel GPUs, plain 1F1B, no recompute; step times bucketed by
-    0.1% (log base 1.001: 2 s -> bucket 693), memory objective bucketing the peak instead."""
+    """Ties: no offload, lower ZeRO, no hybrid sharding, fewer model-parallel GPUs, plain 1F1B, no recompute; step
+    times bucketed by 0.1% (log base 1.001: 2 s -> bucket 693), a hybrid-sharded layout's raised by
+    HYBRID_SHARD_MARGIN first (2 s x 1.005 -> 698); memory objective bucketing the peak instead."""
     from types import SimpleNamespace
 
     from planner.inputs.specs import LayoutSpec
@@ -681,11 +682,16 @@ def test_simplicity_and_objective_key():
 
     a = LayoutSpec(tp=2, pp=4, dp=1, zero_stage=1, offload="optimizer", schedule="zero_bubble", recompute="full")
     b = LayoutSpec(tp=1, pp=1, dp=8)
-    assert _simplicity(a) == (True, 1, 8, True, True)
-    assert _simplicity(b) == (False, 0, 1, False, False)
+    assert _simplicity(a) == (True, 1, False, 8, True, True)
+    assert _simplicity(b) == (False, 0, False, 1, False, False)
     c = SimpleNamespace(layout=b, step_seconds=2.0, estimate=SimpleNamespace(peak_memory_bytes=1.0))
-    assert _objective_key(PlanOptions())(c) == (693, (False, 0, 1, False, False), 1.0)
-    assert _objective_key(PlanOptions(objective="memory"))(c) == (0, 2.0, (False, 0, 1, False, False))
+    assert _objective_key(PlanOptions())(c) == (693, (False, 0, False, 1, False, False), 1.0)
+    assert _objective_key(PlanOptions(objective="memory"))(c) == (0, 2.0, (False, 0, False, 1, False, False))
+    h = LayoutSpec(tp=1, pp=1, dp=8, zero_stage=3, dp_shard=4)
+    assert _simplicity(h) == (False, 3, True, 1, False, False)
+    hc = SimpleNamespace(layout=h, step_seconds=2.0, estimate=SimpleNamespace(peak_memory_bytes=1.0))
+    assert _objective_key(PlanOptions())(hc)[0] == 698
+    assert _objective_key(PlanOptions(objective="memory"))(hc)[:2] == (0, 2.0)  # memory ranks by the peak alone
     zero = SimpleNamespace(layout=b, step_seconds=0.0, estimate=SimpleNamespace(peak_memory_bytes=2.0))
     assert _objective_key(PlanOptions())(zero)[0] == 0
     assert _objective_key(PlanOptions(objective="memory"))(zero)[0] == 693
@@ -1224,8 +1230,8 @@ def test_median_and_infeasible(monkeypatch):
 
 
 def test_published_layout_ranks_table(monkeypatch):
-    """Rank = 1 + the planner's candidates faster than the published layout beyond the 0.1% tie; one plan per
-    distinct case; rows without a layout or a prediction are left out; a planner failure is a row, not an error."""
+    """Rank = 1 + the planner's candidates faster than the published layout beyond the 0.1% tie (a hybrid-sharded one
+    by more than HYBRID_SHARD_MARGIN too, as the pick is chosen); one plan per distinct case; rows without a layout or a prediction are left out; a planner failure is a row, not an error."""
     from types import SimpleNamespace
 
     import planner.search as search
@@ -1250,7 +1256,10 @@ def test_published_layout_ranks_table(monkeypatch):
         plans.append((problem.model.name, opts.use_solver, opts.top_k))
         if problem.model.name == "broken":
             raise ValueError("infeasible: no layout\nsecond line")
-        ranked = [SimpleNamespace(step_seconds=s) for s in (0.9, 0.95, 0.9995, 1.0, 1.2)]
+        flat, hybrid = SimpleNamespace(hybrid_sharded=False), SimpleNamespace(hybrid_sharded=True)
+        ranked = [SimpleNamespace(step_seconds=s, layout=flat) for s in (0.9, 0.95, 0.9995, 1.0, 1.2)]
+        # 0.4% faster than 1.0 but hybrid-sharded: inside HYBRID_SHARD_MARGIN (0.5%), as the pick is chosen
+        ranked.append(SimpleNamespace(step_seconds=0.996, layout=hybrid))
         return SimpleNamespace(ranked=ranked, pick=SimpleNamespace(step_seconds=0.9, layout=_short("tp8 pp4")))
 
     def _short(text, step=1.0):
@@ -1275,8 +1284,8 @@ def test_published_layout_ranks_table(monkeypatch):
                         "more than the 0.1% tie tolerance: 1.")
     assert lines[5:] == ["", "| row | published layout | rank | pick vs published | planner's pick |",
                          "|---|---|---|---|---|",
-                         "| a | tp2 pp8 | 3 of 5 | -10.0% | tp8 pp4 |",  # 0.9 and 0.95 beat 1.0 by more than 0.1%
-                         "| b | tp4 pp4 | 1 of 5 | +12.5% | tp8 pp4 |",  # nothing beats 0.8
+                         "| a | tp2 pp8 | 3 of 6 | -10.0% | tp8 pp4 |",  # 0.9 and 0.95 beat 1.0 by more than 0.1%
+                         "| b | tp4 pp4 | 1 of 6 | +12.5% | tp8 pp4 |",  # nothing beats 0.8
                          "| e | tp8 | - | - | planner: infeasible: no layout |"]
 
 
@@ -3309,8 +3318,9 @@ def test_published_layout_ranks_introduction():
         "## The planner against published layouts", "",
         "For every evaluated row the planner plans the same model, batch and cluster (with the row's overlap knobs), "
         "the published layout is estimated in the same model, and its rank among the planner's fitting candidates is "
-        "given (1 = the planner's pick; step times within 0.1% tie, and among ties the simpler layout is picked). "
-        "'pick vs published' is the pick's predicted step time relative to the published layout's (negative: the "
+        "given (1 = the planner's pick; step times within 0.1% tie, and among ties the simpler layout is picked; a "
+        "hybrid-sharded candidate counts as faster only by more than search.HYBRID_SHARD_MARGIN, as the pick is "
+        "chosen). 'pick vs published' is the pick's predicted step time relative to the published layout's (negative: the "
         "pick is predicted faster).", "",
         "- rows: 0; published layout is the pick or ties it: 0; in the top 10: 0; median predicted gain of the pick "
         "+nan%; rows where the pick is predicted slower than the published layout by more than the 0.1% tie "

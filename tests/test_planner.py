@@ -209,3 +209,73 @@ def test_plan_cli_writes_json_atomically(tmp_path):
     assert doc["decision"]["reasons"][0] == f"{scenario}: the table recommends {recommendation}."
     assert doc["search"]["candidates_evaluated"] <= doc["search"]["candidates_considered"]
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary file left behind
+
+
+# ---- hybrid sharding (HSDP) in the search ---------------------------------------------------------------
+
+def test_shard_options_are_node_groups_doubling_below_dp():
+    from cost_models.inputs import Offload
+    from planner.search import _shard_options
+
+    none = Offload.NONE
+    assert _shard_options(1024, 1, 1, 8, 3, none, 1) == [None, 8, 16, 32, 64, 128, 256, 512]
+    assert _shard_options(32, 2, 4, 8, 3, none, 1) == [None, 2, 4, 8, 16]  # one dp rank a node: groups from 2
+    assert _shard_options(1024, 1, 1, 8, 1, none, 1) == [None]  # ZeRO-1: only pinned
+    assert _shard_options(1024, 1, 1, 8, 1, none, 1, pinned=8) == [8]
+    assert _shard_options(8, 1, 1, 8, 3, none, 1) == [None]  # one node: ZeRO shards inside it already
+    assert _shard_options(1024, 1, 1, 8, 0, none, 1) == [None]  # ZeRO-0 shards nothing
+    assert _shard_options(1024, 1, 1, 8, 3, Offload.OPTIMIZER, 1) == [None]  # not modelled with offload
+    assert _shard_options(1024, 1, 1, 8, 3, none, 8) == [None]  # nor with expert parallelism
+    assert _shard_options(48, 1, 1, 8, 3, none, 1) == [None, 8, 16]  # a group that divides dp
+    assert _shard_options(48, 1, 1, 8, 3, none, 1, pinned=24) == [24]
+    assert _shard_options(48, 1, 1, 8, 3, none, 1, pinned=32) == []  # does not divide dp: no candidate
+
+
+def _torchtitan_plan(nodes, fix=None, model="llama3-8b", batch=1024):
+    from planner.requests import PlanRequest, ProblemRequest, plan_document
+
+    doc, _ = plan_document(ProblemRequest("dgx-h100", model, batch, 8192, nodes=nodes),
+                           PlanRequest(top=3, framework="torchtitan", fix=fix, use_solver=False))
+    return doc
+
+
+def test_plan_shards_zero3_inside_node_groups_at_a_thousand_gpus():
+    # Llama 3 8B on 128 DGX H100 nodes under ZeRO-3 (FSDP2, reshard after forward): over all 1024 ranks every layer's
+    # gather is a 1024-rank ring across nodes; HSDP shards over a few nodes and all-reduces across the replicas
+    from planner.requests import ProblemRequest, estimate_document
+
+    doc = _torchtitan_plan(128, ["zero=3"])
+    lay = doc.layout
+    assert lay.zero_stage == 3 and lay.hybrid_sharded and lay.dp % lay.dp_shard == 0 and lay.dp_shard % 8 == 0
+    whole = lay.model_copy(update={"dp_shard": None})
+    flat = estimate_document(ProblemRequest("dgx-h100", "llama3-8b", 1024, 8192, nodes=128), whole.short(),
+                             framework="torchtitan")
+    # the same layout sharded over every dp rank (the search's other candidate) is slower by more than the margin
+    assert flat.predicted.step_time_seconds > doc.predicted.step_time_seconds * 1.05
+    assert "replicas" in doc.reason
+
+
+def test_hybrid_sharding_must_beat_the_margin():
+    # unpinned, the same cluster's fastest ZeRO-2 layout sharded over 256 ranks is 0.2% faster than over all 1024:
+    # inside HYBRID_SHARD_MARGIN, so the plan keeps the simpler layout
+    from planner.search import HYBRID_SHARD_MARGIN
+
+    doc = _torchtitan_plan(128)
+    assert not doc.layout.hybrid_sharded
+    faster = [a for a in doc.alternatives if a.layout.hybrid_sharded
+              and a.predicted.step_time_seconds < doc.predicted.step_time_seconds]
+    assert all(a.predicted.step_time_seconds * (1 + HYBRID_SHARD_MARGIN) >= doc.predicted.step_time_seconds
+               for a in faster)
+
+
+def test_fix_shard_pins_the_degree_and_is_refused_where_the_framework_has_none():
+    from cluster_specs import SpecError
+    from planner.frameworks.restriction import build_restriction
+
+    doc = _torchtitan_plan(16, ["zero=3", "shard=8"], batch=256)
+    assert doc.layout.dp_shard == 8 and doc.layout.hybrid_sharded
+    with pytest.raises(SpecError, match="deepspeed: dp_shard 8 -> no hybrid sharding"):
+        build_restriction("deepspeed", 128256, ["shard=8"])
+    with pytest.raises(SpecError, match="megatron: dp_shard 8 at zero_stage 3 -> hybrid sharding at zero_stage"):
+        build_restriction("megatron", 128256, ["shard=8", "zero=3"])
+    assert build_restriction("megatron", 128256, ["shard=8"]).fixed == {"dp_shard": 8}

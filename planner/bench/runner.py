@@ -13,6 +13,10 @@ the layout with PyTorch's own APIs, in torchtitan's order (TP -> activation chec
 - ZeRO-0 as a gradient all-reduce over the DP group; ZeRO-1 as sharded optimizer state (each DP rank steps the
   parameters it owns and broadcasts them, ZeroRedundancyOptimizer's algorithm, which also works on TP's DTensor
   parameters); ZeRO-2/3 as FSDP2 fully_shard with resharding after forward off/on (also at world size 1);
+- hybrid sharding (dp_shard S < dp): FSDP2 over a 2-D (dp / S replicas, S shards) mesh, which shards within S
+  ranks and all-reduces the gradient shards across the replicas (torch's HSDP); ZeRO-1 with the optimizer state
+  sharded over the S ranks of a shard group and the gradients averaged over every dp rank (Megatron-Core's partial
+  distributed optimizer states; its reduce-scatter then all-reduce sums the same gradients);
 - recomputation with torch.utils.checkpoint: full (each layer) or selective as the plan's framework means it
   (Megatron's attention core, or torchtitan's per-op SAC; planner.bench.recompute);
 - the training recipe: AdamW on fp32 master weights with fp32 moments (planner.bench.optim), compute in the
@@ -402,6 +406,21 @@ def _start(rank: int, world: int, cfg: BenchConfig, init_method: str | None):
     return device, init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
 
 
+def hybrid_mesh(cfg: BenchConfig, device):
+    """The (dp / S replicas, S shards) mesh of hybrid sharding (dp_shard S < dp), or None: the same ranks as the
+    (pp, dp, tp) mesh's dp dimension, split replica-major (dp rank = replica x S + shard), so the shard groups are
+    S neighbouring dp ranks, as torchtitan's (dp_replicate, dp_shard) mesh orders them."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    lay = cfg.layout
+    shard, dp = lay.get("dp_shard") or lay["dp"], lay["dp"]
+    if shard >= dp:
+        return None
+    mesh = init_device_mesh(device.type, (lay["pp"], dp // shard, shard, lay["tp"]),
+                            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    return mesh["dp_replicate", "dp_shard"]
+
+
 @dataclass
 class _Plan:
     schedule: str
@@ -422,8 +441,9 @@ def _stage_plan(cfg: BenchConfig, pp_rank: int) -> _Plan:
     return _Plan(schedule, v, n_stages, split, stages_of_rank(schedule, pp, v, pp_rank))
 
 
-def build_modules(cfg: BenchConfig, plan: _Plan, mesh, device) -> list[StageModule]:
-    """This rank's stage modules with TP, recompute and (ZeRO >= 2) FSDP2 applied, in torchtitan's order."""
+def build_modules(cfg: BenchConfig, plan: _Plan, mesh, device, hsdp=None) -> list[StageModule]:
+    """This rank's stage modules with TP, recompute and (ZeRO >= 2) FSDP2 applied, in torchtitan's order; over
+    `hsdp` (hybrid_mesh) where the layout shards over part of the dp ranks."""
     lay = cfg.layout
     dtype = getattr(torch, cfg.dtype)
     fsdp = lay.get("zero_stage", 0) >= 2
@@ -438,7 +458,8 @@ def build_modules(cfg: BenchConfig, plan: _Plan, mesh, device) -> list[StageModu
         if lay.get("recompute", "none") != "none":
             apply_recompute(m, lay["recompute"], cfg.selective)
         if fsdp:
-            apply_fsdp(m, mesh["dp"], reshard=lay["zero_stage"] == 3, compute_dtype=dtype)
+            apply_fsdp(m, hsdp if hsdp is not None else mesh["dp"], reshard=lay["zero_stage"] == 3,
+                       compute_dtype=dtype)
         modules.append(m)
     return modules
 
@@ -529,11 +550,13 @@ def average_gradients(params: list, dp_group, dp: int) -> None:
             g.div_(dp)
 
 
-def build_optimizer(cfg: BenchConfig, params: list, dp_group):
-    """ZeRO-1 over DP > 1: the sharded optimizer; else one optimizer over this rank's (possibly FSDP-sharded)
-    parameters."""
+def build_optimizer(cfg: BenchConfig, params: list, dp_group, hsdp=None):
+    """ZeRO-1 over DP > 1: the sharded optimizer, over the shard group under hybrid sharding; else one optimizer
+    over this rank's (possibly FSDP-sharded) parameters."""
     moments = cfg.moment_dtypes
     if cfg.layout.get("zero_stage", 0) == 1 and cfg.layout["dp"] > 1:
+        if hsdp is not None:
+            dp_group = hsdp["dp_shard"].get_group()
         return ShardedOptimizer(params, dp_group=dp_group, dp_ranks=dist.get_process_group_ranks(dp_group),
                                 lr=cfg.learning_rate, optimizer=cfg.optimizer, eps=cfg.adam_eps, moments=moments)
     return make_optimizer(cfg.optimizer, params, lr=cfg.learning_rate, eps=cfg.adam_eps, **moments)
@@ -546,12 +569,13 @@ def worker(rank: int, world: int, cfg: BenchConfig, init_method: str | None) -> 
     dp = lay["dp"]
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
     plan = _stage_plan(cfg, pp_rank)
-    modules = build_modules(cfg, plan, mesh, device)
+    hsdp = hybrid_mesh(cfg, device)
+    modules = build_modules(cfg, plan, mesh, device, hsdp)
     tied_group = tied_embedding_group(cfg, mesh, lambda r: _stage_plan(cfg, r))
     params = list({id(p): p for m in modules for p in m.parameters()}.values())
     zero = lay.get("zero_stage", 0)
     dp_group = mesh["dp"].get_group()
-    opt = build_optimizer(cfg, params, dp_group)
+    opt = build_optimizer(cfg, params, dp_group, hsdp)
     mbs, m_count, V = lay["micro_batch_size"], lay["num_micro_batches"], cfg.transformer().vocab_size
 
     loss_fn, loss_ctx = make_loss(lay["tp"], mesh, V)

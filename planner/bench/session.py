@@ -270,6 +270,9 @@ def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
     lay = layout.model_copy(update=upd) if upd else layout
     if lay.zero_stage >= 2 and lay.pp > 1:
         raise SpecError("zero_stage: >= 2 with pp > 1 is not supported (see `planner check`)")
+    if lay.dp_shard is not None and (lay.dp_shard > lay.dp or lay.dp % lay.dp_shard):
+        raise SpecError(f"dp: {lay.dp} -> hybrid sharding over {lay.dp_shard} ranks needs a dp it divides (--dp a "
+                        f"multiple of {lay.dp_shard})")
     if opts.nproc is not None and opts.nproc != lay.num_gpus:
         raise SpecError(f"--nproc: {opts.nproc} -> the layout needs dp*tp*pp = {lay.num_gpus} ranks (use --dp to "
                         "shrink it)")

@@ -6,13 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 GIB = 2**30
-FIELDS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("zero_stage", "zero"), ("offload", "offload"),
+FIELDS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"), ("zero_stage", "zero"),
+          ("dp_shard", "shard"), ("offload", "offload"),
           ("micro_batch_size", "mbs"), ("recompute", "recompute"), ("sequence_parallel", "sp"),
           ("schedule", "schedule"), ("virtual_stages", "vpp"), ("layers_per_stage", "layers per stage"),
           ("recompute_layers_per_stage", "recomputed layers per stage"))
 
 
-def _show(value: Any) -> str:
+NONE_TEXT = {"dp_shard": "every dp rank"}  # what a field's None means, where 'default' would not say it
+
+
+def _show(value: Any, name: str = "") -> str:
+    if value is None and name in NONE_TEXT:
+        return NONE_TEXT[name]
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, list):
@@ -23,7 +29,7 @@ def _show(value: Any) -> str:
 def layout_differences(pick, other) -> list[str]:
     """'pp 56 instead of 35' for each layout field that differs (CandidateReport or LayoutSpec)."""
     a, b = getattr(pick, "layout", pick), getattr(other, "layout", other)
-    return [f"{label} {_show(getattr(b, name))} instead of {_show(getattr(a, name))}" for name, label in FIELDS
+    return [f"{label} {_show(getattr(b, name), name)} instead of {_show(getattr(a, name), name)}" for name, label in FIELDS
             if getattr(a, name) != getattr(b, name)]
 
 

@@ -11,7 +11,7 @@ from planner.inputs.specs import SCHEDULES, TrainingSpec
 
 # layout keys the search enumerates; per-stage lists come from the refinement, not the search
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero_stage", "offload", "micro_batch_size", "num_micro_batches", "recompute",
-           "sequence_parallel", "schedule", "virtual_stages")
+           "sequence_parallel", "schedule", "virtual_stages", "dp_shard")
 # keys a layout may carry that the search does not vary: why, for the refusal
 NOT_SEARCHED = {
     "layers_per_stage": "per-stage lists are the refinement's output, not a search key",
@@ -42,6 +42,8 @@ class Restriction:
         for key, value in self.fixed.items():
             if key in g and g[key] != value:
                 return None
+        if "dp_shard" in self.fixed and g.get("dp_shard") != self.fixed["dp_shard"]:
+            return None  # a pinned hybrid sharding degree: candidates sharded over every dp rank carry no key
         schedule = g.get("schedule", "1f1b")
         if self.schedules is not None and g.get("pp", 1) > 1 and schedule not in self.schedules:
             return None
@@ -69,6 +71,20 @@ def parse_fix(items: list[str] | None) -> dict:
             raise SpecError(f"--fix {key}: {why} -> estimate that layout with `planner estimate --layout`; fixable: "
                             f"{', '.join(FIXABLE)}")
     return fixed
+
+
+def _shard_problem(caps: Capabilities, fixed: dict) -> str | None:
+    """Why a pinned hybrid sharding degree (`--fix shard=8`) cannot be searched in this framework, or None."""
+    if "dp_shard" not in fixed:
+        return None
+    stages = caps.hybrid_shard_zero_stages
+    if not stages:
+        return (f"{caps.framework.value}: dp_shard {fixed['dp_shard']} -> no hybrid sharding the planner writes "
+                f"({caps.sources.get('hsdp', 'shard over every dp rank: drop shard')})")
+    if fixed.get("zero_stage", stages[0]) not in stages:
+        return (f"{caps.framework.value}: dp_shard {fixed['dp_shard']} at zero_stage {fixed['zero_stage']} -> hybrid "
+                f"sharding at zero_stage {stages} ({caps.sources.get('hsdp', '')})")
+    return None
 
 
 def parse_schedules(text: str | None) -> tuple[str, ...] | None:
@@ -100,7 +116,7 @@ def build_restriction(framework: str | None, vocab_size: int, fix: list[str] | N
     if "zero_stage" in fixed and "pp" not in fixed and fixed["zero_stage"] >= 2:
         probe["pp"] = 1
     why = caps.refusal(probe) or (caps.state_zero_problem(training, fixed["zero_stage"])
-                                  if training is not None and "zero_stage" in fixed else None)
+                                  if training is not None and "zero_stage" in fixed else None) or _shard_problem(caps, fixed)
     if why:
         raise SpecError(f"--fix: {why}")
     if allowed is not None and "schedule" in fixed and fixed["schedule"] not in allowed:
