@@ -50,13 +50,15 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
 
 
 def replica_all_reduce_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: float, shard: int,
-                               replicas: int, num_micro_batches: int, link: Link) -> float:
+                               replicas: int, num_micro_batches: int, link: Link, reduce_once: bool = False) -> float:
     """Hybrid sharding (HSDP): after the sharding group's reduce-scatter, the replicas all-reduce each rank's
     gradient shard (params / shard): once a step under ZeRO-1, after every micro-batch under ZeRO-2/3, whose
     gradients are reduced in each backward (torch FSDP2's HSDP; torchtitan never skips that sync without PP,
-    frameworks.md §1.6). 0 without replicas (a group of one rank moves nothing)."""
+    frameworks.md §1.6), unless `reduce_once`: DeepSpeed's MiCS all-reduces the accumulated shards once, at the
+    accumulation boundary (runtime/zero/mics.py allreduce_mics_shard_grads). 0 without replicas (a group of one
+    rank moves nothing)."""
     once = all_reduce_seconds(message_bytes=params * grad_reduce_bytes / shard, group_size=replicas, link=link)
-    return once * (num_micro_batches if zero_stage >= 2 else 1)
+    return once * (num_micro_batches if zero_stage >= 2 and not reduce_once else 1)
 
 
 def overlap_window_seconds(*, zero_stage: int, forward_seconds: float, backward_seconds: float,

@@ -284,6 +284,9 @@ class Knobs:
     # gradients are per-parameter tensors autograd allocates every step and the optimizer frees (DeepSpeed ZeRO-1/2),
     # not one persistent buffer (Megatron's grad buffer, FSDP's sharded grads): the allocator's reserve applies to them
     dynamic_grads: bool = False
+    # hybrid sharding: the replicas all-reduce the gradient shards once a step, at the accumulation boundary
+    # (DeepSpeed's MiCS), not after every micro-batch under ZeRO-2/3 (torch FSDP2's HSDP)
+    hsdp_replica_reduce_once: bool = False
     tp_layer_overhead_seconds: float = 0.0  # per layer and micro-batch (fwd+bwd) under TP: framework dispatch
     # Megatron-LM's async tensor-parallel all-reduce (on by default since 2021-09, commit 3f65246911; off with
     # --no-async-tensor-model-parallel-allreduce and under Megatron-DeepSpeed's --deepspeed): in backward, each

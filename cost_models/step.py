@@ -204,7 +204,8 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                  modules_per_layer=units[1], gathers_per_layer=units[0])
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
-                                           num_micro_batches=m, link=links[1])
+                                           num_micro_batches=m, link=links[1],
+                                           reduce_once=knobs.hsdp_replica_reduce_once)
         window = overlap_window_seconds(zero_stage=lay.zero_stage, forward_seconds=forward_seconds,
                                         backward_seconds=backward_seconds, num_micro_batches=m)
     # the overlap knob is the share of this traffic hidden; it cannot hide behind more compute than there is

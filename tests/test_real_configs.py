@@ -47,6 +47,10 @@ CASES = [
     ("deepspeed/zero3_offload.json", "dgx-a100-80gb", 1, "llama2-7b", ["-s", "2048"], 1,
      ["GiB peak", "recompute=full fits"]),
     ("deepspeed/zero3_offload.json", "dgx-a100-80gb", 1, "llama2-7b", ["-s", "2048", "--fix", "recompute=full"], 0, []),
+    # MiCS (ZeRO-3 over groups of 8, the README's example): predicted as it ran, and refused by DeepSpeed 0.19.8
+    ("deepspeed/zero3_mics.json", "dgx-h100", 128, "llama3-8b", ["-s", "8192"], 1,
+     ["DeepSpeed 0.19.8 refuses it at start-up", "read as hybrid sharding over 8 of the 1024 dp ranks",
+      r'"dp_shard": 8']),
     # a triad DeepSpeed's own assertion rejects (100 != 3 x 4 x 8)
     ("deepspeed/zero1_bad_triad.json", "dgx-a100-80gb", 1, "llama2-7b", ["-s", "2048"], 1,
      ["train_batch_size 100 != micro 3 x GA 4 x data-parallel size 8"]),

@@ -238,6 +238,55 @@ def test_megatron_partial_distributed_optimizer_is_read_as_hybrid_sharding(tmp_p
     assert any(note in n for n in view.notes) if note else True
 
 
+@pytest.mark.parametrize("zero, shard, rules, note", [
+    ({"stage": 3, "mics_shard_size": 8}, 8, ["mics_shard_size"], "read as hybrid sharding over 8 of the 64"),
+    ({"stage": 3, "mics_shard_size": -1}, None, [], None),  # DeepSpeed's default: off, and no start-up refusal
+    ({"stage": 3, "mics_shard_size": 6}, None, ["mics_shard_size", "dp_shard"], None),
+    ({"stage": 3, "mics_shard_size": 64}, None, ["mics_shard_size"], "covers every one of the 64 dp ranks"),
+    ({"stage": 3, "mics_shard_size": 8, "offload_optimizer": {"device": "cpu"}}, None,
+     ["mics_shard_size", "mics_shard_size"], None),
+    ({"stage": 2, "mics_shard_size": 8}, None, ["mics_shard_size"], "MiCS shards ZeRO-3 only"),
+    ({"stage": 3, "mics_shard_size": "8"}, None, ["mics_shard_size"], None),
+])
+def test_a_deepspeed_mics_config_is_read_as_hybrid_sharding(tmp_path, zero, shard, rules, note):
+    """zero_optimization.mics_shard_size S: MiCS, ZeRO-3 over groups of S ranks (dp_shard S). It was ignored before,
+    so check predicted ZeRO-3 over every dp rank. DeepSpeed 0.19.8 refuses the key at start-up: a violation beside
+    the prediction. S must divide dp; MiCS has no CPU offload and shards ZeRO-3 only."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                "bf16": {"enabled": True}, "zero_optimization": zero}))
+    view = read_config(path, gpus=64)
+    assert view.fields.get("dp_shard") == shard
+    assert [r for r, _, _ in view.errors] == rules
+    assert any(note in n for n in view.notes) if note else True
+
+
+def test_check_predicts_a_mics_config_as_mics_ran_it(tmp_path):
+    """Llama 3 8B on 128 H100 nodes, DeepSpeed ZeRO-3 with mics_shard_size 8: the states over 8 ranks (more than 15
+    GiB more per GPU than over all 1024), and the replicas' all-reduce once a step (the DeepSpeed profile), as
+    `estimate` predicts shard=8 under that profile."""
+    from dataclasses import replace
+
+    from planner.estimate import build_problem, layout_from_arg
+
+    path = tmp_path / "mics.json"
+    path.write_text(json.dumps({"train_batch_size": 2048, "train_micro_batch_size_per_gpu": 1,
+                                "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 3, "mics_shard_size": 8, "overlap_comm": True}}))
+    problem = build_problem("dgx-h100", 128, "llama3-8b", 2048, 8192, "bf16", framework="deepspeed")
+    assert problem.knobs.hsdp_replica_reduce_once
+    out = check(read_config(path, gpus=1024), problem)
+    assert out.layout.dp_shard == 8 and [v["rule"] for v in out.violations] == ["mics_shard_size"]
+    want = problem.estimate(layout_from_arg("tp=1,pp=1,dp=1024,zero=3,shard=8,mbs=1,recompute=none", problem))
+    assert out.estimate.step_seconds == pytest.approx(want.step_seconds, rel=1e-12)
+    assert out.estimate.peak_memory_bytes == pytest.approx(want.peak_memory_bytes, rel=1e-12)
+    every = problem.estimate(layout_from_arg("tp=1,pp=1,dp=1024,zero=3,mbs=1,recompute=none", problem))
+    assert out.estimate.peak_memory_bytes > every.peak_memory_bytes + 15 * 2**30
+    per_micro_batch = replace(problem, knobs=replace(problem.knobs, hsdp_replica_reduce_once=False))
+    # 2 micro-batches: FSDP2's HSDP would all-reduce the shards twice a step
+    assert per_micro_batch.estimate(out.layout).step_seconds > out.estimate.step_seconds
+
+
 @pytest.mark.parametrize("line", ["ddp.num_distributed_optimizer_instances=abc", "model.tensor_model_parallel_size=2x"])
 def test_a_nemo_override_that_is_not_an_integer_is_named(tmp_path, line):
     """An integer override Megatron-Bridge would refuse is an error naming the key and value (exit 3), not the

@@ -263,6 +263,12 @@ def test_hybrid_sharding_shards_states_over_its_group_and_all_reduces_across_rep
                               param_bytes=BF16.param_bytes, dp=8, layers=8, num_micro_batches=4, link=shard_link)
             + 4 * all_reduce_seconds(message_bytes=P * BF16.grad_reduce_bytes / 8, group_size=4, link=replica_link))
     assert total == pytest.approx(want, rel=1e-9)
+    # DeepSpeed's MiCS all-reduces the accumulated shards once, at the accumulation boundary: 3 all-reduces fewer
+    once = replace(knobs, hsdp_replica_reduce_once=True)
+    total_once, _ = dp_comm_seconds(hw, BF16, model, once, stage_model(model, BF16, hw, hsdp.layout, once),
+                                    times, [P])
+    one = all_reduce_seconds(message_bytes=P * BF16.grad_reduce_bytes / 8, group_size=4, link=replica_link)
+    assert total_once == pytest.approx(want - 3 * one, rel=1e-9)
 
 
 def test_estimate_reports_the_stage_model():

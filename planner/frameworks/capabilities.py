@@ -309,6 +309,10 @@ _DEEPSPEED_STATES = ("ZeRO keeps an fp32 partition of the parameters and its opt
                      "(single_partition_of_fp32_groups, stage_1_and_2.py; frameworks.md §3.5); its JSON has no "
                      "optimizer-state dtype")
 
+_DEEPSPEED_HSDP = ("DeepSpeed's hybrid sharding, MiCS (zero_optimization.mics_shard_size), was removed in 0.19.8, "
+                   "whose config parser refuses the key; `check` reads an older MiCS config as shard=S; shard over "
+                   "every dp rank: drop shard")
+
 DEEPSPEED = Capabilities(
     Framework.DEEPSPEED, schedules=("1f1b",), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
     offload=("none", "optimizer", "optimizer+params"), recompute=("none", "full"),
@@ -333,6 +337,7 @@ DEEPSPEED = Capabilities(
         "precision": "frameworks.md §3.8: no FP8 training switch in DeepSpeed's config (FP8 comes from Transformer "
                      "Engine in model code)",
         "states": _DEEPSPEED_STATES,
+        "hsdp": _DEEPSPEED_HSDP,
     })
 
 MEGATRON_DEEPSPEED = Capabilities(
@@ -358,6 +363,7 @@ MEGATRON_DEEPSPEED = Capabilities(
         "precision": "frameworks.md §3: no FP8 recipe option is sourced for Megatron-DeepSpeed (its DeepSpeed JSON "
                      "has no FP8 switch, §3.8); plan FP8 with --framework megatron",
         "states": _DEEPSPEED_STATES,
+        "hsdp": _DEEPSPEED_HSDP,
     })
 
 GENERIC = Capabilities(

@@ -151,6 +151,9 @@ class Profile:
     # where the framework runs eager by default with torch.compile a flag away: the elementwise traffic is the eager
     # fit's, and `check` reads the flag (Knobs.compiled_elementwise_share, COMPILED_ELEMENTWISE_SHARE)
     eager_elementwise: str | None = None
+    # where hybrid sharding all-reduces the gradient shards across replicas once a step (Knobs.hsdp_replica_reduce_once,
+    # DeepSpeed's MiCS); None: after every micro-batch under ZeRO-2/3, as torch FSDP2's HSDP does
+    hsdp_replica_reduce_once: str | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -191,6 +194,7 @@ class Profile:
             pp_receive_buffers=self.pp_receive_buffers is not None,
             fp8_torchao_linear=self.fp8_torchao_linear is not None,
             precision_aware_master_bytes=self.master_remainders.value if self.master_remainders else 4.0,
+            hsdp_replica_reduce_once=self.hsdp_replica_reduce_once is not None,
         ))
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -460,6 +464,11 @@ PIPELINING_RECEIVE_BUFFERS = (
     "torch.distributed.pipelining's PipelineStage allocates a receive buffer per micro-batch at the first step and "
     "keeps it (stage.py _setup_forward_recv_info, _setup_backward_recv_info, torch 2.13; torchtitan builds its "
     "stages as PipelineStage); counted on the CPU benchmark, which runs the same stages (tests/test_bench.py)")
+DEEPSPEED_MICS = ("DeepSpeed's hybrid sharding is MiCS (zero_optimization.mics_shard_size, ZeRO-3): the parameters "
+                  "and states shard over groups of mics_shard_size ranks, and the replicas all-reduce the gradient "
+                  "shards once a step, at the accumulation boundary (runtime/zero/mics.py allreduce_mics_shard_grads; "
+                  "no CPU offload with it). DeepSpeed 0.19.8 removed MiCS: its config parser refuses the key "
+                  "(runtime/config.py _REMOVED_ZERO_CONFIG_KEYS), so only `check` of an older config meets it")
 _NO_EXPANDABLE = ("reserved/allocated without expandable segments: single-GPU H200 runs of real recipes (issue 10: "
                   "reserved 3-12% above the planner's peak, allocated 15-20% below) and torchtune #1185 (reserved "
                   "16.39 GiB vs 10.83 GiB with expandable segments) [U: no Megatron measurement]")
@@ -551,7 +560,8 @@ PROFILES: dict[Framework, Profile] = {
                              "allreduce_gradients -> buffered_allreduce_fallback); overlap_comm does not apply"),
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_DEEPSPEED),
-        "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]"),
+        "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]",
+        hsdp_replica_reduce_once=DEEPSPEED_MICS),
     Framework.MEGATRON_DEEPSPEED: Profile(
         Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _DEEPSPEED_ZERO1_PIPE_RECIPE,
         "core attention only (--recompute-granularity selective) or full layers (--checkpoint-activations) "
@@ -567,7 +577,7 @@ PROFILES: dict[Framework, Profile] = {
                   _NCCL_MEGATRON_DEEPSPEED),
         "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
         {"ampere": Sourced(MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY, _MEGATRON_DEEPSPEED_AMPERE)},
-        memory_fp16=_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE),
+        memory_fp16=_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE, hsdp_replica_reduce_once=DEEPSPEED_MICS),
     Framework.GENERIC: Profile(
         Framework.GENERIC, "generic (no framework named)", _MEGATRON_RECIPE,
         "core attention only (Megatron's definition, Korthikanti et al. 2022 §5)",

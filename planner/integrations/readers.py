@@ -173,7 +173,41 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     view.global_batch_size = gbs
     view.precision = _ds_precision(doc)
     ds_overlap(zero, view.fields["zero_stage"], view)
+    ds_mics(zero, view)
     return view
+
+
+def ds_mics(zero: dict, view: ConfigView) -> None:
+    """DeepSpeed's MiCS (`zero_optimization.mics_shard_size` S, -1 off): ZeRO-3 sharded over groups of S ranks and
+    replicated across them, read as hybrid sharding (LayoutSpec.dp_shard; profiles.DEEPSPEED_MICS), so the memory and
+    traffic are predicted as it ran on the DeepSpeed it was written for. DeepSpeed 0.19.8 refuses the key at start-up
+    (MiCS removed), which is a violation."""
+    size = zero.get("mics_shard_size")
+    if size is None or size == -1:
+        return
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        view.errors.append(("mics_shard_size", f"zero_optimization.mics_shard_size: {size!r} -> a positive integer, "
+                                               "or -1 (off)", "give the MiCS group size, or drop the key"))
+        return
+    view.errors.append(("mics_shard_size", f"zero_optimization.mics_shard_size: {size} -> DeepSpeed 0.19.8 refuses "
+                                           "it at start-up ('MiCS ZeRO-3 sharding has been removed', runtime/config.py)",
+                        "drop mics_shard_size (ZeRO-3 over every dp rank), or run an older DeepSpeed that has MiCS"))
+    dp, stage = view.fields["dp"], view.fields["zero_stage"]
+    if stage != 3:
+        view.notes.append(f"mics_shard_size {size} at ZeRO-{stage}: MiCS shards ZeRO-3 only (ignored)")
+    elif view.fields["offload"] != "none":
+        view.errors.append(("mics_shard_size", f"mics_shard_size {size} with offload {view.fields['offload']} -> "
+                                               "MiCS has no CPU offload ('Local sharding has no support for CPU "
+                                               "offloading', runtime/zero/mics.py)", "drop the offload or MiCS"))
+    elif size >= dp:
+        view.notes.append(f"mics_shard_size {size} covers every one of the {dp} dp ranks: ZeRO-3 over them")
+    elif dp % size:
+        view.errors.append(("dp_shard", f"mics_shard_size: {size} -> must divide the data-parallel size {dp}",
+                            "give a divisor of the data-parallel size"))
+    else:
+        view.fields["dp_shard"] = size
+        view.notes.append(f"mics_shard_size {size}: MiCS, read as hybrid sharding over {size} of the {dp} dp ranks "
+                          f"(shard={size}); its {dp // size} replicas all-reduce the gradient shards once a step")
 
 
 def ds_overlap(zero: dict, stage: int, view: ConfigView) -> None:
@@ -909,6 +943,7 @@ def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str)
     elif _device(zero.get("offload_optimizer")) not in ("none", None):
         view.fields["offload"] = "optimizer"
     ds_overlap(zero, view.fields["zero_stage"], view)
+    ds_mics(zero, view)
     view.notes.append(f"read ZeRO settings from {name}")
 
 
