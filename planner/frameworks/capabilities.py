@@ -118,11 +118,10 @@ class Capabilities:
             with_pp = " with pipelining" if pp > 1 else ""
             return f"zero_stage {zero}{with_pp} -> allowed: {allowed} ({self.sources.get('zero', '')})"
         shard, dp = f.get("dp_shard"), f.get("dp", 1)
-        if shard is not None and shard < dp and zero not in self.hybrid_shard_zero_stages:
-            allowed_hsdp = (f"hybrid sharding at zero_stage {self.hybrid_shard_zero_stages}"
-                            if self.hybrid_shard_zero_stages else "no hybrid sharding the planner writes")
-            return (f"dp_shard {shard} of dp {dp} at zero_stage {zero} -> {allowed_hsdp} "
-                    f"({self.sources.get('hsdp', 'shard over every dp rank: drop shard')})")
+        if shard is not None and shard < dp:
+            why = self.hybrid_shard_refusal(shard, zero, f" of dp {dp}")
+            if why:
+                return why
         off = f.get("offload", "none")
         if off not in self.offload:
             return f"offload {off} -> allowed: {', '.join(self.offload)} ({self.sources.get('offload', '')})"
@@ -130,6 +129,17 @@ class Capabilities:
         if rec is not None and rec not in self.recompute:
             return f"recompute {rec} -> allowed: {', '.join(self.recompute)} ({self.sources.get('recompute', '')})"
         return None
+
+    def hybrid_shard_refusal(self, shard: int, zero: int | None, of_dp: str = "") -> str | None:
+        """Why this framework cannot shard over `shard` of the dp ranks at ZeRO stage `zero` (None: at none of its
+        stages), or None; `of_dp` names the dp degree where one is known."""
+        stages = self.hybrid_shard_zero_stages
+        if stages and (zero is None or zero in stages):
+            return None
+        at = f" at zero_stage {zero}" if zero is not None else ""
+        allowed = f"hybrid sharding at zero_stage {stages}" if stages else "no hybrid sharding the planner writes"
+        return (f"dp_shard {shard}{of_dp}{at} -> {allowed} "
+                f"({self.sources.get('hsdp', 'shard over every dp rank: drop shard')})")
 
     def _tp_refusal(self, f: dict) -> str | None:
         tp, pp = f.get("tp", 1), f.get("pp", 1)

@@ -77,14 +77,8 @@ def _shard_problem(caps: Capabilities, fixed: dict) -> str | None:
     """Why a pinned hybrid sharding degree (`--fix shard=8`) cannot be searched in this framework, or None."""
     if "dp_shard" not in fixed:
         return None
-    stages = caps.hybrid_shard_zero_stages
-    if not stages:
-        return (f"{caps.framework.value}: dp_shard {fixed['dp_shard']} -> no hybrid sharding the planner writes "
-                f"({caps.sources.get('hsdp', 'shard over every dp rank: drop shard')})")
-    if fixed.get("zero_stage", stages[0]) not in stages:
-        return (f"{caps.framework.value}: dp_shard {fixed['dp_shard']} at zero_stage {fixed['zero_stage']} -> hybrid "
-                f"sharding at zero_stage {stages} ({caps.sources.get('hsdp', '')})")
-    return None
+    why = caps.hybrid_shard_refusal(fixed["dp_shard"], fixed.get("zero_stage"))
+    return f"{caps.framework.value}: {why}" if why else None
 
 
 def parse_schedules(text: str | None) -> tuple[str, ...] | None:
