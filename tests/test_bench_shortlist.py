@@ -74,16 +74,21 @@ def test_each_layout_takes_dp_from_nproc_and_a_runner_up_that_cannot_run_is_skip
         fit_shortlist(entries[2:] and [dict(entries[2], role="pick")], BenchOptions(nproc=4))
 
 
-def test_a_hybrid_sharded_layout_keeps_its_shard_group_where_dp_allows_it():
+def test_a_hybrid_sharded_layout_scaled_to_the_machine_shards_over_gcd_of_its_group_and_dp():
     pytest.importorskip("torch")
-    from planner.bench.session import BenchOptions, fit_shortlist
+    from cluster_specs import SpecError
+    from planner.bench.session import BenchOptions, fit_layout, fit_shortlist
+    from planner.inputs.specs import LayoutSpec
 
     base = {"zero_stage": 3, "micro_batch_size": 1, "num_micro_batches": 2, "tp": 1, "pp": 1}
     entries = [{"layout": dict(base, dp=1024, dp_shard=2), "role": "pick"},
                {"layout": dict(base, dp=1024, dp_shard=8), "role": "runner-up"}]
     kept, layouts, skipped = fit_shortlist(entries, BenchOptions(nproc=4))
-    assert [(lay.dp, lay.dp_shard) for lay in layouts] == [(4, 2)]  # 2 replicas x 2 shards on 4 ranks
-    assert len(skipped) == 1 and "hybrid sharding over 8 ranks needs a dp it divides" in skipped[0]
+    # 2 replicas x 2 shards on 4 ranks; a group of 8 covers all 4: ZeRO over every rank
+    assert [(lay.dp, lay.dp_shard) for lay in layouts] == [(4, 2), (4, None)] and not skipped
+    assert fit_layout(LayoutSpec(**dict(base, dp=48, dp_shard=16)), BenchOptions(dp=12)).dp_shard == 4
+    with pytest.raises(SpecError, match="hybrid sharding over 8 ranks needs a dp it divides"):
+        fit_layout(LayoutSpec.model_construct(**dict(base, dp=12, dp_shard=8)), BenchOptions())
 
 
 def test_the_plans_tie_tolerance_wins_over_its_error_band():

@@ -3,6 +3,7 @@ the same cluster, and put predicted and measured side by side."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,6 +269,11 @@ def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
 
     upd = {k: v for k, v in (("dp", opts.dp), ("num_micro_batches", opts.micro_batches)) if v}
     lay = layout.model_copy(update=upd) if upd else layout
+    if lay.dp_shard is not None and "dp" in upd:
+        # scaled to the machine: the hybrid sharding group shrinks to gcd(S, dp), sharded over every rank where that
+        # is all of them (a 32-rank group of a 1,024-rank plan on 4 ranks: ZeRO over the 4)
+        s = math.gcd(lay.dp_shard, lay.dp)
+        lay = lay.model_copy(update={"dp_shard": s if 1 < s < lay.dp else None})
     if lay.zero_stage >= 2 and lay.pp > 1:
         raise SpecError("zero_stage: >= 2 with pp > 1 is not supported (see `planner check`)")
     if lay.dp_shard is not None and (lay.dp_shard > lay.dp or lay.dp % lay.dp_shard):
