@@ -139,22 +139,29 @@ def _state_rules(layout: LayoutSpec) -> list[Violation]:
     return out + _hybrid_shard_rules(layout)
 
 
-def _hybrid_shard_rules(layout: LayoutSpec) -> list[Violation]:
+def hybrid_shard_problem(*, dp: int, shard: int | None, zero_stage: int, offload: str,
+                         ep: int) -> Violation | None:
     """Hybrid sharding (dp_shard): a divisor of dp, over a ZeRO stage that shards, without offload or expert
-    parallelism (neither is modelled with it)."""
-    s = layout.dp_shard
-    if s is None:
-        return []
+    parallelism (neither is modelled with it). The one test of a shard degree: the layout rules, the search's
+    candidates and the benchmark's scaled layout all ask it."""
+    if shard is None:
+        return None
     fix = "drop shard (ZeRO over all dp ranks), or give a divisor of dp"
-    if layout.dp % s:
-        return [Violation("dp_shard_divides_dp", "dp_shard", f"{s} (dp {layout.dp})", "a divisor of dp", fix)]
-    if not layout.hybrid_sharded:
-        return []
-    needs = [(layout.zero_stage == 0, "zero_stage >= 1 (hybrid sharding shards the states)"),
-             (layout.offload != Offload.NONE, "offload none (offload with hybrid sharding is not modelled)"),
-             (layout.ep > 1, "ep 1 (hybrid sharding with expert parallelism is not modelled)")]
-    return [Violation("hybrid_shard", "dp_shard", f"{s} of dp {layout.dp}", f"needs {why}", fix)
-            for broken, why in needs if broken][:1]
+    if dp % shard:
+        return Violation("dp_shard_divides_dp", "dp_shard", f"{shard} (dp {dp})", "a divisor of dp", fix)
+    if shard >= dp:
+        return None  # over every dp rank: plain ZeRO
+    needs = [(zero_stage == 0, "zero_stage >= 1 (hybrid sharding shards the states)"),
+             (offload != Offload.NONE, "offload none (offload with hybrid sharding is not modelled)"),
+             (ep > 1, "ep 1 (hybrid sharding with expert parallelism is not modelled)")]
+    return next((Violation("hybrid_shard", "dp_shard", f"{shard} of dp {dp}", f"needs {why}", fix)
+                 for broken, why in needs if broken), None)
+
+
+def _hybrid_shard_rules(layout: LayoutSpec) -> list[Violation]:
+    v = hybrid_shard_problem(dp=layout.dp, shard=layout.dp_shard, zero_stage=layout.zero_stage,
+                             offload=layout.offload, ep=layout.ep)
+    return [v] if v else []
 
 
 def _split_rules(layout: LayoutSpec, model: ModelSpec) -> list[Violation]:

@@ -41,7 +41,7 @@ from planner.frameworks.restriction import Restriction
 from planner.inputs.specs import LayoutSpec
 from planner.problem import GIB, Problem
 from planner.refine.ilp import StageCoefficients
-from planner.rules import layout_violations, refuse_unrunnable_setup
+from planner.rules import hybrid_shard_problem, layout_violations, refuse_unrunnable_setup
 
 # Search-space bounds. 128: the largest micro-batch of any published run in ../shared/validation/published_runs.json
 # (llm-foundry MPT-125m/350m at 512 tokens); larger ones only add candidates whose GEMMs are already saturated.
@@ -193,24 +193,19 @@ def _shard_options(dp: int, cp: int, tp: int, gpus_per_node: int, zero: int, off
     ranks of one node (gpus_per_node / (tp cp)) times 1, 2, 4, ... below dp, where the states would otherwise shard
     across nodes. A group of whole nodes, doubling: HSDP groups are a node (torchtitan's and MaxText's recipes shard
     inside the node or a few, and replicate across the rest), and the step time is smooth in the group size between
-    them (a ring's latency grows with its ranks, the replicas' all-reduce with their count). Not with offload or
-    expert parallelism (rules._hybrid_shard_rules). Searched under ZeRO-2/3, whose gathers and reduce-scatters run
+    them (a ring's latency grows with its ranks, the replicas' all-reduce with their count). Searched under ZeRO-2/3, whose gathers and reduce-scatters run
     every micro-batch; under ZeRO-1 (Megatron's partial distributed optimizer) the sharded traffic runs once a step
     and mostly hides, so it is only pinned (`--fix shard=S`: then the pinned degree is the only one, where it divides
-    dp), which keeps the search over pipelined layouts, all ZeRO <= 1, as it was."""
+    dp), which keeps the search over pipelined layouts, all ZeRO <= 1, as it was. Each degree passes the layout
+    rules' test (rules.hybrid_shard_problem: a divisor of dp, no offload or expert parallelism with it)."""
     if pinned is not None:
-        ok = zero >= 1 and offload == Offload.NONE and ep == 1 and pinned < dp and dp % pinned == 0
-        return [pinned] if ok else []
-    per_node = gpus_per_node // (tp * cp) if gpus_per_node % (tp * cp) == 0 else 0
-    if zero < 2 or offload != Offload.NONE or ep > 1 or per_node < 1 or dp <= per_node:
-        return [None]
-    out: list[int | None] = [None]
-    s = per_node
-    while s < dp:
-        if s >= 2 and dp % s == 0:
-            out.append(s)
-        s *= 2
-    return out
+        sizes: list[int] = [pinned] if pinned < dp else []
+    else:
+        per_node = gpus_per_node // (tp * cp) if gpus_per_node % (tp * cp) == 0 else 0
+        sizes = [per_node << k for k in range(dp.bit_length()) if 2 <= per_node << k < dp] if zero >= 2 else []
+    ok: list[int | None] = [s for s in sizes
+                            if hybrid_shard_problem(dp=dp, shard=s, zero_stage=zero, offload=offload, ep=ep) is None]
+    return ok if pinned is not None else [None, *ok]
 
 
 def _interleaved_splits(pp: int, v: int, num_layers: int) -> list[list[int] | None]:
@@ -255,11 +250,10 @@ def enumerate_bases(problem: Problem, opts: PlanOptions, *, offload: bool) -> It
             for (zero, off), (schedule, v, split) in itertools.product(states, _schedule_options(pp, m, L, opts)):
                 uneven = {"layers_per_stage": split} if split else {}
                 for shard in _shard_options(dp, cp, tp, g, zero, off, ep, pinned):
-                    hybrid = {"dp_shard": shard} if shard else {}
                     base = opts.allows({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero_stage": zero,
                                         "offload": off, "micro_batch_size": mbs, "num_micro_batches": m,
                                         "sequence_parallel": tp > 1, "schedule": schedule, "virtual_stages": v,
-                                        **exchange, **uneven, **hybrid})
+                                        "dp_shard": shard, **exchange, **uneven})
                     if base is not None:
                         yield base
 

@@ -266,6 +266,7 @@ class BenchOptions:
 def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
     """The layout with the machine-fitting overrides applied, refused when the benchmark cannot run it."""
     from cluster_specs import SpecError
+    from planner.rules import hybrid_shard_problem
 
     upd = {k: v for k, v in (("dp", opts.dp), ("num_micro_batches", opts.micro_batches)) if v}
     lay = layout.model_copy(update=upd) if upd else layout
@@ -276,9 +277,13 @@ def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
         lay = lay.model_copy(update={"dp_shard": s if 1 < s < lay.dp else None})
     if lay.zero_stage >= 2 and lay.pp > 1:
         raise SpecError("zero_stage: >= 2 with pp > 1 is not supported (see `planner check`)")
-    if lay.dp_shard is not None and (lay.dp_shard > lay.dp or lay.dp % lay.dp_shard):
+    bad = hybrid_shard_problem(dp=lay.dp, shard=lay.dp_shard, zero_stage=lay.zero_stage, offload=lay.offload,
+                               ep=lay.ep)
+    if bad is not None and bad.rule == "dp_shard_divides_dp":
         raise SpecError(f"dp: {lay.dp} -> hybrid sharding over {lay.dp_shard} ranks needs a dp it divides (--dp a "
                         f"multiple of {lay.dp_shard})")
+    if bad is not None:
+        raise SpecError(str(bad))
     if opts.nproc is not None and opts.nproc != lay.num_gpus:
         raise SpecError(f"--nproc: {opts.nproc} -> the layout needs dp*tp*pp = {lay.num_gpus} ranks (use --dp to "
                         "shrink it)")

@@ -42,8 +42,6 @@ class Restriction:
         for key, value in self.fixed.items():
             if key in g and g[key] != value:
                 return None
-        if "dp_shard" in self.fixed and g.get("dp_shard") != self.fixed["dp_shard"]:
-            return None  # a pinned hybrid sharding degree: candidates sharded over every dp rank carry no key
         schedule = g.get("schedule", "1f1b")
         if self.schedules is not None and g.get("pp", 1) > 1 and schedule not in self.schedules:
             return None
