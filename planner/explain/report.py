@@ -115,16 +115,7 @@ def compiled(doc) -> str:
 
 def layout_arg(lay) -> str:
     """The layout in `--layout` syntax, complete enough to give the same layout back with the same batch."""
-    parts = [f"tp={lay.tp}", f"pp={lay.pp}", f"dp={lay.dp}", f"zero={lay.zero_stage}"]
-    if lay.hybrid_sharded:
-        parts.append(f"shard={lay.dp_shard}")
-    if lay.cp > 1:  # context and expert degrees, as LayoutSpec.short() writes them
-        parts += [f"cp={lay.cp}"] + ([f"cp_comm={lay.cp_comm}"] if lay.cp_comm != "p2p" else [])
-    if lay.ep > 1 or lay.etp > 1:
-        parts += [f"ep={lay.ep}"] + ([f"etp={lay.etp}"] if lay.etp > 1 else [])
-    if lay.offload != "none":
-        parts.append(f"offload={lay.offload}")
-    parts += [f"mbs={lay.micro_batch_size}", f"recompute={lay.recompute}"]
+    parts = lay.degree_parts()
     if lay.tp > 1 or lay.sequence_parallel:
         parts.append(f"sp={int(lay.sequence_parallel)}")
     if lay.pp > 1 or lay.schedule != "1f1b":

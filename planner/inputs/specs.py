@@ -360,7 +360,9 @@ class LayoutSpec(_Frozen):
             dp_shard=self.dp_shard or 0,
         )
 
-    def short(self) -> str:
+    def degree_parts(self) -> list[str]:
+        """The `--layout` keys every rendering of a layout starts with: degrees, ZeRO and its sharding, offload,
+        micro-batch size and recompute (short(); report.layout_arg adds what gives the same layout back)."""
         parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"zero={self.zero_stage}"]
         if self.hybrid_sharded:
             parts.append(f"shard={self.dp_shard}")
@@ -370,7 +372,10 @@ class LayoutSpec(_Frozen):
             parts += [f"ep={self.ep}"] + ([f"etp={self.etp}"] if self.etp > 1 else [])
         if self.offload != "none":
             parts.append(f"offload={self.offload}")
-        parts += [f"mbs={self.micro_batch_size}", f"recompute={self.recompute}"]
+        return parts + [f"mbs={self.micro_batch_size}", f"recompute={self.recompute}"]
+
+    def short(self) -> str:
+        parts = self.degree_parts()
         if self.sequence_parallel:
             parts.append("sp=1")
         if self.pp > 1:
