@@ -22,7 +22,7 @@ from planner.bench.runner import BenchConfig, launch_local, max_param_error, ref
 pytestmark = [pytest.mark.distributed, pytest.mark.torch]
 
 
-def run_ranks(cfg, nproc):
+def launch_retrying(cfg, nproc):
     """launch_local, once more when a rank was killed by a signal mid-run (exit -6 or -11, its report incomplete):
     gloo's threads corrupt the heap now and then on these shared CPUs ('malloc(): unaligned tcache chunk detected';
     a segfault in 'pp2 x tp2 + SP, interleaved, full recompute' in one clean-clone CI run of 2026-12-07 that passed
@@ -94,7 +94,7 @@ def test_layout_matches_single_process(title, shape, layout):
     cfg = BenchConfig(shape=shape, seq_length=16, layout=layout, steps=2, warmup=1, collect_params=True,
                       timeout_seconds=60, measure_collectives=True, optimizer="sgd",
                       selective=SELECTIVE.get(title, CORE_ATTENTION))
-    reports = run_ranks(cfg, 4)
+    reports = launch_retrying(cfg, 4)
     params = {}
     for r in reports:
         params.update(r["params"])
@@ -117,7 +117,7 @@ def test_hybrid_sharding_keeps_one_copy_of_the_states_per_replica(zero):
     def total(layout, key):
         cfg = BenchConfig(shape=GPT, seq_length=16, layout=layout, steps=1, warmup=0, timeout_seconds=60,
                           measure_collectives=False, optimizer="adamw", lr=1e-3)
-        return sum(r[key] for r in run_ranks(cfg, 4))
+        return sum(r[key] for r in launch_retrying(cfg, 4))
 
     keys = ["optimizer_state_bytes"] + (["parameter_bytes"] if zero == 3 else [])
     for key in keys:
@@ -134,7 +134,7 @@ def test_adamw_recipe_matches_single_process(title, shape, layout):
     terms; the check is every weight within lr/10 of the single-process reference (seen: <= 2e-5)."""
     cfg = BenchConfig(shape=shape, seq_length=16, layout=layout, steps=2, warmup=1, collect_params=True,
                       timeout_seconds=60, measure_collectives=False, optimizer="adamw", lr=1e-3, adam_eps=1e-6)
-    reports = run_ranks(cfg, 4)
+    reports = launch_retrying(cfg, 4)
     params = {}
     for r in reports:
         params.update(r["params"])
@@ -335,7 +335,7 @@ def test_a_run_whose_reports_are_all_complete_is_done(tmp_path):
     assert _reports_complete(out, 2)
 
 
-def test_run_ranks_retries_a_signal_death_only(monkeypatch):
+def test_launch_retrying_retries_a_signal_death_only(monkeypatch):
     """The retry is for a rank a signal killed (gloo's heap corruption), not for a rank that failed on its own."""
     calls = []
 
@@ -346,8 +346,8 @@ def test_run_ranks_retries_a_signal_death_only(monkeypatch):
         return ["ok"]
 
     monkeypatch.setattr(sys.modules[__name__], "launch_local", fake)
-    assert run_ranks("rank 1 failed (exit -11); the other ranks were stopped", 4) == ["ok"] and calls == [4, 4]
+    assert launch_retrying("rank 1 failed (exit -11); the other ranks were stopped", 4) == ["ok"] and calls == [4, 4]
     calls.clear()
     with pytest.raises(errors.BenchmarkError, match="exit 3"):
-        run_ranks("rank 2 failed (exit 3): RuntimeError: boom", 4)
+        launch_retrying("rank 2 failed (exit 3): RuntimeError: boom", 4)
     assert calls == [4]
