@@ -304,6 +304,12 @@ class Knobs:
     # SwiGLU runs as one fused kernel that saves only its input (Megatron-Core's bias_swiglu_impl), not autograd's
     # gate, up, SiLU output and product: 6 s b f bytes kept per layer instead of 8 (memory.mlp_intermediate_coefficient)
     fused_swiglu: bool = False
+    # the model code's RMSNorm upcasts in eager (`_norm(x.float()).type_as(x) * weight`: torchtitan's norm_type
+    # 'rmsnorm' of 2024, read from a config by `check`) and saves the fp32 upcast of its input; a fused norm (Triton,
+    # Apex, TE, torch's _fused_rms_norm) or a compiled step saves its input (memory.eager_saved_extra_bytes)
+    norm_fp32_upcast: bool = False
+    # K and V copied to every query head before SDPA (torchtitan's repeat_kv), which saves the copies
+    kv_heads_repeated: bool = False
     # fraction of peak a fused causal attention kernel reaches over its forward and backward, counted on the FLOPs
     # it runs (the causal half of the score matrix); 0: not stated, the core is costed as its full-s^2 FLOPs at the
     # layer's GEMM rate (stage.attention_core_gemm_equivalent_flops)
@@ -329,3 +335,8 @@ class Knobs:
     # input quantized for backward (Megatron "stores linear layer inputs in FP8") and caches FP8 weight copies for the
     # step (fp8.RECIPES extra_weight_bytes_per_param)
     fp8_torchao_linear: bool = False
+
+    @property
+    def compiled(self) -> bool:
+        """A compiled step (torch.compile, XLA): its elementwise chains fused (compiled_elementwise_share below 1)."""
+        return self.compiled_elementwise_share < 1.0

@@ -87,6 +87,49 @@ def mlp_intermediate_coefficient(model: Transformer, *, fused_swiglu: bool) -> i
     return 6 if fused_swiglu else 8
 
 
+NORM_FP32_UPCAST_BYTES_PER_ELEMENT = 4
+"""What an RMSNorm written as `_norm(x.float()).type_as(x) * weight` saves beyond the input a fused norm saves: the
+fp32 upcast of its input (4 B per element), which x.pow(2) and the multiply by rsqrt save; the normalised output
+the weight's multiply saves takes the place of the input the component list counts. torchtitan's RMSNorm of its
+published Llama runs (torchtitan/models/norms.py, 2024) and torch's composite nn.RMSNorm on CPU (torch 2.13: fp32
+upcast, rsqrt and normalised output saved) alike; measured: tests/test_backward_memory_torch.py."""
+
+
+def eager_saved_extra_bytes(model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1,
+                            sequence_parallel: bool = False, norm_upcast: bool = False, kv_repeated: bool = False,
+                            activation_bytes: int = 2) -> float:
+    """Bytes a layer's model code saves for backward beyond the component list (activation_bytes_per_layer), per
+    micro-batch on one GPU: what it keeps without recompute, and what a recomputed layer materialises again.
+
+    norm_upcast: each of the layer's two norms keeps the fp32 upcast of its input (NORM_FP32_UPCAST_BYTES_PER_ELEMENT),
+    sharded by SP. kv_repeated: K and V are copied to every query head before SDPA (torchtitan's repeat_kv, an
+    expand and a reshape, which copies), and SDPA saves the copies: each at the query width where the list counts
+    the KV width (flash attention; unfused attention is counted at the query width already). Memory only: the
+    elementwise traffic is fitted on the component list (stage.elementwise_forward_seconds)."""
+    tokens = seq_length * micro_batch_size
+    norms = 2 * NORM_FP32_UPCAST_BYTES_PER_ELEMENT * model.hidden_size / (tp if sequence_parallel else 1)
+    kv = 0.0
+    if kv_repeated and model.flash_attention and model.mla is None:
+        q, kv_width = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
+        kv = 2 * (q - kv_width) / tp * activation_bytes
+    return tokens * ((norms if norm_upcast else 0.0) + kv)
+
+
+def mlp_backward_gradient_bytes(model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1,
+                                activation_bytes: int = 2) -> float:
+    """Gradient bytes a layer's backward holds together at its MLP, per micro-batch on one GPU, on top of what the
+    layer saved: the gradient of FC2's input and what the activation's backward writes from it while it is alive,
+    the gate's and the up projection's gradients with SwiGLU (3 tensors of the FFN width), the FC1 output's with
+    GeLU (2); TP-sharded. An MoE layer's are its routed intermediates (top_k x f_e per token) and its shared
+    experts'. Measured with torch's MemTracker on CPU, Llama and GPT blocks, none, full and per-op SAC
+    (tests/test_backward_memory_torch.py): this plus the recomputed set is within 4% of the measured peak."""
+    moe = model.moe
+    width = (moe.top_k * moe.expert_ffn_hidden_size + moe.shared_expert_ffn_hidden_size if moe is not None
+             else model.ffn_hidden_size)
+    tensors = 3 if model.swiglu else 2
+    return tensors * width / tp * seq_length * micro_batch_size * activation_bytes
+
+
 def sp_gathered_input_bytes(*, seq_length: int, micro_batch_size: int, hidden_size: int, tp: int,
                             sequence_parallel: bool, activation_bytes: int = 2) -> float:
     """Bytes per layer and micro-batch that torch-native sequence parallelism saves beyond Megatron's.

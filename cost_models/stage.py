@@ -44,10 +44,12 @@ from cost_models.memory import (
     activation_bytes_per_layer,
     attention_score_bytes,
     attention_score_traffic_bytes,
+    eager_saved_extra_bytes,
     embedding_activation_bytes,
     in_flight_per_stage,
     loss_backward_transient_bytes,
     loss_peak_bytes_per_logit,
+    mlp_backward_gradient_bytes,
     output_activation_bytes,
     sp_gathered_input_bytes,
     vocab_padded,
@@ -239,6 +241,7 @@ class LayerCosts(NamedTuple):
     act_policy_bytes: float  # saved for backward, one micro-batch, the layout's policy
     act_full_bytes: float  # the same under full recompute
     act_none_bytes: float  # the same without recompute (a recomputed layer, materialised in backward)
+    mlp_grad_bytes: float  # gradients a layer's backward holds together at its MLP (memory.mlp_backward_gradient_bytes)
     embedding_act_bytes: float
     output_act_bytes: float
     loss_transient_bytes: float  # the loss's backward beyond its saved bytes, once (memory.loss_backward_transient_bytes)
@@ -251,6 +254,14 @@ class LayerCosts(NamedTuple):
     padded_vocab: int
     policy: Recompute  # the per-layer policy of layers that are not fully recomputed
     extras: LayerExtras  # CP/EP/FP8 terms (cost_models/extensions.py)
+
+    def backward_working_bytes(self, *, full: bool) -> float:
+        """What one layer's backward holds beyond the saved bytes of the layers in flight: what its recompute
+        materialises again (everything a layer without recompute saves, less what its policy kept: its input under
+        full recompute, the save set under per-op SAC, nothing without recompute) and the gradients alive together
+        at its MLP. Measured against torch's MemTracker: tests/test_backward_memory_torch.py."""
+        kept = self.act_full_bytes if full else self.act_policy_bytes
+        return self.act_none_bytes - kept + self.mlp_grad_bytes
 
     def comm_seconds(self, layers: int, recomputed: int) -> float:
         """Exposed per-layer model-parallel traffic of `layers` layers, `recomputed` of them fully recomputed."""
@@ -274,14 +285,27 @@ def _recompute_seconds(gemm: float, core: float, ext: LayerExtras, *, flash: boo
     return flops / tp / rate + ext.recomputed(recompute).seconds
 
 
+class _ActivationBytes(NamedTuple):
+    none: float  # a layer's saved bytes per micro-batch without recompute (what a recomputed layer materialises)
+    policy: float  # the same under the layout's per-layer policy
+    full: float  # the same under full recompute: its input
+    gathered: float  # of `none`, the SP inputs kept all-gathered (memory only)
+    eager: float  # of `none`, what the model code saves beyond the component list (memory only)
+    mlp_grad: float  # gradients a layer's backward holds together at its MLP
+
+
 def _activation_bytes(model: Transformer, training: Training, layout: Layout, knobs: Knobs, ext: LayerExtras,
-                      policy: Recompute) -> tuple[float, float, float, float]:
-    """(bytes a layer keeps per micro-batch without recompute, under its policy, under full recompute; the SP
-    inputs kept all-gathered among them). Per-op SAC keeps no gathered input: it re-issues the all-gathers."""
+                      policy: Recompute) -> _ActivationBytes:
+    """What a layer keeps per micro-batch without recompute, under its policy and under full recompute. Per-op SAC
+    keeps no gathered input (it re-issues the all-gathers) and none of the model code's eager extras (the norms and
+    the K/V copies are recomputed); every other policy keeps both where the layer keeps those tensors."""
     t, b, s_l, sp = layout.tp, layout.micro_batch_size, training.seq_length // layout.cp, layout.sequence_parallel
     act_b, per_op_sac = training.activation_bytes, op_sac.in_effect(model, knobs.selective_op_sac)
     gathered = sp_gathered_input_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=model.hidden_size, tp=t,
                                        activation_bytes=act_b, sequence_parallel=sp and knobs.sp_saves_gathered_inputs)
+    eager = eager_saved_extra_bytes(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
+                                    norm_upcast=knobs.norm_fp32_upcast and not knobs.compiled,
+                                    kv_repeated=knobs.kv_heads_repeated, activation_bytes=act_b)
 
     def act(rec: Recompute) -> float:
         base = activation_bytes_per_layer(model, seq_length=s_l, micro_batch_size=b, tp=t, sequence_parallel=sp,
@@ -289,9 +313,11 @@ def _activation_bytes(model: Transformer, training: Training, layout: Layout, kn
                                           per_op_sac=per_op_sac)
         if rec == _REC_FULL:
             return base
-        return base + ext.activation_delta_bytes + (0.0 if per_op_sac and rec == _REC_SELECTIVE else gathered)
+        return base + ext.activation_delta_bytes + (0.0 if per_op_sac and rec == _REC_SELECTIVE else gathered + eager)
     act_none = act(_REC_NONE)
-    return act_none, act_none if policy == _REC_NONE else act(policy), act(_REC_FULL), gathered
+    grads = mlp_backward_gradient_bytes(model, seq_length=s_l, micro_batch_size=b, tp=t, activation_bytes=act_b)
+    return _ActivationBytes(act_none, act_none if policy == _REC_NONE else act(policy), act(_REC_FULL), gathered, eager,
+                            grads)
 
 
 def _selective_reruns(model: Transformer, knobs: Knobs, *, tokens: int, elementwise_seconds: float,
@@ -319,9 +345,8 @@ def fsdp_head_unit_params(lc: LayerCosts) -> float:
 
 
 def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs) -> LayerCosts:
-    h, t, act_b = model.hidden_size, layout.tp, training.activation_bytes
-    b, s = layout.micro_batch_size, training.seq_length
-    V = vocab_padded(model.vocab_size, tp=t)
+    h, t, b, s = model.hidden_size, layout.tp, layout.micro_batch_size, training.seq_length
+    act_b, V = training.activation_bytes, vocab_padded(model.vocab_size, tp=layout.tp)
     policy = _policy(layout.recompute)
     s_l = s // layout.cp  # tokens of each sequence on this rank (context parallelism)
     tokens, sp = b * s_l, layout.sequence_parallel
@@ -330,9 +355,9 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     # CP, EP and FP8 terms (extensions.py), forward + backward: zero / 1.0 for a dense bf16 layout without CP or EP
     ext = layer_extras(model, training, hw, layout, knobs, gemm_flops_per_gpu=gemm / t, core_seconds=core / t / rate,
                        rate_flops_per_second=rate)
-    act_none, act_policy, act_full, gathered = _activation_bytes(model, training, layout, knobs, ext, policy)
-    t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=act_none - gathered, seq_length=s_l,
-                                              micro_batch_size=b, tp=t, activation_bytes=act_b)
+    acts = _activation_bytes(model, training, layout, knobs, ext, policy)
+    t_layer_mem = elementwise_forward_seconds(model, hw, knobs, act_none_bytes=acts.none - acts.gathered - acts.eager,
+                                              seq_length=s_l, micro_batch_size=b, tp=t, activation_bytes=act_b)
     t_ar = tp_all_reduce_seconds(hw, micro_batch_size=b, seq_length=s_l, hidden_size=h, tp=t, activation_bytes=act_b)
     reruns, repeats = _selective_reruns(model, knobs, tokens=tokens, elementwise_seconds=t_layer_mem,
                                         all_reduce_seconds=t_ar)
@@ -357,9 +382,10 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
             shape=gemm_side_factor(min(tokens, h, V / t), knobs.gemm_half_efficiency_dim))),
         gemm_flops_per_gpu=gemm / t,
         rate_flops_per_second=rate,
-        act_policy_bytes=act_policy,
-        act_full_bytes=act_full,
-        act_none_bytes=act_none,
+        act_policy_bytes=acts.policy,
+        act_full_bytes=acts.full,
+        act_none_bytes=acts.none,
+        mlp_grad_bytes=acts.mlp_grad,
         embedding_act_bytes=embedding_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, tp=t,
                                                        sequence_parallel=sp, dropout=model.dropout),
         output_act_bytes=output_activation_bytes(seq_length=s_l, micro_batch_size=b, hidden_size=h, vocab_size=V, tp=t,
@@ -602,8 +628,11 @@ class StageModel(NamedTuple):
         buckets, the layer being recomputed, ZeRO-3's gathered unit, the offload bucket, the loss's backward."""
         lay, tr, lc = self.layout, self.training, self.lc
         base = bucket_bytes(self.knobs, zero_stage=lay.zero_stage) + lc.extras.transient_bytes
-        recomputing = base + lc.act_none_bytes  # the layer being recomputed is materialised whole during backward
-        out = [recomputing if r > 0 else base for r in self.full_layers]
+        # the layer in backward: its recompute materialised again and its MLP's gradients (the largest over the
+        # stage's fully recomputed layers and its others)
+        full, policy = lc.backward_working_bytes(full=True), lc.backward_working_bytes(full=False)
+        out = [base + max(full if r > 0 else 0.0, policy if n > r else 0.0)
+               for n, r in zip(self.split, self.full_layers, strict=True)]
         out[-1] += lc.loss_transient_bytes  # the loss's backward, on the last stage
         if lay.zero_stage >= 3 or lay.offload == _OFFLOAD_PARAMS:
             # the gathered unit (and the prefetched next one) plus its unsharded gradient before reduce-scatter
@@ -675,9 +704,11 @@ class StageModel(NamedTuple):
         exposed_ar = lc.t_tp_all_reduce * lc.tp_expose
         grow = 1 + self.knobs.allocator_reserve_fraction  # dynamic bytes carry the allocator's reserve (memory())
         per_state = w + o + g * (grow if self.knobs.dynamic_grads else 1.0)
-        # transients as memory() counts them: buckets, CP/EP buffers, one recomputed layer (a safe bound)
+        # transients as memory() counts them: buckets, CP/EP buffers, one layer's backward under either policy (a
+        # safe bound)
+        working = max(lc.backward_working_bytes(full=True), lc.backward_working_bytes(full=False))
         fixed = self.overheads[i] + (bucket_bytes(self.knobs, zero_stage=lay.zero_stage)
-                                     + lc.extras.transient_bytes + lc.act_none_bytes) * grow
+                                     + lc.extras.transient_bytes + working) * grow
         (recv_act,), (recv_grad,) = self.receive_buffer_bytes(stages=(i,))
         fixed += (recv_act + recv_grad) * grow
         if i == 0:

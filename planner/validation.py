@@ -96,8 +96,12 @@ ASSUMPTIONS = [
     "torchao's. FP8 rows all-gather their parameters in FP8 where the stack does: torchtitan's (torchao tensorwise, "
     "enable_fsdp_float8_all_gather, as a torchtitan FP8 plan is exported and as its llama3_405b.toml sets it at the "
     "rows' commit 3faaa1a0) and NeMo/Megatron-Core's (fp8_param_gather, frameworks.md §4.6); llm-foundry's TE Linears "
-    "under FSDP gather in BF16. torchtitan 'selective (op)' rows run the torchtitan profile's selective, per-op SAC "
-    "(cost_models/op_sac.py); "
+    "under FSDP gather in BF16. torchtitan's rows copy K and V to every query head before SDPA (its repeat_kv, "
+    "profiles.py); llm-foundry's and the JAX trainers' rows run their own attention code and do not. torchtitan's "
+    "2024-04 A100 rows ran norm_type 'fused_rmsnorm' (its Triton RMSNorm, which saves its input; train_configs at "
+    "1ea476e9) and its 2024-08 405B rows 'rmsnorm' with compile = true (llama3_405b.toml at 9515a140), which fuses "
+    "it: none carries the eager RMSNorm's fp32 upcast (Knobs.norm_fp32_upcast). torchtitan 'selective (op)' rows "
+    "run the torchtitan profile's selective, per-op SAC (cost_models/op_sac.py); "
     "'selective (layer)' rows its layer SAC of the time (selective_ac_option '2', the default: every 2nd block fully "
     "recomputed). A row whose framework names a JAX trainer (MaxText, Pax, Levanter) or torch.compile ran a "
     f"compiled step: its elementwise kernels move {COMPILED_ELEMENTWISE_SHARE.value:.0%} of the eager bytes "
@@ -724,19 +728,7 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     fields = _layout_fields(row, family, n)
     if isinstance(fields, str):
         return fields
-    knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
-    era_recipe = era_memory_recipe(row, family, precision)
-    if era_recipe is not None:
-        knobs = era_recipe.applied_to(knobs)
-    if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear (ASSUMPTIONS)
-        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT,
-                        loss_parallel_bytes_per_logit=None, fp8_torchao_linear=False)
-    if compiled_step(row):
-        knobs = replace(knobs, compiled_elementwise_share=COMPILED_ELEMENTWISE_SHARE.value)
-    if family == "fsdp":
-        kernel = fsdp_attention_kernel(row, knobs.attention_kernel_efficiency)
-        knobs = replace(knobs, attention_kernel_efficiency=kernel,
-                        attention_convention_rate=fsdp_attention_convention_rate(row, cluster))
+    knobs = _row_knobs(row, family, precision, cluster)
     measured, basis = _measured_step(row, model_spec, training, n)
     mem = _num(row.get("peak_memory_gb_per_gpu"))
     if measured is None and memory_only and mem:
@@ -750,6 +742,26 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
     return Case(row["id"], row.get("source", "")[:60], model_spec, training, cluster, fields, knobs, measured, basis,
                 mem, searched, family=family, recompute_choices=options, inferred=inferred,
                 memory_basis=memory_basis_of(row))
+
+
+def _row_knobs(row: dict, family: str, precision: str, cluster: ClusterSpec) -> Knobs:
+    """The family's profile knobs with what the row's own stack and era fix (ASSUMPTIONS)."""
+    knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
+    era_recipe = era_memory_recipe(row, family, precision)
+    if era_recipe is not None:
+        knobs = era_recipe.applied_to(knobs)
+    if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear
+        knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT,
+                        loss_parallel_bytes_per_logit=None, fp8_torchao_linear=False)
+    if family == "fsdp" and not _is_torchtitan(row):  # its own model code: no repeat_kv
+        knobs = replace(knobs, kv_heads_repeated=False)
+    if compiled_step(row):
+        knobs = replace(knobs, compiled_elementwise_share=COMPILED_ELEMENTWISE_SHARE.value)
+    if family == "fsdp":
+        kernel = fsdp_attention_kernel(row, knobs.attention_kernel_efficiency)
+        knobs = replace(knobs, attention_kernel_efficiency=kernel,
+                        attention_convention_rate=fsdp_attention_convention_rate(row, cluster))
+    return knobs
 
 
 def memory_basis_of(row: dict) -> str:

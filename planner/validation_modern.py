@@ -80,7 +80,7 @@ MODERN_READING = [
     "as TE's cuDNN kernel (profiles.py TE_FUSED_ATTENTION_HOPPER). The 8-GPU row runs without recompute, as it ran "
     "(NeMo's llama3_1_8b.yaml: no activation checkpointing), since the Megatron and NeMo profiles keep what "
     "Megatron-Core's fused SwiGLU keeps (6 s b f bytes per layer, not autograd's 8); before, it was judged to need "
-    "full recompute and predicted +57.5%. It is 'tight' (80.5 of 79.6 GiB with the allocator's reserve, 78.3 GiB "
+    "full recompute and predicted +57.5%. It is 'tight' (80.9 of 79.6 GiB with the allocator's reserve, 78.6 GiB "
     "of live tensors, CUDA context and NCCL communicators), so the harness, which takes the fastest candidate not "
     "judged 'does not fit', keeps it.",
 ]

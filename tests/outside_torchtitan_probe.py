@@ -15,13 +15,19 @@ after pytorch#141274, which put FlashAttention-2 before cuDNN on sm90, so they r
 The rows that ran torch.compile (the table says so) name it in their framework text, so they move
 profiles.COMPILED_ELEMENTWISE_SHARE of the eager elementwise traffic, the share sized on Tables 1 and 3's
 eager/compiled pairs here. The memory at the head is modelled as torch holds it (tests/test_head_memory_torch.py):
-the 70B run's loss_parallel at 16 B per local logit, FSDP's output unit gathered across the loss. Not modelled, so
+the 70B run's loss_parallel at 16 B per local logit, FSDP's output unit gathered across the loss. Their torchtitan
+(9dec370) runs train_configs' norm_type 'rmsnorm', torchtitan's eager RMSNorm class, which saves the fp32 upcast of
+each norm's input (Knobs.norm_fp32_upcast, as `check` reads that config; compiled, the norm is fused), and
+repeat_kv's K/V copies (the torchtitan profile); a layer's backward holds its recompute and its MLP's gradients
+(stage.LayerCosts.backward_working_bytes; tests/test_backward_memory_torch.py). Not modelled, so
 expect them off: what else torch.compile changes (the compiled rows hold 5 GiB less than eager; not the SAC
 must-saves its backward does not need: compiled with the min-cut partitioner, a Llama block under the bench's SAC
 policy keeps the same bytes as eager on CPU), the 500 W part's HBM2e bandwidth and sustained clocks
 (cluster_specs/gpus.yaml H100-SXM-HBM2e-500W: the SXM part's bandwidth and MAMF, a midpoint peak [U]), AsyncTP."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from planner.bands import load_table
 from planner.validation import band_text, build_case, case_knobs, evaluate
@@ -68,7 +74,7 @@ def main() -> None:
         if isinstance(case, str):
             print(f"{r['id']:34} skipped: {case}")
             continue
-        res = evaluate(case, case_knobs(case, fitted))
+        res = evaluate(case, replace(case_knobs(case, fitted), norm_fp32_upcast=True))  # norm_type 'rmsnorm
         if res.predicted_step_seconds is None:
             print(f"{r['id']:34} not estimated: {res.note}")
             continue

@@ -92,7 +92,7 @@ def test_plan_says_what_the_margin_costs(one_node_near_full):
 
 def test_cli_plan_json_carries_the_margin_cost():
     # Megatron-1T on 64 DGX A100 under Megatron-DeepSpeed: tp 8 x pp 64 ZeRO-0 without recompute is predicted at
-    # ~72.6 GiB, inside 78 GiB but not at the band's high end; the pick at the margin is ~18% slower
+    # ~76.4 GiB, inside 78 GiB but not at the band's high end; the pick at the margin is ~18% slower
     out = subprocess.run([sys.executable, "-m", "planner.cli", "plan", "-c", "dgx-a100-80gb", "-n", "64", "-m",
                           "megatron-1t", "-b", "2048", "-s", "2048", "--framework", "megatron-deepspeed", "--json"],
                          capture_output=True, text=True)

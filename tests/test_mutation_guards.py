@@ -1570,7 +1570,11 @@ def test_linear_form_with_cp_tp_overlap_and_every_micro_batch_in_flight(schedule
                                                          + lin.extra_seconds, rel=1e-12)
         linear_bytes = (n * lin.layer_state_bytes + (n - r) * lin.layer_act_policy_bytes
                         + r * lin.layer_act_full_bytes + lin.fixed_bytes)
-        reserved = 0.0 if r > 0 else base.lc.act_none_bytes * (1 + knobs.allocator_reserve_fraction)
+        # the linear row reserves the larger of a fully recomputed layer's backward and a policy layer's; the stage
+        # pays those of the layers it has (with the allocator's reserve on it)
+        full, policy = (base.lc.backward_working_bytes(full=f) for f in (True, False))
+        paid = max(full if r > 0 else 0.0, policy if n > r else 0.0)
+        reserved = (max(full, policy) - paid) * (1 + knobs.allocator_reserve_fraction)
         assert sm.memory(i).total_bytes == pytest.approx(linear_bytes - reserved, rel=1e-12)
 
 
@@ -1590,31 +1594,38 @@ def test_stage_transients_by_rule():
         return stage_model(p.cm_model, p.cm_training, p.hardware, layout, replace(Knobs(), **knobs))
 
     zero3 = Layout(dp=4, cp=2, tp=1, pp=1, zero_stage=3, num_micro_batches=8)
+    def grads(s):  # no recompute: a layer's backward holds its MLP's gradients, SwiGLU 3 and GeLU 2 FFN-wide tensors
+        swiglu = s.lc.layer_params < 3e8  # llama3-8b (FFN 14336); gpt3-175b has GeLU (FFN 49152)
+        tensors, ffn = (3, 14336) if swiglu else (2, 49152)
+        assert s.lc.backward_working_bytes(full=False) == s.lc.mlp_grad_bytes == pytest.approx(
+            tensors * ffn / s.layout.tp * s.lc.extras.tokens_per_rank * 2, rel=1e-12)
+        return s.lc.mlp_grad_bytes
+
     s = sm("llama3-8b", zero3, bucket_bytes=1e6)
     assert s.lc.extras.transient_bytes > 0  # CP receive buffers
     # FSDP also keeps the unit holding the output layer gathered across the loss: final norm + output, 2 B each
     head = 4096 + 128256 * 4096
     assert s.memory(0).transient_bytes == (1e6 + s.lc.extras.transient_bytes + s.lc.layer_params * (2 * 2 + 4)
-                                           + head * 2)
+                                           + head * 2 + grads(s))
     s = sm("llama3-8b", zero3, zero3_gather="module")  # 4096 x 14336 = 58.7M: two fit under 1e9
     assert s.lc.largest_module_params == 4096 * 14336
-    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 4096 * 14336 * (2 * 2 + 4)
+    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 4096 * 14336 * (2 * 2 + 4) + grads(s)
     s = sm("gpt3-175b", zero3, zero3_gather="module")  # 12288 x 49152 = 604M: one at a time
-    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 12288 * 49152 * (1 * 2 + 4)
+    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 12288 * 49152 * (1 * 2 + 4) + grads(s)
     s = sm("gpt3-175b", replace(zero3, tp=2, dp=2), zero3_gather="module")  # 302M per GPU, x tp = 604M each: one
-    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 12288 * 49152 / 2 * (1 * 2 + 4)
+    assert s.memory(0).transient_bytes == s.lc.extras.transient_bytes + 12288 * 49152 / 2 * (1 * 2 + 4) + grads(s)
     offload = Layout(dp=32, tp=1, pp=1, zero_stage=1, offload="optimizer", num_micro_batches=1)
     s = sm("llama3-8b", offload)
-    assert s.memory(0).transient_bytes == min(s.params(0) / 32, 5e8) * 4 == s.params(0) / 32 * 4
+    assert s.memory(0).transient_bytes == min(s.params(0) / 32, 5e8) * 4 + grads(s) == s.params(0) / 32 * 4 + grads(s)
     s = sm("llama3-8b", replace(offload, dp=4, pp=8))  # ~1B parameters per stage / dp 4 = ~250M: under the cap
-    assert [m.transient_bytes for m in s.memories()] == [P / 4 * 4 for P in s.params_per_stage()]
+    assert [m.transient_bytes for m in s.memories()] == [P / 4 * 4 + grads(s) for P in s.params_per_stage()]
     s = sm("gpt3-175b", replace(offload, dp=32))  # 175B / 32 = 5.5e9: capped at one 5e8-element bucket
-    assert s.memory(0).transient_bytes == 5e8 * 4
+    assert s.memory(0).transient_bytes == 5e8 * 4 + grads(s)
     both = sm("llama3-8b", Layout(dp=32, tp=1, pp=1, zero_stage=3, offload="optimizer+params", num_micro_batches=1))
     assert both.memory(0).transient_bytes == (both.lc.layer_params * (2 * 2 + 4) + head * 2
-                                              + both.params(0) / 32 * 4)
+                                              + both.params(0) / 32 * 4 + grads(both))
     plain = sm("llama3-8b", Layout(dp=32, tp=1, pp=1, zero_stage=2, num_micro_batches=1))
-    assert plain.memory(0).transient_bytes == 0.0
+    assert plain.memory(0).transient_bytes == grads(plain)
 
 
 def test_naive_schedule_holds_every_micro_batch_on_every_stage():
@@ -1680,7 +1691,7 @@ def test_fp8_weight_copies_expert_optimizer_shards_and_offload_over_cp():
                                               rel=1e-12)
     off = sm(_search_problem(nodes=4), Layout(dp=8, cp=2, tp=1, pp=2, zero_stage=1, offload="optimizer",
                                               num_micro_batches=8))
-    buffers = off.lc.extras.transient_bytes  # CP receive buffers
+    buffers = off.lc.extras.transient_bytes + off.lc.mlp_grad_bytes  # CP receive buffers, the MLP's gradients
     assert [m.transient_bytes for m in off.memories()] == [buffers + min(P / 16, 5e8) * 4
                                                            for P in off.params_per_stage()]
 

@@ -181,9 +181,9 @@ name = "llama3"
 flavor = "8B"
 
 [training]
-local_batch_size = 2
+local_batch_size = 1
 seq_len = 8192
-global_batch_size = 16
+global_batch_size = 8
 {training}
 [parallelism]
 data_parallel_shard_degree = 8
@@ -198,7 +198,7 @@ def _tt_check(tmp_path, *, compile_section: str = "", training: str = "", suffix
     path = tmp_path / f"tt{abs(hash((compile_section, training, text)))}{suffix}"
     path.write_text(text or TT.format(compile=compile_section, training=training))
     view = read_config(path, gpus=8)
-    problem = build_problem("dgx-h100", 1, "llama3-8b", 16, 8192, "bf16", framework="torchtitan")
+    problem = build_problem("dgx-h100", 1, "llama3-8b", 8, 8192, "bf16", framework="torchtitan")
     return check(view, problem), problem
 
 
@@ -234,7 +234,7 @@ from torchtitan.trainer import Trainer
 def job() -> Trainer.Config:
     return Trainer.Config(
         model_spec=model_registry("8B"),
-        training=TrainingConfig(local_batch_size=2, global_batch_size=16, seq_len=8192),
+        training=TrainingConfig(local_batch_size=1, global_batch_size=8, seq_len=8192),
         parallelism=ParallelismConfig(data_parallel_shard_degree=8),
         compile=CompileConfig(enable=True, components=["model", "loss"]),
     )
@@ -259,3 +259,32 @@ def test_a_torchtitan_compile_key_that_is_not_a_section_is_a_violation(tmp_path)
     out, _ = _tt_check(tmp_path, text=text)
     assert [v["rule"] for v in out.violations] == ["compile"]
     assert out.violations[0]["message"].startswith("compile: True -> a section")
+
+
+@pytest.mark.parametrize("norm_type, compile_section, upcast", [
+    ('"rmsnorm"', "", True),  # torchtitan's eager RMSNorm class (train_configs of 2024-05 .. 2025-02)
+    ('"fused_rmsnorm"', "", False),  # its Triton kernel saves the input
+    ('"rmsnorm"', "[compile]\nenable = true\n", False),  # compiled: the norm is fused
+    (None, "", False),  # no norm_type (torchtitan now: nn.RMSNorm, torch's fused kernel)
+])
+def test_torchtitan_eager_rmsnorm_is_predicted_with_its_fp32_upcast(tmp_path, norm_type, compile_section, upcast):
+    """`check` of a config with norm_type 'rmsnorm' predicts the memory of torchtitan's eager RMSNorm: per-op SAC
+    recomputes the norms, so the upcast lives in the recomputed layer only: 2 norms x 4 B x 8192 tokens x 4096 =
+    0.25 GiB, and the allocator's reserve on it."""
+    from cost_models.memory import NORM_FP32_UPCAST_BYTES_PER_ELEMENT
+
+    text = TT.format(compile=compile_section, training="")
+    if norm_type is not None:
+        text = text.replace('flavor = "8B"', f'flavor = "8B"\nnorm_type = {norm_type}')
+    out, problem = _tt_check(tmp_path, text=text)
+    assert out.violations == []
+    shared = {"compiled_elementwise_share": problem.knobs.compiled_elementwise_share}
+    if compile_section:
+        from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE
+        shared["compiled_elementwise_share"] = COMPILED_ELEMENTWISE_SHARE.value
+    without = _with(problem, **shared).estimate(out.layout).peak_memory_bytes
+    assert out.estimate.peak_memory_bytes == pytest.approx(
+        _with(problem, norm_fp32_upcast=upcast, **shared).estimate(out.layout).peak_memory_bytes, rel=1e-12)
+    upcast_bytes = 2 * NORM_FP32_UPCAST_BYTES_PER_ELEMENT * 8192 * 4096 * (1 + problem.knobs.allocator_reserve_fraction)
+    assert out.estimate.peak_memory_bytes - without == pytest.approx(upcast_bytes if upcast else 0.0, rel=1e-9)
+    assert any("eager RMSNorm" in n for n in out.notes) is upcast

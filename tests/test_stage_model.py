@@ -98,9 +98,12 @@ def test_evaluated_stages_equal_the_linear_form_the_ilp_uses(zero, recompute, fu
         mem = sm.memory(i)
         linear_bytes = (n * lin.layer_state_bytes + (n - r) * lin.layer_act_policy_bytes
                         + r * lin.layer_act_full_bytes + lin.fixed_bytes)
-        # the linear row always reserves one recomputed layer's activations; the stage pays it only when r > 0
-        # (with the caching allocator's reserve on it, as on every dynamic byte)
-        reserved = 0.0 if r > 0 else base.lc.act_none_bytes * (1 + knobs.allocator_reserve_fraction)
+        # the linear row always reserves the larger of one fully recomputed layer's backward and one policy layer's
+        # (LayerCosts.backward_working_bytes); the stage pays those of the layers it has (with the caching
+        # allocator's reserve on it, as on every dynamic byte)
+        full, policy = (base.lc.backward_working_bytes(full=f) for f in (True, False))
+        paid = max(full if r > 0 else 0.0, policy if n > r else 0.0)
+        reserved = (max(full, policy) - paid) * (1 + knobs.allocator_reserve_fraction)
         assert mem.total_bytes == pytest.approx(linear_bytes - reserved, rel=1e-12)
 
 

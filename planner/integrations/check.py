@@ -152,13 +152,17 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
 
 def _config_knobs(view: ConfigView, problem):
     """The problem with what the config itself says that moves a knob below the profile's value: overlap it hides
-    less of (its flags off), or the elementwise traffic of a compiled model (torchtitan's compile); a note names
-    each."""
+    less of (its flags off), or the elementwise traffic of a compiled model (torchtitan's compile); or a model-code
+    fact (a bool knob) it sets otherwise than the profile (torchtitan's eager RMSNorm); a note names each."""
     from dataclasses import replace
 
     from planner.estimate import Problem
 
-    lower = {k: v for k, (v, _) in view.knobs.items() if v < getattr(problem.knobs, k)}
+    def moves(k: str, v) -> bool:
+        now = getattr(problem.knobs, k)
+        return v != now if isinstance(now, bool) else v < now
+
+    lower = {k: v for k, (v, _) in view.knobs.items() if moves(k, v)}
     if not lower:
         return problem
     whys = [why for k, (v, why) in view.knobs.items() if k in lower]

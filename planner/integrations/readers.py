@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
+from cost_models.memory import NORM_FP32_UPCAST_BYTES_PER_ELEMENT
 from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import TORCHTITAN, capabilities
@@ -506,6 +507,7 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
         view.model["flavor"] = str(flavor)
     _torchtitan_float8(doc, view)
     _torchtitan_compile(doc, view)
+    _torchtitan_norm(doc, view)
     return view
 
 
@@ -536,6 +538,18 @@ def _torchtitan_compile(doc: dict, view: ConfigView) -> None:
                               "default)")
         return
     compiled_model(view, how)
+
+
+def _torchtitan_norm(doc: dict, view: ConfigView) -> None:
+    """`[model] norm_type = "rmsnorm"` (torchtitan's train_configs from 2024-05 until the field went, 2025-02) runs
+    torchtitan's own RMSNorm class, `_norm(x.float()).type_as(x) * self.weight` (torchtitan/models/norms.py): eager,
+    each norm saves the fp32 upcast of its input (Knobs.norm_fp32_upcast). 'fused_rmsnorm' (Triton) and the layer
+    norms save their input; a compiled model fuses the norm (the knob then moves nothing)."""
+    if (doc.get("model") or {}).get("norm_type") != "rmsnorm" or "compiled_elementwise_share" in view.knobs:
+        return
+    view.knobs["norm_fp32_upcast"] = (
+        True, "model.norm_type = 'rmsnorm': torchtitan's eager RMSNorm saves the fp32 upcast of each norm's input "
+              f"({NORM_FP32_UPCAST_BYTES_PER_ELEMENT} B per element, two norms a layer; torchtitan/models/norms.py)")
 
 
 def compiled_model(view: ConfigView, how: str) -> None:
