@@ -122,8 +122,9 @@ class _MemoryParts(_Strict):
     gradients_bytes: float = Field(description="Gradients held by one GPU (after ZeRO-2/3 sharding).")
     optimizer_bytes: float = Field(description="Optimizer state (fp32 master copy and moments) after ZeRO sharding.")
     activations_bytes: float = Field(description="Saved activations of every in-flight micro-batch.")
-    transient_bytes: float = Field(description="Short-lived buffers at the peak (recompute, ZeRO-3 gathers, "
-                                                "communication buckets).")
+    transient_bytes: float = Field(description="Short-lived buffers at the peak: one layer's backward (what its "
+                                                "recompute materialises again and its MLP's gradients), ZeRO-3 "
+                                                "gathers, communication buckets, the loss's backward.")
     reserve_bytes: float = Field(0.0, description="The caching allocator's reserve above the live bytes (framework "
                                                   "profile); weights to transient + this = reserved.")
     overhead_bytes: float = Field(description="CUDA context, NCCL and workspaces, outside the caching allocator.")
