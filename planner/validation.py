@@ -1324,7 +1324,15 @@ def _band_section(report: Report, hits: list[BandHit], levels: dict[str, float])
             label = f"{title}: {g}" if title else g
             out.append(f"| {label} | {len(cal)} | {_coverage_cells(nom)} | {_coverage_cells(cal)} |")
     chosen = ", ".join(f"{v:.0%}" for v in sorted(set(levels.values())))
-    return out + ["", f"- Levels chosen with one source held out: {chosen}."]
+    per_source: dict[str, list[bool]] = {}
+    for h in hits:
+        per_source.setdefault(h.result.case.source, []).append(h.inside)
+    weighted = statistics.fmean(sum(v) / len(v) for v in per_source.values())
+    return out + ["", f"- Levels chosen with one source held out: {chosen}.",
+                  f"- Each source weighing the same (a new setup is a new source), the calibrated bands hold "
+                  f"{_pct(weighted)} of a held-out source's rows (mean over {len(per_source)} sources); the rows "
+                  f"pooled, {_pct(sum(h.inside for h in hits) / len(hits))}, where the largest source's "
+                  f"{len(max(per_source.values(), key=len)) / len(hits):.0%} of the rows weigh most."]
 
 
 def _gib(gib: float | None) -> str:

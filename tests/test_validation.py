@@ -97,13 +97,20 @@ def test_band_coverage_near_80_percent(report):
     # Megatron-DeepSpeed's kernel factor; with levels capped at 90% it was 76.9% there once the Hopper attention
     # kernel tightened the mcore residuals, so the levels now reach 94%). Since each source weighs the same in a
     # band's quantiles (bands.source_weighted_quantile) a regime's band spans its sources' spread, not that of its
-    # largest source, and the rows land a little above 80%: 86.2% on make validate's grid, level 90%
+    # largest source, and the rows land a little above 80%: 86.2% on make validate's grid, level 90%; 88.3% since a
+    # regime needs three sources for a band of its own (bands.MIN_SOURCES), when a held-out source's rows, each source
+    # weighing the same, went from 71.0% to 77.5% inside: the pooled rows overshoot where the per-source mean is near
+    # the aim
     inside, total = band_coverage(report)
     assert total >= 250
     assert inside / total < 0.8
     hits, levels = nested_band_coverage(report)
     assert len(hits) == total
-    assert 0.78 <= sum(h.inside for h in hits) / total <= 0.88
+    assert 0.78 <= sum(h.inside for h in hits) / total <= 0.9
+    per_source: dict[str, list[bool]] = {}
+    for h in hits:
+        per_source.setdefault(h.result.case.source, []).append(h.inside)
+    assert 0.7 <= sum(sum(v) / len(v) for v in per_source.values()) / len(per_source) <= 0.85
     assert set(levels.values()) <= set(BAND_LEVELS)
     # the band is not right because it is wide: the calibrated median width (high - low over the prediction) stays
     # under 70% (63.1% on this grid and on the full grid at the 92% level; 64.0% / 64.3% before the FP8-gather fit
@@ -540,7 +547,10 @@ def test_band_quantiles_weigh_each_source_the_same():
     assert source_weighted_quantile(rows, 0.5) == pytest.approx(0.75)
     assert source_weighted_quantile(rows, 0.1) == 0.0 and source_weighted_quantile(rows, 0.95) == 3.0
     assert source_weighted_quantile([("a", 1.0), ("b", 3.0)], 0.5) == pytest.approx(2.0)
-    residuals = [(src, "fsdp", "hopper", 8, e) for src, e in rows * 2]
-    table = build_table(residuals, [], level=0.5)
-    assert table["time"]["fsdp|hopper"]["error_low"] == pytest.approx(source_weighted_quantile(rows, 0.25))
-    assert table["time"]["fsdp|hopper"]["error_high"] == pytest.approx(source_weighted_quantile(rows, 0.75))
+    # a regime needs rows from three sources (bands.MIN_SOURCES): two sources' rows give no band of their own
+    two = build_table([(src, "fsdp", "hopper", 8, e) for src, e in rows * 2], [], level=0.5)
+    assert "fsdp|hopper" not in two["time"] and "*" not in two["time"]
+    three = rows + [("c", 1.5)] * 2
+    table = build_table([(src, "fsdp", "hopper", 8, e) for src, e in three * 2], [], level=0.5)
+    assert table["time"]["fsdp|hopper"]["error_low"] == pytest.approx(source_weighted_quantile(three * 2, 0.25))
+    assert table["time"]["fsdp|hopper"]["error_high"] == pytest.approx(source_weighted_quantile(three * 2, 0.75))
