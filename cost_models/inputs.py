@@ -308,7 +308,7 @@ class Knobs:
     # 'rmsnorm' of 2024, read from a config by `check`) and saves the fp32 upcast of its input; a fused norm (Triton,
     # Apex, TE, torch's _fused_rms_norm) or a compiled step saves its input (memory.eager_saved_extra_bytes)
     norm_fp32_upcast: bool = False
-    # K and V copied to every query head before SDPA (torchtitan's repeat_kv), which saves the copies
+    # K and V copied to every query head before SDPA (torchtitan's repeat_kv until 2026-01), which saves the copies
     kv_heads_repeated: bool = False
     # fraction of peak a fused causal attention kernel reaches over its forward and backward, counted on the FLOPs
     # it runs (the causal half of the score matrix); 0: not stated, the core is costed as its full-s^2 FLOPs at the

@@ -96,8 +96,9 @@ ASSUMPTIONS = [
     "torchao's. FP8 rows all-gather their parameters in FP8 where the stack does: torchtitan's (torchao tensorwise, "
     "enable_fsdp_float8_all_gather, as a torchtitan FP8 plan is exported and as its llama3_405b.toml sets it at the "
     "rows' commit 3faaa1a0) and NeMo/Megatron-Core's (fp8_param_gather, frameworks.md §4.6); llm-foundry's TE Linears "
-    "under FSDP gather in BF16. torchtitan's rows copy K and V to every query head before SDPA (its repeat_kv, "
-    "profiles.py); llm-foundry's and the JAX trainers' rows run their own attention code and do not. torchtitan's "
+    "under FSDP gather in BF16. torchtitan's rows of 2025 and before copy K and V to every query head before SDPA "
+    "(its repeat_kv, until #2259 of 2026-01; TORCHTITAN_REPEAT_KV_LAST_YEAR); llm-foundry's and the JAX trainers' "
+    "rows run their own attention code. torchtitan's "
     "2024-04 A100 rows ran norm_type 'fused_rmsnorm' (its Triton RMSNorm, which saves its input; train_configs at "
     "1ea476e9) and its 2024-08 405B rows 'rmsnorm' with compile = true (llama3_405b.toml at 9515a140), which fuses "
     "it: none carries the eager RMSNorm's fp32 upcast (Knobs.norm_fp32_upcast). torchtitan 'selective (op)' rows "
@@ -542,6 +543,11 @@ def compiled_step(row: dict) -> bool:
     return any(name in fw for name in COMPILED_STEP_NAMES)
 
 
+TORCHTITAN_REPEAT_KV_LAST_YEAR = 2025
+"""The last year whose torchtitan runs copied K and V to every query head before SDPA (repeat_kv: unsqueeze, expand,
+reshape, a copy that SDPA saves; Knobs.kv_heads_repeated): torchtitan passes enable_gqa to SDPA instead from
+'GQA without kv repeats' (#2259, commit ff0829c1, 2026-01-27), as the torchtitan profile assumes."""
+
 TORCHTITAN_FLASH_ATTENTION_2_YEAR = 2025
 """The year whose torchtitan runs took FlashAttention-2 on Hopper; later runs take cuDNN's attention, as the
 torchtitan profile does (torchtitan puts CUDNN_ATTENTION first from 2025-10-09, #1776; profiles.py). Its runs of
@@ -746,15 +752,16 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
 
 def _row_knobs(row: dict, family: str, precision: str, cluster: ClusterSpec) -> Knobs:
     """The family's profile knobs with what the row's own stack and era fix (ASSUMPTIONS)."""
-    knobs = family_knobs(family, precision, _row_year(row), cluster_generation(cluster))
+    year = _row_year(row)
+    knobs = family_knobs(family, precision, year, cluster_generation(cluster))
     era_recipe = era_memory_recipe(row, family, precision)
     if era_recipe is not None:
         knobs = era_recipe.applied_to(knobs)
     if _is_llm_foundry(row):  # its fused cross-entropy, not torchtitan's torch loss; TE's FP8 Linear
         knobs = replace(knobs, loss_bytes_per_logit=FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT,
                         loss_parallel_bytes_per_logit=None, fp8_torchao_linear=False)
-    if family == "fsdp" and not _is_torchtitan(row):  # its own model code: no repeat_kv
-        knobs = replace(knobs, kv_heads_repeated=False)
+    if _is_torchtitan(row) and year is not None and year <= TORCHTITAN_REPEAT_KV_LAST_YEAR:
+        knobs = replace(knobs, kv_heads_repeated=True)
     if compiled_step(row):
         knobs = replace(knobs, compiled_elementwise_share=COMPILED_ELEMENTWISE_SHARE.value)
     if family == "fsdp":

@@ -17,8 +17,9 @@ profiles.COMPILED_ELEMENTWISE_SHARE of the eager elementwise traffic, the share 
 eager/compiled pairs here. The memory at the head is modelled as torch holds it (tests/test_head_memory_torch.py):
 the 70B run's loss_parallel at 16 B per local logit, FSDP's output unit gathered across the loss. Their torchtitan
 (9dec370) runs train_configs' norm_type 'rmsnorm', torchtitan's eager RMSNorm class, which saves the fp32 upcast of
-each norm's input (Knobs.norm_fp32_upcast, as `check` reads that config; compiled, the norm is fused), and
-repeat_kv's K/V copies (the torchtitan profile); a layer's backward holds its recompute and its MLP's gradients
+each norm's input (Knobs.norm_fp32_upcast, as `check` reads that config; compiled, the norm is fused), and copies
+K and V to every query head (repeat_kv, validation.TORCHTITAN_REPEAT_KV_LAST_YEAR); a layer's backward holds its
+recompute and its MLP's gradients
 (stage.LayerCosts.backward_working_bytes; tests/test_backward_memory_torch.py). Not modelled, so
 expect them off: what else torch.compile changes (the compiled rows hold 5 GiB less than eager; not the SAC
 must-saves its backward does not need: compiled with the min-cut partitioner, a Llama block under the bench's SAC

@@ -137,8 +137,9 @@ def _shape(swiglu: bool):
 
 
 def _costs(swiglu: bool, policy: str):
-    """The stage model's layer costs of the measured blocks: torchtitan's knobs (per-op SAC, repeat_kv) with the
-    eager RMSNorm the blocks run (norm_type 'rmsnorm', as `check` reads it from a config)."""
+    """The stage model's layer costs of the measured blocks: torchtitan's knobs (per-op SAC) with the model code the
+    blocks run, torchtitan's of 2024-25: repeat_kv (validation.TORCHTITAN_REPEAT_KV_LAST_YEAR) and the eager RMSNorm
+    (norm_type 'rmsnorm', as `check` reads it from a config)."""
     from dataclasses import replace
 
     from planner.frameworks.profiles import profile_knobs
@@ -149,7 +150,8 @@ def _costs(swiglu: bool, policy: str):
     training = Training(global_batch_size=BATCH, seq_length=SEQ, activation_bytes=2, param_bytes=2, grad_bytes=4,
                         optimizer_bytes=12, grad_reduce_bytes=4)
     layout = Layout(dp=1, tp=1, pp=1, micro_batch_size=BATCH, recompute=policy)
-    return layer_costs(_shape(swiglu), training, hw, layout, replace(profile_knobs("torchtitan"), norm_fp32_upcast=True))
+    knobs = replace(profile_knobs("torchtitan"), norm_fp32_upcast=True, kv_heads_repeated=True)
+    return layer_costs(_shape(swiglu), training, hw, layout, knobs)
 
 
 @pytest.mark.parametrize("swiglu", [True, False], ids=["swiglu", "gelu"])

@@ -151,8 +151,6 @@ class Profile:
     # where the framework runs eager by default with torch.compile a flag away: the elementwise traffic is the eager
     # fit's, and `check` reads the flag (Knobs.compiled_elementwise_share, COMPILED_ELEMENTWISE_SHARE)
     eager_elementwise: str | None = None
-    # where the model code copies K and V to every query head before SDPA (Knobs.kv_heads_repeated)
-    kv_heads_repeated: str | None = None
     # where hybrid sharding all-reduces the gradient shards across replicas once a step (Knobs.hsdp_replica_reduce_once,
     # DeepSpeed's MiCS); None: after every micro-batch under ZeRO-2/3, as torch FSDP2's HSDP does
     hsdp_replica_reduce_once: str | None = None
@@ -197,7 +195,6 @@ class Profile:
             fp8_torchao_linear=self.fp8_torchao_linear is not None,
             precision_aware_master_bytes=self.master_remainders.value if self.master_remainders else 4.0,
             hsdp_replica_reduce_once=self.hsdp_replica_reduce_once is not None,
-            kv_heads_repeated=self.kv_heads_repeated is not None,
         ))
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -238,9 +235,7 @@ class Profile:
              if self.fp8_torchao_linear else []) + ([
             ("compiled_elementwise_share", "the model runs eager: norms, activations and residual adds as separate "
              f"kernels (compiled, they move {COMPILED_ELEMENTWISE_SHARE.value:.0%} of those bytes)",
-             self.eager_elementwise)] if self.eager_elementwise else []) + ([
-            ("kv_heads_repeated", "K and V copied to every query head before attention, and saved at that width",
-             self.kv_heads_repeated)] if self.kv_heads_repeated else []) + [
+             self.eager_elementwise)] if self.eager_elementwise else []) + [
             ("attention_kernel_efficiency", f"fused causal attention on {gen}: {v.value:.0%} of peak over forward and "
              "backward, on the causal half of the scores", v.source) for gen, v in self.attention_kernel.items()] + [
             (f"kernel_efficiency[{gen}]", f"{self.title} on {gen}: {v.value:.1%} of the end-to-end efficiency the "
@@ -409,8 +404,6 @@ the eager one, and this share is sized outside it."""
 _EAGER = ("compile off, torchtitan's default (compile.enable = false; the export writes none), so the model's "
           "elementwise ops run eager; `check` of a config with compile.enable predicts it compiled "
           "(integrations/readers.py _torchtitan_compile; COMPILED_ELEMENTWISE_SHARE)")
-_REPEAT_KV = ("torchtitan's Attention copies K and V to every query head before SDPA (repeat_kv: unsqueeze, expand, "
-              "reshape; torchtitan/models/llama3/model/model.py), and SDPA saves the copies")
 _OP_SAC = ("torchtitan's SelectiveAC (per-op, the Trainer's default; activation_checkpoint.py _get_custom_policy): "
            "must-save the outputs of mm / SDPA / reduce_scatter, recompute every 2nd mm of each block and everything "
            "else, SP all-gathers included (frameworks.md §1.5); MoE and MLA blocks keep the core-attention policy [U]")
@@ -553,7 +546,7 @@ PROFILES: dict[Framework, Profile] = {
         sp_gathered_inputs=_DTENSOR_SP, selective_op_sac=_OP_SAC, pp_receive_buffers=PIPELINING_RECEIVE_BUFFERS,
         fp8_torchao_linear=_TORCHAO_FP8, loss_bytes_per_logit=Sourced(TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS),
         loss_parallel_bytes_per_logit=Sourced(TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT, _TORCH_LOSS_PARALLEL),
-        attention_kernel=_TORCHTITAN_CUDNN_ATTENTION, eager_elementwise=_EAGER, kv_heads_repeated=_REPEAT_KV),
+        attention_kernel=_TORCHTITAN_CUDNN_ATTENTION, eager_elementwise=_EAGER),
     Framework.DEEPSPEED: Profile(
         Framework.DEEPSPEED, "DeepSpeed", _DEEPSPEED_RECIPE,
         "model-defined: DeepSpeed checkpoints what the model code wraps (frameworks.md §3.4)",
