@@ -91,8 +91,9 @@ NORM_FP32_UPCAST_BYTES_PER_ELEMENT = 4
 """What an RMSNorm written as `_norm(x.float()).type_as(x) * weight` saves beyond the input a fused norm saves: the
 fp32 upcast of its input (4 B per element), which x.pow(2) and the multiply by rsqrt save; the normalised output
 the weight's multiply saves takes the place of the input the component list counts. torchtitan's RMSNorm of its
-published Llama runs (torchtitan/models/norms.py, 2024) and torch's composite nn.RMSNorm on CPU (torch 2.13: fp32
-upcast, rsqrt and normalised output saved) alike; measured: tests/test_backward_memory_torch.py."""
+published Llama runs (torchtitan/models/norms.py, 2024), measured with that class in tests/test_backward_memory_torch.py;
+torch's nn.RMSNorm saves fp32 copies too on CPU (torch 2.13), where on CUDA it dispatches to the fused
+_fused_rms_norm (aten layer_norm.cpp rms_norm_symint)."""
 
 
 def eager_saved_extra_bytes(model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1,

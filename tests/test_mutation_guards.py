@@ -1589,14 +1589,19 @@ def test_stage_transients_by_rule():
     from cost_models.inputs import Knobs, Layout
     from cost_models.stage import stage_model
 
+    built: dict[int, str] = {}  # the model each stage model below was built for
+
     def sm(model, layout, **knobs):
         p = _search_problem(model, nodes=4)
-        return stage_model(p.cm_model, p.cm_training, p.hardware, layout, replace(Knobs(), **knobs))
+        out = stage_model(p.cm_model, p.cm_training, p.hardware, layout, replace(Knobs(), **knobs))
+        built[id(out)] = model
+        return out
 
     zero3 = Layout(dp=4, cp=2, tp=1, pp=1, zero_stage=3, num_micro_batches=8)
-    def grads(s):  # no recompute: a layer's backward holds its MLP's gradients, SwiGLU 3 and GeLU 2 FFN-wide tensors
-        swiglu = s.lc.layer_params < 3e8  # llama3-8b (FFN 14336); gpt3-175b has GeLU (FFN 49152)
-        tensors, ffn = (3, 14336) if swiglu else (2, 49152)
+    mlps = {"llama3-8b": (3, 14336), "gpt3-175b": (2, 49152)}  # (FFN-wide gradients: SwiGLU 3, GeLU 2; FFN width)
+
+    def grads(s):  # no recompute: a layer's backward holds its MLP's gradients, bf16, TP-sharded
+        tensors, ffn = mlps[built[id(s)]]
         assert s.lc.backward_working_bytes(full=False) == s.lc.mlp_grad_bytes == pytest.approx(
             tensors * ffn / s.layout.tp * s.lc.extras.tokens_per_rank * 2, rel=1e-12)
         return s.lc.mlp_grad_bytes
