@@ -19,9 +19,9 @@ the 70B run's loss_parallel at 16 B per local logit, FSDP's output unit gathered
 (9dec370) runs train_configs' norm_type 'rmsnorm', torchtitan's eager RMSNorm class, which saves the fp32 upcast of
 each norm's input (Knobs.norm_fp32_upcast, as `check` reads that config; compiled, the norm is fused), and copies
 K and V to every query head (repeat_kv, validation.TORCHTITAN_REPEAT_KV_LAST_YEAR); a layer's backward holds its
-recompute and its MLP's gradients
-(stage.LayerCosts.backward_working_bytes; tests/test_backward_memory_torch.py). Not modelled, so
-expect them off: what else torch.compile changes (the compiled rows hold 5 GiB less than eager; not the SAC
+recompute and its MLP's gradients (stage.LayerCosts.backward_working_bytes; tests/test_backward_memory_torch.py).
+Not modelled, so expect them off: what else torch.compile changes (the compiled rows hold 5 GiB less than eager,
+0.5 GiB of it the eager norm's upcast in the layer being recomputed; not the SAC
 must-saves its backward does not need: compiled with the min-cut partitioner, a Llama block under the bench's SAC
 policy keeps the same bytes as eager on CPU), the 500 W part's HBM2e bandwidth and sustained clocks
 (cluster_specs/gpus.yaml H100-SXM-HBM2e-500W: the SXM part's bandwidth and MAMF, a midpoint peak [U]), AsyncTP."""
