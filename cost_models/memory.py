@@ -102,8 +102,8 @@ def eager_saved_extra_bytes(model: Transformer, *, seq_length: int, micro_batch_
     """Bytes a layer's model code saves for backward beyond the component list (activation_bytes_per_layer), per
     micro-batch on one GPU: what it keeps without recompute, and what a recomputed layer materialises again.
 
-    norm_upcast: each of the layer's two norms keeps the fp32 upcast of its input (NORM_FP32_UPCAST_BYTES_PER_ELEMENT),
-    sharded by SP. kv_repeated: K and V are copied to every query head before SDPA (torchtitan's repeat_kv, an
+    norm_upcast: each of the layer's two RMSNorms keeps the fp32 upcast of its input (NORM_FP32_UPCAST_BYTES_PER_ELEMENT),
+    sharded by SP (a LayerNorm model runs torch's fused layer_norm, which saves its input). kv_repeated: K and V are copied to every query head before SDPA (torchtitan's repeat_kv, an
     expand and a reshape, which copies), and SDPA saves the copies: each at the query width where the list counts
     the KV width (flash attention; unfused attention is counted at the query width already). Memory only: the
     elementwise traffic is fitted on the component list (stage.elementwise_forward_seconds)."""
@@ -113,7 +113,7 @@ def eager_saved_extra_bytes(model: Transformer, *, seq_length: int, micro_batch_
     if kv_repeated and model.flash_attention and model.mla is None:
         q, kv_width = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
         kv = 2 * (q - kv_width) / tp * activation_bytes
-    return tokens * ((norms if norm_upcast else 0.0) + kv)
+    return tokens * ((norms if norm_upcast and model.rms_norm else 0.0) + kv)
 
 
 def mlp_backward_gradient_bytes(model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1,

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from planner.estimate import Problem, build_problem
+from planner.inputs.models import load_model
 from planner.integrations.check import check
 from planner.integrations.readers import read_config
 
@@ -288,3 +289,26 @@ def test_torchtitan_eager_rmsnorm_is_predicted_with_its_fp32_upcast(tmp_path, no
     upcast_bytes = 2 * NORM_FP32_UPCAST_BYTES_PER_ELEMENT * 8192 * 4096 * (1 + problem.knobs.allocator_reserve_fraction)
     assert out.estimate.peak_memory_bytes - without == pytest.approx(upcast_bytes if upcast else 0.0, rel=1e-9)
     assert any("eager RMSNorm" in n for n in out.notes) is upcast
+
+
+@pytest.mark.parametrize("model, moved", [("llama2-7b", True), ("gpt2-1.5b", False)])
+def test_hugging_face_trainer_config_is_predicted_with_transformers_rmsnorm(tmp_path, model, moved):
+    """A DeepSpeed config with the HF Trainer's "auto" values trains a transformers model: its RMSNorm (LlamaRMSNorm)
+    saves the fp32 upcast of its input, without recompute 2 x 4 B x tokens x h per layer; a LayerNorm model (GPT-2)
+    runs torch's fused layer_norm and is not moved."""
+    from cost_models.memory import NORM_FP32_UPCAST_BYTES_PER_ELEMENT
+
+    path = tmp_path / "ds_auto.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                                "train_batch_size": "auto", "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 2, "overlap_comm": True}}))
+    view = read_config(path, gpus=8, global_batch_size=8)
+    problem = build_problem("dgx-a100-80gb", 1, model, 8, 1024, "bf16", framework="deepspeed")
+    out = check(view, problem)
+    assert any("transformers' RMSNorm" in n for n in out.notes)
+    plain = problem.estimate(out.layout).peak_memory_bytes
+    spec = load_model(model)
+    per_layer = 2 * NORM_FP32_UPCAST_BYTES_PER_ELEMENT * 1024 * spec.hidden_size  # mbs 1 x 1024 tokens
+    grow = 1 + problem.knobs.allocator_reserve_fraction
+    extra = spec.num_layers * per_layer * grow if moved else 0.0
+    assert out.estimate.peak_memory_bytes - plain == pytest.approx(extra, rel=1e-9, abs=1.0)

@@ -151,6 +151,8 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     dp = _dp(gpus, tp, pp, sp_degree)
     hf = _has_auto(doc)
     view = ConfigView("hf-deepspeed" if hf else "deepspeed", Framework.DEEPSPEED, {})
+    if hf:
+        _hf_model_code(view)
     if isinstance(stages, int) and "pp" not in over:
         view.notes.append(f"pipeline.stages {stages}: DeepSpeed's engine does not read it (the model's PipelineModule "
                           "decides); taken as pp — pass --pp to be explicit")
@@ -238,6 +240,17 @@ def ds_overlap(zero: dict, stage: int, view: ConfigView) -> None:
 
 def _device(section) -> str | None:
     return section.get("device", "none") if isinstance(section, dict) else None
+
+
+def _hf_model_code(view: ConfigView) -> None:
+    """A Hugging Face Trainer config ("auto" values) trains a transformers model, whose RMSNorm modules (LlamaRMSNorm
+    and its copies: `hidden_states.to(torch.float32)` ... `self.weight * hidden_states.to(input_dtype)`,
+    transformers modeling_llama.py) run eager and save the fp32 upcast of their input (Knobs.norm_fp32_upcast; a
+    LayerNorm model, GPT-2's, runs torch's fused layer_norm and is not moved)."""
+    view.knobs["norm_fp32_upcast"] = (
+        True, "Hugging Face Trainer config: transformers' RMSNorm (LlamaRMSNorm and its copies) upcasts to fp32 and "
+              f"saves the copy ({NORM_FP32_UPCAST_BYTES_PER_ELEMENT} B per element, two norms a layer; a LayerNorm "
+              "model is not moved)")
 
 
 def _has_auto(doc) -> bool:
