@@ -91,9 +91,9 @@ NORM_FP32_UPCAST_BYTES_PER_ELEMENT = 4
 """What an RMSNorm written as `_norm(x.float()).type_as(x) * weight` saves beyond the input a fused norm saves: the
 fp32 upcast of its input (4 B per element), which x.pow(2) and the multiply by rsqrt save; the normalised output
 the weight's multiply saves takes the place of the input the component list counts. torchtitan's RMSNorm of its
-published Llama runs (torchtitan/models/norms.py, 2024), measured with that class in tests/test_backward_memory_torch.py;
-torch's nn.RMSNorm saves fp32 copies too on CPU (torch 2.13), where on CUDA it dispatches to the fused
-_fused_rms_norm (aten layer_norm.cpp rms_norm_symint)."""
+published Llama runs (torchtitan/models/norms.py, 2024), measured with that class in
+tests/test_backward_memory_torch.py; torch's nn.RMSNorm saves fp32 copies too on CPU (torch 2.13), where on CUDA it
+dispatches to the fused _fused_rms_norm (aten layer_norm.cpp rms_norm_symint)."""
 
 
 def eager_saved_extra_bytes(model: Transformer, *, seq_length: int, micro_batch_size: int, tp: int = 1,
@@ -102,11 +102,12 @@ def eager_saved_extra_bytes(model: Transformer, *, seq_length: int, micro_batch_
     """Bytes a layer's model code saves for backward beyond the component list (activation_bytes_per_layer), per
     micro-batch on one GPU: what it keeps without recompute, and what a recomputed layer materialises again.
 
-    norm_upcast: each of the layer's two RMSNorms keeps the fp32 upcast of its input (NORM_FP32_UPCAST_BYTES_PER_ELEMENT),
-    sharded by SP (a LayerNorm model runs torch's fused layer_norm, which saves its input). kv_repeated: K and V are copied to every query head before SDPA (torchtitan's repeat_kv, an
-    expand and a reshape, which copies), and SDPA saves the copies: each at the query width where the list counts
-    the KV width (flash attention; unfused attention is counted at the query width already). Memory only: the
-    elementwise traffic is fitted on the component list (stage.elementwise_forward_seconds)."""
+    norm_upcast: each of the layer's two RMSNorms keeps the fp32 upcast of its input
+    (NORM_FP32_UPCAST_BYTES_PER_ELEMENT), sharded by SP (a LayerNorm model runs torch's fused layer_norm, which saves
+    its input). kv_repeated: K and V are copied to every query head before SDPA (torchtitan's repeat_kv, an expand
+    and a reshape, which copies), and SDPA saves the copies: each at the query width where the list counts the KV
+    width (flash attention; unfused attention is counted at the query width already). Memory only: the elementwise
+    traffic is fitted on the component list (stage.elementwise_forward_seconds)."""
     tokens = seq_length * micro_batch_size
     norms = 2 * NORM_FP32_UPCAST_BYTES_PER_ELEMENT * model.hidden_size / (tp if sequence_parallel else 1)
     kv = 0.0

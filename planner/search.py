@@ -193,8 +193,8 @@ def _shard_options(dp: int, cp: int, tp: int, gpus_per_node: int, zero: int, off
     ranks of one node (gpus_per_node / (tp cp)) times 1, 2, 4, ... below dp, where the states would otherwise shard
     across nodes. A group of whole nodes, doubling: HSDP groups are a node (torchtitan's and MaxText's recipes shard
     inside the node or a few, and replicate across the rest), and the step time is smooth in the group size between
-    them (a ring's latency grows with its ranks, the replicas' all-reduce with their count). Searched under ZeRO-2/3, whose gathers and reduce-scatters run
-    every micro-batch; under ZeRO-1 (Megatron's partial distributed optimizer) the sharded traffic runs once a step
+    them (a ring's latency grows with its ranks, the replicas' all-reduce with their count). Searched under ZeRO-2/3,
+    whose gathers and reduce-scatters run every micro-batch; under ZeRO-1 (Megatron's partial distributed optimizer) the sharded traffic runs once a step
     and mostly hides, so it is only pinned (`--fix shard=S`: then the pinned degree is the only one, where it divides
     dp), which keeps the search over pipelined layouts, all ZeRO <= 1, as it was. Each degree passes the layout
     rules' test (rules.hybrid_shard_problem: a divisor of dp, no offload or expert parallelism with it)."""

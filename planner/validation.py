@@ -30,6 +30,7 @@ from planner.bands import (
     BAND_LEVELS,
     BANDS_FILE,
     DOES_NOT_FIT,
+    MIN_SOURCES,
     band_from_table,
     build_table,
     cluster_generation,
@@ -1339,7 +1340,11 @@ def _band_section(report: Report, hits: list[BandHit], levels: dict[str, float])
                   f"- Each source weighing the same (a new setup is a new source), the calibrated bands hold "
                   f"{_pct(weighted)} of a held-out source's rows (mean over {len(per_source)} sources); the rows "
                   f"pooled, {_pct(sum(h.inside for h in hits) / len(hits))}, where the largest source's "
-                  f"{len(max(per_source.values(), key=len)) / len(hits):.0%} of the rows weigh most."]
+                  f"{len(max(per_source.values(), key=len)) / len(hits):.0%} of the rows weigh most.",
+                  f"- A regime has a band of its own only with rows from {MIN_SOURCES} sources (planner/bands.py "
+                  "MIN_SOURCES, 2 before 2026-12-07): that choice was made looking at these two coverages (86.2% "
+                  "and 71.0% with two) and at the outside probes', so they are not blind to it; no knob or level "
+                  "was set on them."]
 
 
 def _gib(gib: float | None) -> str:

@@ -221,6 +221,17 @@ def test_hybrid_sharding_is_refused_where_the_framework_has_none():
     assert estimate_document(req, zero3).layout.dp_shard == 8  # generic: any stack
 
 
+def test_export_of_an_unsupported_hybrid_sharding_names_the_reason():
+    """Megatron has hybrid sharding at ZeRO-1 only (the partial distributed optimizer): a ZeRO-3 plan sharded over 8
+    of 64 dp ranks exports sharded over all of them, and the change says why, as the framework's refusal does."""
+    from planner.integrations.exports import export
+
+    exp = export(_plan("hsdp-zero3"), "megatron")
+    assert exp.layout.dp_shard is None
+    assert [c for c in exp.changes if c.startswith("dp_shard 8 -> every dp rank (megatron: dp_shard 8 at zero_stage 3 "
+                                                   "-> hybrid sharding at zero_stage (1,)")]
+
+
 @pytest.mark.parametrize("extra, shard, rule, note", [
     ("--use-distributed-optimizer --num-distributed-optimizer-instances 4", 8, None, None),
     ("--use-distributed-optimizer --num-distributed-optimizer-instances 5", None, "dp_shard", None),

@@ -162,15 +162,15 @@ def _config_knobs(view: ConfigView, problem):
         now = getattr(problem.knobs, k)
         return v != now if isinstance(now, bool) else v < now
 
-    lower = {k: v for k, (v, _) in view.knobs.items() if moves(k, v)}
-    if not lower:
+    moved = {k: v for k, (v, _) in view.knobs.items() if moves(k, v)}
+    if not moved:
         return problem
-    whys = [why for k, (v, why) in view.knobs.items() if k in lower]
+    whys = [why for k, (v, why) in view.knobs.items() if k in moved]
     view.notes.extend(f"{why} (predicted so)" for why in dict.fromkeys(whys))  # each reason once
     training = problem.training  # a compiled model is a training setting too (TrainingSpec.compile, as --compile)
-    if "compiled_elementwise_share" in lower:
+    if "compiled_elementwise_share" in moved:
         training = training.model_copy(update={"compile": True})
-    return Problem(problem.model, training, problem.cluster, replace(problem.knobs, **lower))
+    return Problem(problem.model, training, problem.cluster, replace(problem.knobs, **moved))
 
 
 def _estimate(problem, layout: LayoutSpec, violations: list[dict]):

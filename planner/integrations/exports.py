@@ -187,9 +187,9 @@ def _fix_sharding(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutS
     if lay.sequence_parallel and (not caps.sequence_parallel or lay.schedule in caps.no_sp_schedules):
         changes.append(f"sequence_parallel -> off ({caps.sources['sp']})")
         lay = with_fields(lay, {"sequence_parallel": False})
-    if lay.hybrid_sharded and caps.hybrid_shard_refusal(lay.dp_shard or lay.dp, lay.zero_stage):
-        changes.append(f"dp_shard {lay.dp_shard} -> every dp rank ({fw.value} has no hybrid sharding the planner "
-                       "writes: the states shard over all dp ranks)")
+    refusal = caps.hybrid_shard_refusal(lay.dp_shard, lay.zero_stage) if lay.hybrid_sharded and lay.dp_shard else None
+    if refusal:
+        changes.append(f"dp_shard {lay.dp_shard} -> every dp rank ({fw.value}: {refusal})")
         lay = with_fields(lay, {"dp_shard": None})
     return lay
 
