@@ -4,6 +4,7 @@ Standard library only; the collectives are communication.py's ring alpha-beta mo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.communication import (
@@ -21,9 +22,34 @@ class DataParallelTraffic:
     exposed_seconds: float  # the slowest stage's traffic left on the critical path
 
 
+ZERO3_MAX_REUSE_DISTANCE_ELEMENTS = 1e9
+"""DeepSpeed's stage3_max_reuse_distance default: 'Do not release a parameter if it will be reused within this
+threshold of parameters' (DeepSpeed config docs; runtime/zero/config.py; 1e9 in v0.3.13's stage3.py as well)."""
+
+
+def zero3_regathered_modules(module_elements: Sequence[float], *,
+                             max_reuse_distance: float = ZERO3_MAX_REUSE_DISTANCE_ELEMENTS) -> tuple[bool, ...]:
+    """Which modules of a fully recomputed layer (parameter elements of each, in forward order) DeepSpeed's ZeRO-3
+    gathers a third time in a step.
+
+    Its hooks gather a module's parameters before each of its forwards, the recompute's inside backward included
+    (the recompute runs the modules' forward hooks again: DeepSpeed issue #4784), and release them after that forward
+    unless the module is used again within `max_reuse_distance` elements of parameters fetched in between
+    (PartitionedParameterCoordinator.__params_to_release today, _keep_for_later in v0.3.13). After a recompute, a
+    module's next use is its own backward, once every later module of the layer has run its forward and its backward:
+    twice their elements. A module that far from its backward is released and gathered again for it. torch FSDP
+    gathers a whole block before its backward, recompute and all, and never re-gathers."""
+    out, after = [], 0.0
+    for n in reversed(module_elements):
+        out.append(2 * after >= max_reuse_distance)
+        after += n
+    return tuple(reversed(out))
+
+
 def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: float, param_bytes: float, dp: int,
                       layers: int, num_micro_batches: int, link: Link, modules_per_layer: int = 1,
-                      gathers_per_layer: int | None = None) -> float:
+                      gathers_per_layer: int | None = None, regathered_share: float = 0.0,
+                      regathers: int = 0) -> float:
     """One stage's data-parallel traffic per step (ZeRO paper §7 for the volumes):
 
     ZeRO-0: one all-reduce of the gradients; ZeRO-1: reduce-scatter of the gradients + all-gather of the updated
@@ -32,7 +58,8 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     a reduce-scatter (1.5x the DP volume), each paying the ring latency per layer. `modules_per_layer` units are
     gathered and reduced one at a time; `gathers_per_layer` (None: as many) all-gathers split the same bytes where
     the gathers are finer than the reduces (DeepSpeed's ZeRO-3 of 2021 gathered each parameter tensor on its own):
-    more latency, the same bandwidth term.
+    more latency, the same bandwidth term. `regathers` more all-gathers per micro-batch move `regathered_share` of
+    the parameters again (DeepSpeed's ZeRO-3 under full recompute: zero3_regathered_modules).
     """
     grad_msg, param_msg, m = params * grad_reduce_bytes, params * param_bytes, num_micro_batches
     if zero_stage == 0:
@@ -45,7 +72,9 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
                 + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))
     units = max(1, layers) * modules_per_layer
     gathers = max(1, layers) * (modules_per_layer if gathers_per_layer is None else gathers_per_layer)
-    return m * (2 * gathers * all_gather_seconds(message_bytes=param_msg / gathers, group_size=dp, link=link)
+    again = (regathers * all_gather_seconds(message_bytes=param_msg * regathered_share / regathers, group_size=dp,
+                                            link=link) if regathers > 0 else 0.0)
+    return m * (2 * gathers * all_gather_seconds(message_bytes=param_msg / gathers, group_size=dp, link=link) + again
                 + units * reduce_scatter_seconds(message_bytes=grad_msg / units, group_size=dp, link=link))
 
 

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from cost_models import op_sac
-from cost_models.attention import up_projection_forward_flops, window_context
+from cost_models.attention import attention_weight_count, up_projection_forward_flops, window_context
 from cost_models.communication import all_reduce_seconds, group_link, tp_bytes_per_layer_per_micro_batch
 from cost_models.compute import fc1_gemm_flops, layer_forward_flops, parameter_counts, recompute_extra_of
+from cost_models.data_parallel import zero3_regathered_modules
 from cost_models.extensions import LayerExtras, expert_data_parallel, layer_extras
 from cost_models.inputs import (
     Hardware,
@@ -250,6 +251,8 @@ class LayerCosts(NamedTuple):
     output_params: float
     final_norm_params: float
     largest_module_params: float
+    # the layer's parameter-holding modules in forward order, elements on one GPU (layer_module_elements)
+    module_params: tuple[float, ...]
     matmul_efficiency: float
     padded_vocab: int
     policy: Recompute  # the per-layer policy of layers that are not fully recomputed
@@ -344,6 +347,29 @@ def fsdp_head_unit_params(lc: LayerCosts) -> float:
     return head + lc.final_norm_params
 
 
+def largest_module_elements(model: Transformer, *, tp: int) -> float:
+    """The largest Linear weight of a layer on one GPU, FC1 (h f, its gate and up counted apart) or QKV."""
+    h = model.hidden_size
+    return max(h * model.ffn_hidden_size, h * (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim) / tp
+
+
+def layer_module_elements(model: Transformer, *, layer_params: float, tp: int) -> tuple[float, ...]:
+    """One layer's parameter-holding modules in forward order, their elements on one GPU (`layer_params`: the
+    layer's, TP-sharded): the attention's norm, QKV, the output projection, the MLP's norm, FC1 (gate and up as one),
+    FC2, with their biases. The MLP holds what the layer has beyond the attention and the norms (the routed experts
+    on this rank included), split as its weights are: 2:1 gated, 1:1 GeLU. What DeepSpeed's ZeRO-3 fetches one
+    module at a time (data_parallel.zero3_regathered_modules)."""
+    h, a = model.hidden_size, model.num_attention_heads
+    norm = parameter_counts(model).per_layer_norms / 2
+    o = a * (model.mla.v_head_dim if model.mla is not None else model.head_dim) * h
+    qkv_out = (attention_weight_count(model) - o) / h  # QKV's output width (MLA: its projections' elements / h)
+    qkv = (h * qkv_out + (qkv_out if model.bias or model.qkv_bias else 0.0)) / tp
+    proj = o / tp + (h if model.bias or model.o_bias else 0.0)
+    mlp = max(0.0, layer_params - 2 * norm - qkv - proj)
+    fc1 = mlp * (2 / 3 if model.swiglu else 1 / 2)
+    return norm, qkv, proj, norm, fc1, mlp - fc1
+
+
 def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: Layout, knobs: Knobs) -> LayerCosts:
     h, t, b, s = model.hidden_size, layout.tp, layout.micro_batch_size, training.seq_length
     act_b, V = training.activation_bytes, vocab_padded(model.vocab_size, tp=layout.tp)
@@ -394,11 +420,11 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
         loss_transient_bytes=loss_backward_transient_bytes(seq_length=s_l, micro_batch_size=b, vocab_size=V, tp=t,
                                                            loss_bytes_per_logit=loss_b),
         layer_params=ext.layer_params,
+        module_params=layer_module_elements(model, layer_params=ext.layer_params, tp=t),
         embedding_params=V * h / t + pc.position_embedding,
         output_params=V * h / t if (not model.tied_embeddings or layout.pp > 1) else 0.0,
         final_norm_params=pc.final_norm,
-        largest_module_params=max(h * model.ffn_hidden_size,
-                                  h * (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim) / t,
+        largest_module_params=largest_module_elements(model, tp=t),
         matmul_efficiency=eff,
         padded_vocab=V,
         policy=policy,
@@ -641,7 +667,14 @@ class StageModel(NamedTuple):
             # the next unit is prefetched unless two would exceed DeepSpeed's stage3_max_live_parameters
             live = 1 if module and 2 * unit * lay.tp > ZERO3_MAX_LIVE_PARAMETERS else 2
             gathered = unit * (live * tr.param_bytes + tr.grad_bytes)
-            out = [x + gathered for x in out]
+            # DeepSpeed keeps a recomputed module gathered until its backward when that is near enough
+            # (zero3_regathered_modules): a fully recomputed layer enters its backward with all of those gathered
+            kept = 0.0
+            if module and lay.zero_stage >= 3 and any(self.full_layers):
+                again = zero3_regathered_modules(lc.module_params)
+                kept = sum(n for n, a in zip(lc.module_params, again, strict=True) if not a)
+            held = max(live * unit, kept) * tr.param_bytes + unit * tr.grad_bytes
+            out = [x + (held if r > 0 else gathered) for x, r in zip(out, self.full_layers, strict=True)]
             if not module:
                 out[-1] += fsdp_head_unit_params(lc) * tr.param_bytes
         if lay.offload != _OFFLOAD_NONE:

@@ -17,6 +17,7 @@ from cost_models.data_parallel import (
     embedding_sync_seconds,
     overlap_window_seconds,
     replica_all_reduce_seconds,
+    zero3_regathered_modules,
     zero_comm_seconds,
 )
 from cost_models.fp8 import param_all_gather_bytes
@@ -57,7 +58,7 @@ ZERO3_MODULES_PER_LAYER = 4  # Linear modules DeepSpeed ZeRO-3 fetches one by on
 
 # enum members as module constants (reading them off the class is slow on Python 3.11; cost_models/stage.py)
 _NAIVE, _ZERO_BUBBLE = Schedule.NAIVE, Schedule.ZERO_BUBBLE
-_GATHER_MODULE, _GATHER_PARAMETER = Zero3Gather.MODULE, Zero3Gather.PARAMETER
+_GATHER_LAYER, _GATHER_MODULE, _GATHER_PARAMETER = Zero3Gather.LAYER, Zero3Gather.MODULE, Zero3Gather.PARAMETER
 _OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
 
 
@@ -76,6 +77,24 @@ def zero3_units_per_layer(model: Transformer, knobs: Knobs) -> tuple[int, int]:
     if knobs.zero3_gather == _GATHER_MODULE:
         return ZERO3_MODULES_PER_LAYER, ZERO3_MODULES_PER_LAYER
     return 1, 1
+
+
+def zero3_recompute_regathers(model: Transformer, knobs: Knobs, lc: LayerCosts) -> tuple[float, int]:
+    """(elements, all-gathers) per fully recomputed layer that DeepSpeed's ZeRO-3 gathers a third time, for the
+    backward of the modules its recompute released (data_parallel.zero3_regathered_modules); (0, 0) under FSDP,
+    which gathers a whole block once for its recompute and backward. Gathers count as zero3_units_per_layer does:
+    each Linear module, or under Zero3Gather.PARAMETER each parameter tensor, norms included."""
+    if knobs.zero3_gather == _GATHER_LAYER:
+        return 0.0, 0
+    again = zero3_regathered_modules(lc.module_params)
+    if knobs.zero3_gather == _GATHER_PARAMETER:
+        linear, norm = (2 if model.bias else 1), (1 if model.rms_norm else 2)
+    else:
+        linear, norm = 1, 0
+    counts = (norm, linear, linear, norm, linear, linear)  # layer_module_elements' order
+    elements = sum(n for n, a in zip(lc.module_params, again, strict=True) if a)
+    gathers = sum(k for k, a in zip(counts, again, strict=True) if a)
+    return elements, max(gathers, 1) if elements > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,16 +185,18 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
         sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
                                       * model.hidden_size / lay.tp * training.grad_reduce_bytes)
     units = zero3_units_per_layer(model, knobs)
+    regather = zero3_recompute_regathers(model, knobs, sm.lc) if lay.zero_stage >= 3 else (0.0, 0)
     # stages alike in parameters, layers and compute move the same traffic: computed once per kind of stage
-    known: dict[tuple[float, int, float, float], tuple[float, float]] = {}
+    known: dict[tuple[float, int, float, float, int], tuple[float, float]] = {}
     total = exposed = 0.0
     traffic = (0.0, 0.0)
-    seen: tuple[float, int, StageTime | None] = (-1.0, -1, None)
-    for i, (P, n, t) in enumerate(zip(params, sm.split, times, strict=True)):
-        if t is not seen[2] or P != seen[0] or n != seen[1]:  # a run of alike stages shares one StageTime object
-            seen, key = (P, n, t), (P, n, t.forward_seconds, t.backward_seconds)
+    seen: tuple[float, int, StageTime | None, int] = (-1.0, -1, None, -1)
+    for i, (P, n, t, r) in enumerate(zip(params, sm.split, times, sm.full_layers, strict=True)):
+        # a run of alike stages shares one StageTime object
+        if t is not seen[2] or P != seen[0] or n != seen[1] or r != seen[3]:
+            seen, key = (P, n, t, r), (P, n, t.forward_seconds, t.backward_seconds, r)
             traffic = known.get(key) or known.setdefault(
-                key, _stage_dp_traffic(training, knobs, lay, (link, replica_link), key, units))
+                key, _stage_dp_traffic(training, knobs, lay, (link, replica_link), key, units, regather))
         comm, hidden = traffic
         if tied and (i == 0 or i == p - 1):
             comm, hidden = comm + sync, hidden + sync
@@ -187,11 +208,12 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
 
 
 def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tuple[Link, Link],
-                      stage: tuple[float, int, float, float], units: tuple[int, int]) -> tuple[float, float]:
+                      stage: tuple[float, int, float, float, int], units: tuple[int, int],
+                      regather: tuple[float, int] = (0.0, 0)) -> tuple[float, float]:
     """(traffic, exposed traffic) of one stage of (parameters, layers, forward and backward seconds per
-    micro-batch) under the layout's ZeRO stage; `units`: zero3_units_per_layer; `links`: the sharding group's and,
-    under hybrid sharding, the replicas'."""
-    params, layers, forward_seconds, backward_seconds = stage
+    micro-batch, fully recomputed layers) under the layout's ZeRO stage; `units`: zero3_units_per_layer; `regather`:
+    zero3_recompute_regathers; `links`: the sharding group's and, under hybrid sharding, the replicas'."""
+    params, layers, forward_seconds, backward_seconds, recomputed = stage
     d, m, link = lay.zero_shard_ranks, lay.num_micro_batches, links[0]
     comm = window = 0.0
     if lay.dp * lay.cp > 1:
@@ -201,7 +223,9 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                                                     recipe=training.fp8_recipe,
                                                                     fp8_param_gather=training.fp8_param_gather),
                                  num_micro_batches=m, link=link,
-                                 modules_per_layer=units[1], gathers_per_layer=units[0])
+                                 modules_per_layer=units[1], gathers_per_layer=units[0],
+                                 regathered_share=recomputed * regather[0] / params if params > 0 else 0.0,
+                                 regathers=recomputed * regather[1])
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
                                            num_micro_batches=m, link=links[1],

@@ -115,7 +115,10 @@ ASSUMPTIONS = [
     "2021 (v0.3.13-v0.5.4) synchronised the device before every per-parameter gather (DeepSpeed PR #1188: 'the "
     "async version is not async at all'), and gathered each parameter tensor on its own (partition_parameters.py "
     "_allgather_param: 12 tensors a GPT layer with biases and LayerNorms, each paying the ring's latency; "
-    "Zero3Gather.PARAMETER), reducing through its bucket (one reduce-scatter per Linear module here). "
+    "Zero3Gather.PARAMETER), reducing through its bucket (one reduce-scatter per Linear module here). Under full "
+    "recompute DeepSpeed (then and now) gathers a module again for its backward when that lies a reuse distance "
+    "(stage3_max_reuse_distance, 1e9 elements) or more past its recompute (data_parallel.zero3_regathered_modules): "
+    "at 175B and 530B with TP 1, QKV, the projection, FC1 and the norms. "
     "Megatron-DeepSpeed bf16 rows at ZeRO-0 measured before 2022-02-24 (the "
     "date in their notes) ran DeepSpeed's bf16 branch before it sharded anything (DEEPSPEED_BF16_SHARDED_FROM).",
     "Unknown micro-batch size: the fastest fitting choice among mbs 1/2/4/8, except Megatron-LM rows dated 2020, "

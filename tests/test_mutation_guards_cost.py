@@ -287,7 +287,8 @@ def _zero_traffic(zero, params, layers, bwd, fwd=0.0, d=4, m=2, share=0.5, modul
 
 
 def _dp_stages(layout, split, vocab=1024):
-    return SimpleNamespace(layout=layout, split=split, lc=SimpleNamespace(padded_vocab=vocab))
+    return SimpleNamespace(layout=layout, split=split, full_layers=(0,) * len(split),
+                           lc=SimpleNamespace(padded_vocab=vocab, module_params=()))
 
 
 def test_dp_traffic_of_alike_stages_is_computed_per_stage_not_per_shared_object():
@@ -346,7 +347,7 @@ def test_stage_dp_traffic_share_window_and_zero3_units(zero, d, gather, knobs, s
     units = zero3_units_per_layer(SMALL, knobs)
     assert units == {"layer": (1, 1), "module": (4, 4), "parameter": (12, 4)}[gather]
     assert parameter_tensors_per_layer(gpt_shape(bias=False, rms_norm=True)) == 6  # Llama: 4 weights, 2 RMSNorms
-    got = _stage_dp_traffic(BF16, knobs, lay, (link, link), (1e9, 3, 1.0, 50.0), units)
+    got = _stage_dp_traffic(BF16, knobs, lay, (link, link), (1e9, 3, 1.0, 50.0, 0), units)
     modules = {"layer": 1, "module": 4, "parameter": 4}[gather]
     want = _zero_traffic(zero, 1e9, 3, 50.0, fwd=1.0, d=d, share=share, modules=modules,
                          gathers=12 if gather == "parameter" else None)
@@ -359,7 +360,8 @@ def test_stage_dp_traffic_share_window_and_zero3_units(zero, d, gather, knobs, s
 
 def test_stage_dp_traffic_without_data_parallelism_is_zero():
     lay = Layout(dp=1, tp=1, pp=1, zero_stage=1, num_micro_batches=2)
-    assert _stage_dp_traffic(BF16, Knobs(), lay, (HW.intra_node, HW.intra_node), (1e9, 3, 1.0, 50.0), (1, 1)) == (0.0, 0.0)
+    assert _stage_dp_traffic(BF16, Knobs(), lay, (HW.intra_node, HW.intra_node), (1e9, 3, 1.0, 50.0, 0),
+                             (1, 1)) == (0.0, 0.0)
 
 
 # ---- step.py: the estimate is the composition of its parts ----------------------------------------------------
