@@ -56,9 +56,9 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     parameters; ZeRO-2: the reduce-scatter after every micro-batch (gradients are sharded, so accumulation cannot
     wait) + one all-gather; ZeRO-3 / FSDP: per layer and micro-batch an all-gather in forward, one in backward, and
     a reduce-scatter (1.5x the DP volume), each paying the ring latency per layer. `modules_per_layer` units are
-    gathered and reduced one at a time; `gathers_per_layer` (None: as many) all-gathers split the same bytes where
-    the gathers are finer than the reduces (DeepSpeed's ZeRO-3 of 2021 gathered each parameter tensor on its own):
-    more latency, the same bandwidth term. `regathers` more all-gathers per micro-batch move `regathered_share` of
+    reduced one at a time, and gathered one at a time unless `gathers_per_layer` says otherwise (None: as many): the
+    same bytes in that many all-gathers (DeepSpeed's ZeRO-3 of 2021 gathered each weight on its own and
+    reduce-scattered every tensor on its own: step.zero3_units_per_layer), more or less latency, the same bandwidth. `regathers` more all-gathers per micro-batch move `regathered_share` of
     the parameters again (DeepSpeed's ZeRO-3 under full recompute: zero3_regathered_modules).
     """
     grad_msg, param_msg, m = params * grad_reduce_bytes, params * param_bytes, num_micro_batches

@@ -58,7 +58,8 @@ class Zero3Gather(StrEnum):
     LAYER = "layer"  # FSDP wraps a whole transformer block (+1 prefetched)
     MODULE = "module"  # DeepSpeed fetches one Linear at a time
     # DeepSpeed's ZeRO-3 of 2021 (v0.3.13-v0.5.x): one all-gather per parameter tensor (partition_parameters.py
-    # _allgather_param), biases and norm weights included, before coalesced gathers (v0.6.0, 2022-03)
+    # _allgather_param; those under stage3_param_persistence_threshold stay resident) and one reduce-scatter per
+    # tensor (_reduce_scatter_gradients), before coalesced gathers (v0.6.0, 2022-03): step.zero3_units_per_layer
     PARAMETER = "parameter"
 
 

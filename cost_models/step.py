@@ -62,36 +62,59 @@ _GATHER_LAYER, _GATHER_MODULE, _GATHER_PARAMETER = Zero3Gather.LAYER, Zero3Gathe
 _OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
 
 
+ZERO3_PARAM_PERSISTENCE_THRESHOLD = 1e5
+"""DeepSpeed's stage3_param_persistence_threshold default: a parameter tensor with fewer elements is gathered once
+and never released (ds_persist: v0.3.13 stage3.py persistent_parameters and zero/constants.py; runtime/zero/config.py
+today), so biases and norm weights below it are not gathered per use."""
+
+
+def gathered_tensors_per_module(model: Transformer, tp: int = 1) -> tuple[int, ...]:
+    """Parameter tensors DeepSpeed's ZeRO-3 gathers per use of each of a layer's modules on one of `tp` ranks, in
+    stage.layer_module_elements' order (norm, QKV, projection, norm, FC1, FC2; Megatron's GPT fuses QKV, and gate
+    and up): each Linear's weight, and its bias or a norm's weight and bias only where it has
+    ZERO3_PARAM_PERSISTENCE_THRESHOLD elements or more (the column-parallel biases are TP-sharded)."""
+    h, hd, big = model.hidden_size, model.head_dim, ZERO3_PARAM_PERSISTENCE_THRESHOLD
+    qkv_out = (model.num_attention_heads + 2 * model.num_kv_heads) * hd
+    fc1_out = model.ffn_hidden_size * (2 if model.swiglu else 1)
+    norm = (1 if model.rms_norm else 2) if h >= big else 0
+
+    def linear(bias_elements: float, has_bias: bool) -> int:
+        return 1 + (1 if has_bias and bias_elements >= big else 0)
+
+    return (norm, linear(qkv_out / tp, model.bias or model.qkv_bias), linear(h, model.bias or model.o_bias), norm,
+            linear(fc1_out / tp, model.bias), linear(h, model.bias))
+
+
 def parameter_tensors_per_layer(model: Transformer) -> int:
     """Parameter tensors of one layer as Megatron's GPT builds it (fused QKV, fused gate and up under SwiGLU): the
     four Linear weights, their biases where the model has them, and the two norms' weights (and LayerNorm's biases)."""
     return ZERO3_MODULES_PER_LAYER * (2 if model.bias else 1) + 2 * (1 if model.rms_norm else 2)
 
 
-def zero3_units_per_layer(model: Transformer, knobs: Knobs) -> tuple[int, int]:
+def zero3_units_per_layer(model: Transformer, knobs: Knobs, tp: int = 1) -> tuple[int, int]:
     """(all-gathers, reduce-scatters) per layer of ZeRO-3 / FSDP: one each for a whole block (FSDP); one each per
-    Linear module (DeepSpeed); one gather per parameter tensor and one reduce per module (DeepSpeed's ZeRO-3 of 2021,
-    whose reduces went through its bucket: Zero3Gather.PARAMETER)."""
+    Linear module (DeepSpeed); under Zero3Gather.PARAMETER (DeepSpeed's ZeRO-3 of 2021) one gather per parameter
+    tensor not kept resident (gathered_tensors_per_module) and one reduce-scatter per parameter tensor, resident
+    ones included (partition_parameters.py _reduce_scatter_gradients loops over the bucket's parameters)."""
     if knobs.zero3_gather == _GATHER_PARAMETER:
-        return parameter_tensors_per_layer(model), ZERO3_MODULES_PER_LAYER
+        return sum(gathered_tensors_per_module(model, tp)), parameter_tensors_per_layer(model)
     if knobs.zero3_gather == _GATHER_MODULE:
         return ZERO3_MODULES_PER_LAYER, ZERO3_MODULES_PER_LAYER
     return 1, 1
 
 
-def zero3_recompute_regathers(model: Transformer, knobs: Knobs, lc: LayerCosts) -> tuple[float, int]:
+def zero3_recompute_regathers(model: Transformer, knobs: Knobs, lc: LayerCosts, tp: int = 1) -> tuple[float, int]:
     """(elements, all-gathers) per fully recomputed layer that DeepSpeed's ZeRO-3 gathers a third time, for the
     backward of the modules its recompute released (data_parallel.zero3_regathered_modules); (0, 0) under FSDP,
     which gathers a whole block once for its recompute and backward. Gathers count as zero3_units_per_layer does:
-    each Linear module, or under Zero3Gather.PARAMETER each parameter tensor, norms included."""
+    each Linear module, or under Zero3Gather.PARAMETER each tensor gathered_tensors_per_module counts."""
     if knobs.zero3_gather == _GATHER_LAYER:
         return 0.0, 0
     again = zero3_regathered_modules(lc.module_params)
     if knobs.zero3_gather == _GATHER_PARAMETER:
-        linear, norm = (2 if model.bias else 1), (1 if model.rms_norm else 2)
+        counts = gathered_tensors_per_module(model, tp)
     else:
-        linear, norm = 1, 0
-    counts = (norm, linear, linear, norm, linear, linear)  # layer_module_elements' order
+        counts = (0, 1, 1, 0, 1, 1)  # the four Linear modules of layer_module_elements' order
     elements = sum(n for n, a in zip(lc.module_params, again, strict=True) if a)
     gathers = sum(k for k, a in zip(counts, again, strict=True) if a)
     return elements, max(gathers, 1) if elements > 0 else 0
@@ -184,8 +207,8 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     if tied:  # embedding-gradient sync, first <-> last stage: not overlapped, it runs after the last backward
         sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
                                       * model.hidden_size / lay.tp * training.grad_reduce_bytes)
-    units = zero3_units_per_layer(model, knobs)
-    regather = zero3_recompute_regathers(model, knobs, sm.lc) if lay.zero_stage >= 3 else (0.0, 0)
+    units = zero3_units_per_layer(model, knobs, lay.tp)
+    regather = zero3_recompute_regathers(model, knobs, sm.lc, lay.tp) if lay.zero_stage >= 3 else (0.0, 0)
     # stages alike in parameters, layers and compute move the same traffic: computed once per kind of stage
     known: dict[tuple[float, int, float, float, int], tuple[float, float]] = {}
     total = exposed = 0.0

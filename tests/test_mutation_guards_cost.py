@@ -337,24 +337,37 @@ def test_tied_embedding_sync_is_paid_by_the_first_and_last_stage_only():
 ])
 def test_stage_dp_traffic_share_window_and_zero3_units(zero, d, gather, knobs, share):
     """One stage's (traffic, exposed): ZeRO-3 gathers layer by layer (FSDP), Linear by Linear (DeepSpeed: 4 modules
-    a layer, step.py ZERO3_MODULES_PER_LAYER) or parameter tensor by tensor (DeepSpeed of 2021: 12 for a GPT layer
-    with biases and LayerNorms, reduced per module); the overlap share is the ZeRO-3 knob at ZeRO-3, DDP's own at
-    ZeRO-0 when set, the DP knob otherwise, capped by the window."""
-    from cost_models.step import parameter_tensors_per_layer, zero3_units_per_layer
+    a layer, step.py ZERO3_MODULES_PER_LAYER) or parameter tensor by tensor (DeepSpeed of 2021: the 4 weights, its
+    biases and LayerNorms under stage3_param_persistence_threshold staying resident, and a reduce-scatter for each of
+    the 12 tensors of a GPT layer with biases and LayerNorms); the overlap share is the ZeRO-3 knob at ZeRO-3, DDP's
+    own at ZeRO-0 when set, the DP knob otherwise, capped by the window."""
+    from cost_models.step import (
+        gathered_tensors_per_module,
+        parameter_tensors_per_layer,
+        zero3_units_per_layer,
+    )
 
     lay = Layout(dp=d, tp=1, pp=1, zero_stage=zero, num_micro_batches=2)
     link = group_link(HW, group_size=d, stride=1).link
     units = zero3_units_per_layer(SMALL, knobs)
-    assert units == {"layer": (1, 1), "module": (4, 4), "parameter": (12, 4)}[gather]
+    assert units == {"layer": (1, 1), "module": (4, 4), "parameter": (4, 12)}[gather]
     assert parameter_tensors_per_layer(gpt_shape(bias=False, rms_norm=True)) == 6  # Llama: 4 weights, 2 RMSNorms
+    # at 1e5 elements a tensor is gathered: h = 131072 gathers both LayerNorms' two tensors and every bias; TP 2
+    # halves the column-parallel biases (QKV's 3h, FC1's 4h) and not the row-parallel ones (h)
+    wide = gpt_shape(hidden_size=131072, num_attention_heads=128, num_kv_heads=128, ffn_hidden_size=4 * 131072)
+    assert gathered_tensors_per_module(wide) == (2, 2, 2, 2, 2, 2)
+    assert gathered_tensors_per_module(gpt_shape(hidden_size=20000, num_attention_heads=100, num_kv_heads=100,
+                                                 ffn_hidden_size=80000), tp=2) == (0, 1, 1, 0, 1, 1)
+    assert gathered_tensors_per_module(gpt_shape(hidden_size=30000, num_attention_heads=100, num_kv_heads=100,
+                                                 ffn_hidden_size=120000), tp=1) == (0, 1, 1, 0, 2, 1)
     got = _stage_dp_traffic(BF16, knobs, lay, (link, link), (1e9, 3, 1.0, 50.0, 0), units)
-    modules = {"layer": 1, "module": 4, "parameter": 4}[gather]
+    modules = {"layer": 1, "module": 4, "parameter": 12}[gather]
     want = _zero_traffic(zero, 1e9, 3, 50.0, fwd=1.0, d=d, share=share, modules=modules,
-                         gathers=12 if gather == "parameter" else None)
+                         gathers=4 if gather == "parameter" else None)
     assert got == (pytest.approx(want[0], rel=1e-12), pytest.approx(want[1], rel=1e-12))
     if gather == "module":
         assert want[0] > _zero_traffic(3, 1e9, 3, 50.0, fwd=1.0, modules=1)[0]
-    if gather == "parameter":  # the same bytes in more gathers: more latency
+    if gather == "parameter":  # the same bytes in more reduce-scatters: more latency
         assert want[0] > _zero_traffic(3, 1e9, 3, 50.0, fwd=1.0, modules=4)[0]
 
 
