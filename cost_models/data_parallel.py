@@ -13,18 +13,13 @@ from cost_models.communication import (
     pp_neighbour_link,
     reduce_scatter_seconds,
 )
-from cost_models.inputs import Hardware, Link
+from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, Hardware, Link
 
 
 @dataclass(frozen=True, slots=True)
 class DataParallelTraffic:
     total_seconds: float  # the slowest stage's traffic before overlap (for explanations)
     exposed_seconds: float  # the slowest stage's traffic left on the critical path
-
-
-ZERO3_MAX_REUSE_DISTANCE_ELEMENTS = 1e9
-"""DeepSpeed's stage3_max_reuse_distance default: 'Do not release a parameter if it will be reused within this
-threshold of parameters' (DeepSpeed config docs; runtime/zero/config.py; 1e9 in v0.3.13's stage3.py as well)."""
 
 
 def zero3_regathered_modules(module_elements: Sequence[float], *,

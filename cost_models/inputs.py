@@ -63,6 +63,11 @@ class Zero3Gather(StrEnum):
     PARAMETER = "parameter"
 
 
+ZERO3_MAX_REUSE_DISTANCE_ELEMENTS = 1e9
+"""DeepSpeed's stage3_max_reuse_distance default: 'Do not release a parameter if it will be reused within this
+threshold of parameters' (DeepSpeed config docs; runtime/zero/config.py; 1e9 in v0.3.13's stage3.py as well)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Link:
     """A point-to-point path: achievable bandwidth per direction and per-message latency."""
@@ -271,6 +276,9 @@ class Knobs:
     # once (planner/frameworks/profiles.py COMPILED_ELEMENTWISE_SHARE); 1: eager PyTorch, each op its own kernel
     compiled_elementwise_share: float = 1.0
     zero3_gather: Zero3Gather = Zero3Gather.LAYER  # layer: FSDP, a whole block (+1 prefetched); module: DeepSpeed
+    # DeepSpeed's stage3_max_reuse_distance (elements): a module recomputed further than this from its backward is
+    # gathered again for it (data_parallel.zero3_regathered_modules); `check` reads it from a DeepSpeed config
+    zero3_max_reuse_distance: float = ZERO3_MAX_REUSE_DISTANCE_ELEMENTS
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
     zero0_bucket_bytes: float | None = None  # the same at ZeRO-0, where another path reduces (None: bucket_bytes)

@@ -671,7 +671,8 @@ class StageModel(NamedTuple):
             # (zero3_regathered_modules): a fully recomputed layer enters its backward with all of those gathered
             kept = 0.0
             if module and lay.zero_stage >= 3 and any(self.full_layers):
-                again = zero3_regathered_modules(lc.module_params)
+                again = zero3_regathered_modules(lc.module_params,
+                                                 max_reuse_distance=self.knobs.zero3_max_reuse_distance)
                 kept = sum(n for n, a in zip(lc.module_params, again, strict=True) if not a)
             held = max(live * unit, kept) * tr.param_bytes + unit * tr.grad_bytes
             out = [x + (held if r > 0 else gathered) for x, r in zip(out, self.full_layers, strict=True)]

@@ -110,7 +110,7 @@ def zero3_recompute_regathers(model: Transformer, knobs: Knobs, lc: LayerCosts, 
     each Linear module, or under Zero3Gather.PARAMETER each tensor gathered_tensors_per_module counts."""
     if knobs.zero3_gather == _GATHER_LAYER:
         return 0.0, 0
-    again = zero3_regathered_modules(lc.module_params)
+    again = zero3_regathered_modules(lc.module_params, max_reuse_distance=knobs.zero3_max_reuse_distance)
     if knobs.zero3_gather == _GATHER_PARAMETER:
         counts = gathered_tensors_per_module(model, tp)
     else:

@@ -8,12 +8,8 @@ from dataclasses import replace
 import pytest
 
 from cost_models.communication import all_gather_seconds, group_link
-from cost_models.data_parallel import (
-    ZERO3_MAX_REUSE_DISTANCE_ELEMENTS,
-    zero3_regathered_modules,
-    zero_comm_seconds,
-)
-from cost_models.inputs import Knobs, Layout, Training, Zero3Gather
+from cost_models.data_parallel import zero3_regathered_modules, zero_comm_seconds
+from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, Knobs, Layout, Training, Zero3Gather
 from cost_models.stage import fsdp_head_unit_params, layer_module_elements, stage_model
 from cost_models.step import dp_comm_seconds, zero3_recompute_regathers, zero3_units_per_layer
 from tests.conftest import gpt_shape
@@ -140,3 +136,54 @@ def test_deepspeed_holds_the_kept_modules_of_a_recomputed_layer():
     # FSDP holds 2 layers (+ the head unit); DeepSpeed one layer: the differences of the gathered terms
     want = (2 * lc.layer_params * 2 + lc.layer_params * 4 + fsdp_head_unit_params(lc) * 2) - (layer * 2 + unit * 4)
     assert fsdp_like.memory(0).transient_bytes - full.memory(0).transient_bytes == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero, knob, rules", [
+    ({"stage": 3, "stage3_max_reuse_distance": 0}, 0.0, []),
+    ({"stage": 3, "stage3_max_reuse_distance": 5e9}, 5e9, []),
+    ({"stage": 3, "stage3_max_reuse_distance": 1e9}, None, []),  # DeepSpeed's default: nothing moves
+    ({"stage": 2, "stage3_max_reuse_distance": 0}, None, []),  # read at ZeRO-3 only
+    ({"stage": 3, "stage3_max_reuse_distance": "1e9"}, None, ["stage3_max_reuse_distance"]),
+    ({"stage": 3, "stage3_max_reuse_distance": -1}, None, ["stage3_max_reuse_distance"]),
+    ({"stage": 3, "stage3_max_reuse_distance": float("nan")}, None, ["stage3_max_reuse_distance"]),
+    ({"stage": 3, "stage3_max_reuse_distance": float("inf")}, None, ["stage3_max_reuse_distance"]),
+])
+def test_check_reads_a_deepspeed_configs_reuse_distance(tmp_path, zero, knob, rules):
+    import json
+    from pathlib import Path
+
+    from planner.integrations.readers import read_config
+
+    path = Path(tmp_path) / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                "bf16": {"enabled": True}, "zero_optimization": zero}))
+    view = read_config(path, gpus=64)
+    assert view.knobs.get("zero3_max_reuse_distance", (None,))[0] == knob
+    assert [r for r, _, _ in view.errors] == rules
+
+
+def test_check_predicts_the_configs_reuse_distance(tmp_path):
+    """Llama 2 70B (h = 8192) on 8 A100 nodes, DeepSpeed ZeRO-3 with full recompute: at the default reuse distance
+    QKV and the projection are gathered again (twice their later modules' elements, FC1's 0.47e9 and FC2's 0.23e9,
+    is past 1e9), FC1 and FC2 are kept; at 0 every module is gathered again (DeepSpeed releases after every use);
+    at 5e9 none is. `check` predicts the data-parallel traffic in that order."""
+    import json
+    from pathlib import Path
+
+    from planner.estimate import build_problem
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-70b", 64, 4096, "bf16", framework="deepspeed")
+    steps = {}
+    for reuse in (0, None, 5e9):
+        zero = {"stage": 3, "overlap_comm": True} | ({} if reuse is None else {"stage3_max_reuse_distance": reuse})
+        path = Path(tmp_path) / f"ds{reuse}.json"
+        path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                    "bf16": {"enabled": True}, "zero_optimization": zero}))
+        out = check(read_config(path, gpus=64), problem, overrides={"recompute": "full"})
+        assert out.layout.recompute == "full"
+        steps[reuse] = out.estimate.time.dp_comm_total_seconds
+        if reuse == 0:
+            assert any("stage3_max_reuse_distance 0" in n for n in out.notes)
+    assert steps[0] > steps[None] > steps[5e9]

@@ -150,17 +150,23 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     return Outcome(layout, violations, est, view.notes, problem)
 
 
+CONFIG_SETTING_KNOBS = frozenset({"zero3_max_reuse_distance"})
+"""Numeric knobs a config sets outright, either way from the profile's value (DeepSpeed's stage3_max_reuse_distance),
+where the others only lower a share the profile's flags would give."""
+
+
 def _config_knobs(view: ConfigView, problem):
     """The problem with what the config itself says that moves a knob below the profile's value: overlap it hides
     less of (its flags off), or the elementwise traffic of a compiled model (torchtitan's compile); or a model-code
-    fact (a bool knob) it sets otherwise than the profile (torchtitan's eager RMSNorm); a note names each."""
+    fact (a bool knob) or a setting (CONFIG_SETTING_KNOBS) it sets otherwise than the profile (torchtitan's eager
+    RMSNorm, DeepSpeed's reuse distance); a note names each."""
     from dataclasses import replace
 
     from planner.estimate import Problem
 
     def moves(k: str, v) -> bool:
         now = getattr(problem.knobs, k)
-        return v != now if isinstance(now, bool) else v < now
+        return v != now if isinstance(now, bool) or k in CONFIG_SETTING_KNOBS else v < now
 
     moved = {k: v for k, (v, _) in view.knobs.items() if moves(k, v)}
     if not moved:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
+from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS
 from cost_models.memory import NORM_FP32_UPCAST_BYTES_PER_ELEMENT
 from cost_models.step import stage_split
 from planner.frameworks import Framework
@@ -177,7 +178,26 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     view.precision = _ds_precision(doc)
     ds_overlap(zero, view.fields["zero_stage"], view)
     ds_mics(zero, view)
+    ds_reuse_distance(zero, view)
     return view
+
+
+def ds_reuse_distance(zero: dict, view: ConfigView) -> None:
+    """`zero_optimization.stage3_max_reuse_distance` at ZeRO-3: how near its next use a released module's parameters
+    must be to stay gathered (DeepSpeed's default 1e9 elements); a recomputed module further from its backward is
+    gathered again for it (Knobs.zero3_max_reuse_distance, data_parallel.zero3_regathered_modules)."""
+    given = zero.get("stage3_max_reuse_distance")
+    if given is None or view.fields["zero_stage"] != 3:
+        return
+    if not isinstance(given, int | float) or isinstance(given, bool) or not given >= 0 or given == float("inf"):
+        view.errors.append(("stage3_max_reuse_distance",
+                            f"zero_optimization.stage3_max_reuse_distance: {given!r} -> a number of parameter "
+                            "elements >= 0", "give a number (DeepSpeed's default is 1e9), or drop the key"))
+        return
+    if given != ZERO3_MAX_REUSE_DISTANCE_ELEMENTS:
+        view.knobs["zero3_max_reuse_distance"] = (
+            float(given), f"stage3_max_reuse_distance {given:g}: a recomputed module further than that from its "
+                          "backward is gathered again for it (DeepSpeed's default 1e9)")
 
 
 def ds_mics(zero: dict, view: ConfigView) -> None:
