@@ -53,8 +53,9 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     a reduce-scatter (1.5x the DP volume), each paying the ring latency per layer. `modules_per_layer` units are
     reduced one at a time, and gathered one at a time unless `gathers_per_layer` says otherwise (None: as many): the
     same bytes in that many all-gathers (DeepSpeed's ZeRO-3 of 2021 gathered each weight on its own and
-    reduce-scattered every tensor on its own: step.zero3_units_per_layer), more or less latency, the same bandwidth. `regathers` more all-gathers per micro-batch move `regathered_share` of
-    the parameters again (DeepSpeed's ZeRO-3 under full recompute: zero3_regathered_modules).
+    reduce-scattered every tensor on its own: step.zero3_units_per_layer), more or less latency, the same bandwidth.
+    `regathers` more all-gathers per micro-batch move `regathered_share` of the parameters again (DeepSpeed's ZeRO-3
+    under full recompute: zero3_regathered_modules).
     """
     grad_msg, param_msg, m = params * grad_reduce_bytes, params * param_bytes, num_micro_batches
     if zero_stage == 0:

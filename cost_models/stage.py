@@ -349,8 +349,8 @@ def fsdp_head_unit_params(lc: LayerCosts) -> float:
 
 def largest_module_elements(model: Transformer, *, tp: int) -> float:
     """The largest Linear weight of a layer on one GPU, FC1 (h f, its gate and up counted apart) or QKV."""
-    h = model.hidden_size
-    return max(h * model.ffn_hidden_size, h * (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim) / tp
+    h, qkv_out = model.hidden_size, (model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim
+    return max(h * model.ffn_hidden_size, h * qkv_out) / tp
 
 
 def layer_module_elements(model: Transformer, *, layer_params: float, tp: int) -> tuple[float, ...]:
