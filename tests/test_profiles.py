@@ -451,3 +451,18 @@ def test_compile_option_predicts_the_compiled_step_the_assumption_names():
         with pytest.raises(SpecError, match="--compile: compile: true -> .* has no setting"):
             build_problem(*args, framework=framework, compile_model=True)
     assert build_problem(*args, compile_model=True).training.compile  # generic: any stack may compile
+
+
+def test_deepspeeds_reuse_distance_is_an_assumption_a_zero3_recompute_plan_names():
+    """Llama 2 70B on 8 A100 nodes, ZeRO-3 with full recompute under DeepSpeed: the reuse distance it keeps a
+    recomputed module gathered within (stage3_max_reuse_distance, 1e9) is named, with the step time at 0 (every
+    module gathered again: slower); with selective recompute nothing is gathered again and it is not named; FSDP
+    (torchtitan) never names it."""
+    args = ("dgx-a100-80gb", 8, "llama2-70b", 64, 4096)
+    full = "tp=1,pp=1,dp=64,zero=3,mbs=1,recompute=full"
+    est, found = _named_assumptions(*args, "deepspeed", full, "keeps a recomputed module gathered")
+    assert len(found) == 1 and "stage3_max_reuse_distance" in found[0]["source"]
+    assert found[0]["step_time_seconds_if_not"] > est.step_seconds
+    assert _named_assumptions(*args, "deepspeed", full.replace("full", "selective"),
+                              "keeps a recomputed module gathered")[1] == []
+    assert _named_assumptions(*args, "torchtitan", full, "keeps a recomputed module gathered")[1] == []

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cost_models.inputs import Knobs, Zero3Gather
+from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, Knobs, Zero3Gather
 from cost_models.memory import (
     TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT,
     TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT,
@@ -219,7 +219,9 @@ class Profile:
              "2-rank one, outside the allocator", f"{a.nccl.source}; bytes: {NCCL_BYTES_SOURCE}")]
             if a.nccl is not None else []) + [
             ("memory_recipe", f"{m.name}: {m.bytes_per_param:g} B/param", m.source),
-        ] + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
+        ] + ([("zero3_max_reuse_distance", "ZeRO-3 keeps a recomputed module gathered until its backward when "
+               f"that is under {ZERO3_MAX_REUSE_DISTANCE_ELEMENTS / 1e9:g} billion parameter elements away, and "
+               "gathers it again otherwise", _REUSE_DISTANCE)] if m.zero3_gather != "layer" else []) + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
              if self.sp_gathered_inputs else []) + ([
             ("fused_swiglu", "SwiGLU fused: saves FC1's output and FC2's input only (6 s b f bytes per layer, not "
@@ -241,6 +243,9 @@ class Profile:
             (f"kernel_efficiency[{gen}]", f"{self.title} on {gen}: {v.value:.1%} of the end-to-end efficiency the "
              "other frameworks reach", v.source) for gen, v in self.kernel_efficiency.items()]
 
+
+_REUSE_DISTANCE = ("DeepSpeed's stage3_max_reuse_distance default (runtime/zero/config.py); `check` reads a config's "
+                   "(data_parallel.zero3_regathered_modules)")
 
 # Megatron-Core's precision-aware optimizer (TE FusedAdam) keeps an fp32 master copy of a bf16 parameter as the 16 low
 # bits the parameter lacks: OptimizerConfig.store_param_remainders defaults to True (Megatron-LM@d98e8a64
@@ -627,7 +632,7 @@ class Assumption:
 # what each knob is set to when the assumption does not hold: overlap -> none hidden; the fused attention kernel ->
 # not stated (the core at its full-s^2 FLOPs and the GEMM rate, ~0.35-0.40 of peak on the causal FLOPs on H100)
 _OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_overlap_fraction": 0.0,
-             "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0,
+             "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0, "zero3_max_reuse_distance": 0.0,
              "compiled_elementwise_share": COMPILED_ELEMENTWISE_SHARE.value}
 
 
