@@ -293,6 +293,9 @@ class Knobs:
     # gradients are per-parameter tensors autograd allocates every step and the optimizer frees (DeepSpeed ZeRO-1/2),
     # not one persistent buffer (Megatron's grad buffer, FSDP's sharded grads): the allocator's reserve applies to them
     dynamic_grads: bool = False
+    # bf16 training's gradients are reduced in 16 bits (DeepSpeed's communication_data_type), not in the fp32 of
+    # the gradient buffer, unless the training sets its reduce dtype (planner/problem.py Problem.cm_training)
+    grad_reduce_16bit: bool = False
     # hybrid sharding: the replicas all-reduce the gradient shards once a step, at the accumulation boundary
     # (DeepSpeed's MiCS), not after every micro-batch under ZeRO-2/3 (torch FSDP2's HSDP)
     hsdp_replica_reduce_once: bool = False

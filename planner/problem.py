@@ -42,11 +42,14 @@ class Problem:
     @cached_property
     def cm_training(self) -> Training:
         """The training's cost-model view with the framework profile's memory recipe (16-bit training whose
-        gradient dtype the user did not set; fp32 training keeps no master copy), less what lower-precision optimizer
+        gradient dtype the user did not set; fp32 training keeps no master copy) and its gradient-reduce dtype (where
+        the user set none), less what lower-precision optimizer
         states save (TrainingSpec.optimizer_state_saved_bytes, with the profile's cost of an fp32 master copy
         under its precision-aware optimizer)."""
         tr = self.training
         cm = tr.to_cost_model()
+        if self.knobs.grad_reduce_16bit and tr.precision == "bf16" and tr.grad_reduce_dtype is None:
+            cm = replace(cm, grad_reduce_bytes=2)  # bf16, as the framework reduces (Profile.grad_reduce_16bit)
         remainders = tr.low_precision_states and tr.precision in ("bf16", "fp8")
         saved = tr.optimizer_state_saved_bytes(self.knobs.precision_aware_master_bytes if remainders else 4)
         recipe = self.knobs.state_bytes_per_param

@@ -466,3 +466,21 @@ def test_deepspeeds_reuse_distance_is_an_assumption_a_zero3_recompute_plan_names
     assert _named_assumptions(*args, "deepspeed", full.replace("full", "selective"),
                               "keeps a recomputed module gathered")[1] == []
     assert _named_assumptions(*args, "torchtitan", full, "keeps a recomputed module gathered")[1] == []
+
+
+def test_deepspeed_reduces_bf16_gradients_in_16_bits():
+    """DeepSpeed reduces gradients in its engine's communication_data_type, bf16 for a bf16 model (runtime/engine.py),
+    while its recipe keeps 16-bit gradients: the DP traffic moves 2 B per gradient, where Megatron's fp32 main
+    gradients and torch FSDP2's default reduce_dtype move 4 (and Megatron-DeepSpeed's profile, whose MT-NLG runs do
+    not say); fp16 training reduces in 2 B everywhere; a training spec's own grad_reduce_dtype wins."""
+    from planner.estimate import build_problem
+
+    args = ("dgx-a100-80gb", 8, "llama2-13b", 256, 4096)
+    for framework, bf16_bytes in (("deepspeed", 2), ("megatron-deepspeed", 4), ("megatron", 4), ("torchtitan", 4),
+                                  ("generic", 4)):
+        assert build_problem(*args, framework=framework).cm_training.grad_reduce_bytes == bf16_bytes, framework
+        if framework != "torchtitan":  # which trains in bf16 or fp32 only
+            assert build_problem(*args, precision="fp16", framework=framework).cm_training.grad_reduce_bytes == 2
+    ds = build_problem(*args, framework="deepspeed")
+    fp32 = type(ds)(ds.model, ds.training.model_copy(update={"grad_reduce_dtype": "fp32"}), ds.cluster, ds.knobs)
+    assert fp32.cm_training.grad_reduce_bytes == 4

@@ -154,6 +154,9 @@ class Profile:
     # where hybrid sharding all-reduces the gradient shards across replicas once a step (Knobs.hsdp_replica_reduce_once,
     # DeepSpeed's MiCS); None: after every micro-batch under ZeRO-2/3, as torch FSDP2's HSDP does
     hsdp_replica_reduce_once: str | None = None
+    # where bf16 training's gradients are reduced in 16 bits, not as the fp32 main gradients of Megatron and torch
+    # FSDP2's default MixedPrecisionPolicy(reduce_dtype=fp32) (Knobs.grad_reduce_16bit)
+    grad_reduce_16bit: str | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -195,6 +198,7 @@ class Profile:
             fp8_torchao_linear=self.fp8_torchao_linear is not None,
             precision_aware_master_bytes=self.master_remainders.value if self.master_remainders else 4.0,
             hsdp_replica_reduce_once=self.hsdp_replica_reduce_once is not None,
+            grad_reduce_16bit=self.grad_reduce_16bit is not None,
         ))
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -491,6 +495,13 @@ _P2P_NEEDS_VPP = Sourced(0.0, "without virtual stages Megatron forces overlap_p2
                                "disabled if not using the interleaved schedule' (megatron/training/arguments.py "
                                "validate_args; frameworks.md §2.3)")
 DEEPSPEED_OVERLAP_COMM_SHARE = 0.45
+_DEEPSPEED_COMM_DTYPE = ("DeepSpeed reduces gradients in the engine's communication_data_type: the config's, else "
+                         "fp16 or bf16 as the model trains (runtime/engine.py communication_data_type; ZeRO-3's "
+                         "get_param_comm_dtype)")
+# Megatron-DeepSpeed's profile keeps the fp32 reduce [U]: BigScience's 2022 branch cast its bf16 buckets to fp16
+# (engine.py allreduce_bucket @8eef742), but MT-NLG's runs of 2021, which its seed layout and validation rows come
+# from, do not print their reduce dtype (docs/cost-model.md)
+
 _OVERLAP_COMM = ("zero_optimization.overlap_comm: true, which the DeepSpeed export writes (DeepSpeed's default is "
                  "true only at ZeRO-3: runtime/zero/config.py overlap_comm_valid, 0.19.8): ZeRO-1/2 reduce gradient "
                  "buckets on a side stream during backward (stage_1_and_2.py create_gradient_handling_hooks; "
@@ -566,7 +577,7 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_DEEPSPEED),
         "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]",
-        hsdp_replica_reduce_once=DEEPSPEED_MICS),
+        hsdp_replica_reduce_once=DEEPSPEED_MICS, grad_reduce_16bit=_DEEPSPEED_COMM_DTYPE),
     Framework.MEGATRON_DEEPSPEED: Profile(
         Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _DEEPSPEED_ZERO1_PIPE_RECIPE,
         "core attention only (--recompute-granularity selective) or full layers (--checkpoint-activations) "
