@@ -41,10 +41,27 @@ def zero3_regathered_modules(module_elements: Sequence[float], *,
     return tuple(reversed(out))
 
 
+def zero3_reduce_buckets(module_elements: Sequence[float], *, layers: int, other_elements: float,
+                         bucket_elements: float) -> int:
+    """Reduce-scatters one backward of a stage issues under DeepSpeed's bucketed ZeRO-3 reduce: gradients join the
+    bucket as backward produces them (the `layers` layers' modules in reverse, `module_elements` each on one GPU,
+    after the head's and embeddings' `other_elements`), a full bucket is reduced before a gradient that would
+    overflow it joins (`elements > 0 and elements + next > reduce_bucket_size`), each bucket in one coalesced
+    reduce-scatter, and the last at the end of backward (stage3.py reduce_independent_p_g_buckets_and_remove_grads,
+    __reduce_and_partition_ipg_grads -> __avg_scatter_grads -> reduce_scatter_coalesced, DeepSpeed 0.19.8). One
+    module's weight and bias count as one gradient."""
+    count, filled = 0, 0.0
+    for n in [other_elements] * (other_elements > 0) + [x for x in reversed(module_elements) if x > 0] * layers:
+        if filled > 0 and filled + n > bucket_elements:
+            count, filled = count + 1, 0.0
+        filled += n
+    return count + (filled > 0)
+
+
 def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: float, param_bytes: float, dp: int,
                       layers: int, num_micro_batches: int, link: Link, modules_per_layer: int = 1,
                       gathers_per_layer: int | None = None, regathered_share: float = 0.0,
-                      regathers: int = 0) -> float:
+                      regathers: int = 0, reduce_scatters: int | None = None) -> float:
     """One stage's data-parallel traffic per step (ZeRO paper §7 for the volumes):
 
     ZeRO-0: one all-reduce of the gradients; ZeRO-1: reduce-scatter of the gradients + all-gather of the updated
@@ -55,7 +72,8 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     same bytes in that many all-gathers (DeepSpeed's ZeRO-3 of 2021 gathered each weight on its own and
     reduce-scattered every tensor on its own: step.zero3_units_per_layer), more or less latency, the same bandwidth.
     `regathers` more all-gathers per micro-batch move `regathered_share` of the parameters again (DeepSpeed's ZeRO-3
-    under full recompute: zero3_regathered_modules).
+    under full recompute: zero3_regathered_modules). `reduce_scatters` (None: one per unit) says how many the
+    gradients are reduced in instead (DeepSpeed's bucketed reduce today: zero3_reduce_buckets).
     """
     grad_msg, param_msg, m = params * grad_reduce_bytes, params * param_bytes, num_micro_batches
     if zero_stage == 0:
@@ -66,7 +84,7 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     if zero_stage == 2:
         return (m * reduce_scatter_seconds(message_bytes=grad_msg, group_size=dp, link=link)
                 + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))
-    units = max(1, layers) * modules_per_layer
+    units = max(1, layers) * modules_per_layer if reduce_scatters is None else max(1, reduce_scatters)
     gathers = max(1, layers) * (modules_per_layer if gathers_per_layer is None else gathers_per_layer)
     again = (regathers * all_gather_seconds(message_bytes=param_msg * regathered_share / regathers, group_size=dp,
                                             link=link) if regathers > 0 else 0.0)

@@ -68,6 +68,12 @@ ZERO3_MAX_REUSE_DISTANCE_ELEMENTS = 1e9
 threshold of parameters' (DeepSpeed config docs; runtime/zero/config.py; 1e9 in v0.3.13's stage3.py as well)."""
 
 
+ZERO3_REDUCE_BUCKET_ELEMENTS = 5e8
+"""DeepSpeed's reduce_bucket_size default, 'Number of elements reduced/allreduced at a time' (DeepSpeed config docs;
+runtime/zero/config.py reduce_bucket_size = 5e8, 0.19.8); the Hugging Face Trainer's "auto" fills it with
+hidden_size^2 (transformers integrations/deepspeed.py trainer_config_finalize)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Link:
     """A point-to-point path: achievable bandwidth per direction and per-message latency."""
@@ -279,6 +285,10 @@ class Knobs:
     # DeepSpeed's stage3_max_reuse_distance (elements): a module recomputed further than this from its backward is
     # gathered again for it (data_parallel.zero3_regathered_modules); `check` reads it from a DeepSpeed config
     zero3_max_reuse_distance: float = ZERO3_MAX_REUSE_DISTANCE_ELEMENTS
+    # DeepSpeed's reduce_bucket_size (elements) where its ZeRO-3 reduces gradients in buckets, one coalesced
+    # reduce-scatter each (data_parallel.zero3_reduce_buckets; `check` reads it from a DeepSpeed config); None: one
+    # reduce-scatter per gathered unit (FSDP's block, DeepSpeed 2021's tensors: step.zero3_units_per_layer)
+    zero3_reduce_bucket_elements: float | None = None
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
     zero0_bucket_bytes: float | None = None  # the same at ZeRO-0, where another path reduces (None: bucket_bytes)

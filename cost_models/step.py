@@ -17,6 +17,7 @@ from cost_models.data_parallel import (
     embedding_sync_seconds,
     overlap_window_seconds,
     replica_all_reduce_seconds,
+    zero3_reduce_buckets,
     zero3_regathered_modules,
     zero_comm_seconds,
 )
@@ -209,6 +210,9 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
                                       * model.hidden_size / lay.tp * training.grad_reduce_bytes)
     units = zero3_units_per_layer(model, knobs, lay.tp)
     regather = zero3_recompute_regathers(model, knobs, sm.lc, lay.tp) if lay.zero_stage >= 3 else (0.0, 0)
+    # DeepSpeed's ZeRO-3 of today reduces in buckets; FSDP reduces per block, the ZeRO-3 of 2021 per tensor
+    module = lay.zero_stage >= 3 and knobs.zero3_gather == _GATHER_MODULE
+    bucketed = knobs.zero3_reduce_bucket_elements if module else None
     # stages alike in parameters, layers and compute move the same traffic: computed once per kind of stage
     known: dict[tuple[float, int, float, float, int], tuple[float, float]] = {}
     total = exposed = 0.0
@@ -219,7 +223,10 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
         if t is not seen[2] or P != seen[0] or n != seen[1] or r != seen[3]:
             seen, key = (P, n, t, r), (P, n, t.forward_seconds, t.backward_seconds, r)
             traffic = known.get(key) or known.setdefault(
-                key, _stage_dp_traffic(training, knobs, lay, (link, replica_link), key, units, regather))
+                key, _stage_dp_traffic(training, knobs, lay, (link, replica_link), key, units, regather,
+                                       None if bucketed is None else zero3_reduce_buckets(
+                                           sm.lc.module_params, layers=n, bucket_elements=bucketed,
+                                           other_elements=max(0.0, P - n * sum(sm.lc.module_params)))))
         comm, hidden = traffic
         if tied and (i == 0 or i == p - 1):
             comm, hidden = comm + sync, hidden + sync
@@ -232,10 +239,12 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
 
 def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tuple[Link, Link],
                       stage: tuple[float, int, float, float, int], units: tuple[int, int],
-                      regather: tuple[float, int] = (0.0, 0)) -> tuple[float, float]:
+                      regather: tuple[float, int] = (0.0, 0),
+                      reduce_scatters: int | None = None) -> tuple[float, float]:
     """(traffic, exposed traffic) of one stage of (parameters, layers, forward and backward seconds per
     micro-batch, fully recomputed layers) under the layout's ZeRO stage; `units`: zero3_units_per_layer; `regather`:
-    zero3_recompute_regathers; `links`: the sharding group's and, under hybrid sharding, the replicas'."""
+    zero3_recompute_regathers; `reduce_scatters`: per backward where buckets decide (zero3_reduce_buckets); `links`:
+    the sharding group's and, under hybrid sharding, the replicas'."""
     params, layers, forward_seconds, backward_seconds, recomputed = stage
     d, m, link = lay.zero_shard_ranks, lay.num_micro_batches, links[0]
     comm = window = 0.0
@@ -248,7 +257,7 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                  num_micro_batches=m, link=link,
                                  modules_per_layer=units[1], gathers_per_layer=units[0],
                                  regathered_share=recomputed * regather[0] / params if params > 0 else 0.0,
-                                 regathers=recomputed * regather[1])
+                                 regathers=recomputed * regather[1], reduce_scatters=reduce_scatters)
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
                                            num_micro_batches=m, link=links[1],

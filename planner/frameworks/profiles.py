@@ -16,7 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, Knobs, Zero3Gather
+from cost_models.inputs import (
+    ZERO3_MAX_REUSE_DISTANCE_ELEMENTS,
+    ZERO3_REDUCE_BUCKET_ELEMENTS,
+    Knobs,
+    Zero3Gather,
+)
 from cost_models.memory import (
     TORCH_CROSS_ENTROPY_PEAK_BYTES_PER_LOGIT,
     TORCH_LOSS_PARALLEL_PEAK_BYTES_PER_LOGIT,
@@ -157,6 +162,9 @@ class Profile:
     # where bf16 training's gradients are reduced in 16 bits, not as the fp32 main gradients of Megatron and torch
     # FSDP2's default MixedPrecisionPolicy(reduce_dtype=fp32) (Knobs.grad_reduce_16bit)
     grad_reduce_16bit: str | None = None
+    # where ZeRO-3 reduces gradients in buckets of this many elements, one coalesced reduce-scatter each
+    # (Knobs.zero3_reduce_bucket_elements); None: one reduce-scatter per gathered unit
+    zero3_reduce_bucket: Sourced | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -199,6 +207,7 @@ class Profile:
             precision_aware_master_bytes=self.master_remainders.value if self.master_remainders else 4.0,
             hsdp_replica_reduce_once=self.hsdp_replica_reduce_once is not None,
             grad_reduce_16bit=self.grad_reduce_16bit is not None,
+            zero3_reduce_bucket_elements=self.zero3_reduce_bucket.value if self.zero3_reduce_bucket else None,
         ))
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -225,7 +234,10 @@ class Profile:
             ("memory_recipe", f"{m.name}: {m.bytes_per_param:g} B/param", m.source),
         ] + ([("zero3_max_reuse_distance", "ZeRO-3 keeps a recomputed module gathered until its backward when "
                f"that is under {ZERO3_MAX_REUSE_DISTANCE_ELEMENTS / 1e9:g} billion parameter elements away, and "
-               "gathers it again otherwise", _REUSE_DISTANCE)] if m.zero3_gather != "layer" else []) + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
+               "gathers it again otherwise", _REUSE_DISTANCE)] if m.zero3_gather != "layer" else []) + ([
+            ("zero3_reduce_bucket_elements", "ZeRO-3 reduces gradients in buckets of "
+             f"{self.zero3_reduce_bucket.value / 1e6:g} million elements, one reduce-scatter each (not one per "
+             "gradient)", self.zero3_reduce_bucket.source)] if self.zero3_reduce_bucket else []) + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
              if self.sp_gathered_inputs else []) + ([
             ("fused_swiglu", "SwiGLU fused: saves FC1's output and FC2's input only (6 s b f bytes per layer, not "
@@ -498,6 +510,12 @@ DEEPSPEED_OVERLAP_COMM_SHARE = 0.45
 _DEEPSPEED_COMM_DTYPE = ("DeepSpeed reduces gradients in the engine's communication_data_type: the config's, else "
                          "fp16 or bf16 as the model trains (runtime/engine.py communication_data_type; ZeRO-3's "
                          "get_param_comm_dtype)")
+_DEEPSPEED_ZERO3_REDUCE_BUCKET = Sourced(
+    ZERO3_REDUCE_BUCKET_ELEMENTS, "ZeRO-3 reduces gradients in buckets of reduce_bucket_size elements (default 5e8, "
+    "runtime/zero/config.py), one coalesced reduce-scatter per bucket (stage3.py __reduce_and_partition_ipg_grads -> "
+    "reduce_scatter_coalesced, DeepSpeed 0.19.8; data_parallel.zero3_reduce_buckets)")
+# Megatron-DeepSpeed's profile reduces per module [U]: its ZeRO-3 is the DeepSpeed of 2021-2022, whose bucketing
+# this model does not follow release by release
 # Megatron-DeepSpeed's profile keeps the fp32 reduce [U]: BigScience's 2022 branch cast its bf16 buckets to fp16
 # (engine.py allreduce_bucket @8eef742), but MT-NLG's runs of 2021, which its seed layout and validation rows come
 # from, do not print their reduce dtype (docs/cost-model.md)
@@ -577,7 +595,8 @@ PROFILES: dict[Framework, Profile] = {
         ),
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_DEEPSPEED),
         "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]",
-        hsdp_replica_reduce_once=DEEPSPEED_MICS, grad_reduce_16bit=_DEEPSPEED_COMM_DTYPE),
+        hsdp_replica_reduce_once=DEEPSPEED_MICS, grad_reduce_16bit=_DEEPSPEED_COMM_DTYPE,
+        zero3_reduce_bucket=_DEEPSPEED_ZERO3_REDUCE_BUCKET),
     Framework.MEGATRON_DEEPSPEED: Profile(
         Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _DEEPSPEED_ZERO1_PIPE_RECIPE,
         "core attention only (--recompute-granularity selective) or full layers (--checkpoint-activations) "
@@ -640,10 +659,12 @@ class Assumption:
     effect: float  # |step_seconds_if_wrong / step_seconds - 1|
 
 
-# what each knob is set to when the assumption does not hold: overlap -> none hidden; the fused attention kernel ->
+# what each knob is set to when the assumption does not hold: overlap -> none hidden; a ZeRO-3 reduce bucket -> none
+# (a reduce-scatter per module, as the Hugging Face Trainer's "auto" h^2 bucket gives); the fused attention kernel ->
 # not stated (the core at its full-s^2 FLOPs and the GEMM rate, ~0.35-0.40 of peak on the causal FLOPs on H100)
 _OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_overlap_fraction": 0.0,
              "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0, "zero3_max_reuse_distance": 0.0,
+             "zero3_reduce_bucket_elements": 0.0,
              "compiled_elementwise_share": COMPILED_ELEMENTWISE_SHARE.value}
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from planner.problem import Problem
 from planner.integrations.exports import with_fields
 from planner.integrations.readers import (  # noqa: F401  (megatron_parser: the option names, for tests and exports)
+    HIDDEN_SQUARED,
     ConfigView,
     megatron_parser,
     megatron_resolve,
@@ -150,16 +151,16 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     return Outcome(layout, violations, est, view.notes, problem)
 
 
-CONFIG_SETTING_KNOBS = frozenset({"zero3_max_reuse_distance"})
-"""Numeric knobs a config sets outright, either way from the profile's value (DeepSpeed's stage3_max_reuse_distance),
-where the others only lower a share the profile's flags would give."""
+CONFIG_SETTING_KNOBS = frozenset({"zero3_max_reuse_distance", "zero3_reduce_bucket_elements"})
+"""Numeric knobs a config sets outright, either way from the profile's value (DeepSpeed's stage3_max_reuse_distance
+and reduce_bucket_size), where the others only lower a share the profile's flags would give."""
 
 
 def _config_knobs(view: ConfigView, problem):
     """The problem with what the config itself says that moves a knob below the profile's value: overlap it hides
     less of (its flags off), or the elementwise traffic of a compiled model (torchtitan's compile); or a model-code
     fact (a bool knob) or a setting (CONFIG_SETTING_KNOBS) it sets otherwise than the profile (torchtitan's eager
-    RMSNorm, DeepSpeed's reuse distance); a note names each."""
+    RMSNorm, DeepSpeed's reuse distance and reduce bucket); a note names each."""
     from dataclasses import replace
 
     from planner.estimate import Problem
@@ -168,7 +169,10 @@ def _config_knobs(view: ConfigView, problem):
         now = getattr(problem.knobs, k)
         return v != now if isinstance(now, bool) or k in CONFIG_SETTING_KNOBS else v < now
 
-    moved = {k: v for k, (v, _) in view.knobs.items() if moves(k, v)}
+    def value(v):  # the Hugging Face Trainer's "auto" bucket, with the model's hidden size
+        return float(problem.model.hidden_size) ** 2 if v == HIDDEN_SQUARED else v
+
+    moved = {k: value(v) for k, (v, _) in view.knobs.items() if moves(k, value(v))}
     if not moved:
         return problem
     whys = [why for k, (v, why) in view.knobs.items() if k in moved]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
-from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS
+from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, ZERO3_REDUCE_BUCKET_ELEMENTS
 from cost_models.memory import NORM_FP32_UPCAST_BYTES_PER_ELEMENT
 from cost_models.step import stage_split
 from planner.frameworks import Framework
@@ -57,8 +57,9 @@ class ConfigView:
     # master_dtype, exp_avg_dtype, exp_avg_sq_dtype; planner/integrations/modern_flags.py writes them)
     optimizer_states: dict[str, str] = field(default_factory=dict)
     # knobs the config sets below its framework's profile: communication it leaves exposed that the profile assumes
-    # hidden, a compiled model's elementwise traffic: knob -> (value, why)
-    knobs: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # hidden, a compiled model's elementwise traffic: knob -> (value, why); HIDDEN_SQUARED where the value is the
+    # model's hidden size squared (the Hugging Face Trainer's "auto" bucket), which check resolves with the model
+    knobs: dict[str, tuple[float | str, str]] = field(default_factory=dict)
 
 
 def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
@@ -179,7 +180,34 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     ds_overlap(zero, view.fields["zero_stage"], view)
     ds_mics(zero, view)
     ds_reuse_distance(zero, view)
+    ds_reduce_bucket(zero, view, hf)
     return view
+
+
+HIDDEN_SQUARED = "hidden_size^2"
+
+
+def ds_reduce_bucket(zero: dict, view: ConfigView, hf: bool) -> None:
+    """`zero_optimization.reduce_bucket_size` at ZeRO-3: how many gradient elements each coalesced reduce-scatter
+    carries (DeepSpeed's default 5e8; Knobs.zero3_reduce_bucket_elements, data_parallel.zero3_reduce_buckets);
+    "auto" under the Hugging Face Trainer is the model's hidden_size^2 (transformers integrations/deepspeed.py)."""
+    given = zero.get("reduce_bucket_size")
+    if given is None or view.fields["zero_stage"] != 3:
+        return
+    if given == "auto" and hf:
+        view.knobs["zero3_reduce_bucket_elements"] = (
+            HIDDEN_SQUARED, "reduce_bucket_size auto: the Trainer fills hidden_size^2, so ZeRO-3 reduce-scatters "
+                            "about one Linear's gradients at a time (DeepSpeed's default bucket is 5e8 elements)")
+        return
+    if not isinstance(given, int | float) or isinstance(given, bool) or not given >= 0 or given == float("inf"):
+        view.errors.append(("reduce_bucket_size",
+                            f"zero_optimization.reduce_bucket_size: {given!r} -> a number of gradient elements >= 0",
+                            "give a number (DeepSpeed's default is 5e8), or drop the key"))
+        return
+    if given != ZERO3_REDUCE_BUCKET_ELEMENTS:
+        view.knobs["zero3_reduce_bucket_elements"] = (
+            float(given), f"reduce_bucket_size {given:g}: ZeRO-3 reduce-scatters its gradients in buckets of that "
+                          "many elements (DeepSpeed's default 5e8)")
 
 
 def ds_reuse_distance(zero: dict, view: ConfigView) -> None:
