@@ -61,7 +61,8 @@ def zero3_reduce_buckets(module_elements: Sequence[float], *, layers: int, other
 def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: float, param_bytes: float, dp: int,
                       layers: int, num_micro_batches: int, link: Link, modules_per_layer: int = 1,
                       gathers_per_layer: int | None = None, regathered_share: float = 0.0,
-                      regathers: int = 0, reduce_scatters: int | None = None) -> float:
+                      regathers: int = 0, reduce_scatters: int | None = None,
+                      grad_all_reduce: bool = False, zero0_gather: bool = False) -> float:
     """One stage's data-parallel traffic per step (ZeRO paper §7 for the volumes):
 
     ZeRO-0: one all-reduce of the gradients; ZeRO-1: reduce-scatter of the gradients + all-gather of the updated
@@ -73,16 +74,22 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     reduce-scattered every tensor on its own: step.zero3_units_per_layer), more or less latency, the same bandwidth.
     `regathers` more all-gathers per micro-batch move `regathered_share` of the parameters again (DeepSpeed's ZeRO-3
     under full recompute: zero3_regathered_modules). `reduce_scatters` (None: one per unit) says how many the
-    gradients are reduced in instead (DeepSpeed's bucketed reduce today: zero3_reduce_buckets).
+    gradients are reduced in instead (DeepSpeed's bucketed reduce today: zero3_reduce_buckets). `grad_all_reduce`:
+    ZeRO-1/2 all-reduce the gradients (each rank keeps its partition of the result) instead of reduce-scattering
+    them (DeepSpeed's DeepSpeedZeroOptimizer; Knobs.grad_all_reduce_zero_stages). `zero0_gather`: an optimizer that
+    shards its states at ZeRO-0 all-gathers the updated 16-bit parameters after its step (DeepSpeed's BF16_Optimizer:
+    update_lp_params -> all_gather_dp_groups).
     """
     grad_msg, param_msg, m = params * grad_reduce_bytes, params * param_bytes, num_micro_batches
     if zero_stage == 0:
-        return all_reduce_seconds(message_bytes=grad_msg, group_size=dp, link=link)
+        return (all_reduce_seconds(message_bytes=grad_msg, group_size=dp, link=link)
+                + (all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link) if zero0_gather else 0.0))
+    reduce = all_reduce_seconds if grad_all_reduce else reduce_scatter_seconds
     if zero_stage == 1:
-        return (reduce_scatter_seconds(message_bytes=grad_msg, group_size=dp, link=link)
+        return (reduce(message_bytes=grad_msg, group_size=dp, link=link)
                 + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))
     if zero_stage == 2:
-        return (m * reduce_scatter_seconds(message_bytes=grad_msg, group_size=dp, link=link)
+        return (m * reduce(message_bytes=grad_msg, group_size=dp, link=link)
                 + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))
     units = max(1, layers) * modules_per_layer if reduce_scatters is None else max(1, reduce_scatters)
     gathers = max(1, layers) * (modules_per_layer if gathers_per_layer is None else gathers_per_layer)

@@ -309,6 +309,9 @@ class Knobs:
     # hybrid sharding: the replicas all-reduce the gradient shards once a step, at the accumulation boundary
     # (DeepSpeed's MiCS), not after every micro-batch under ZeRO-2/3 (torch FSDP2's HSDP)
     hsdp_replica_reduce_once: bool = False
+    # ZeRO stages whose gradient reduce is an all-reduce of whole buckets, each rank then keeping its partition
+    # (DeepSpeed's DeepSpeedZeroOptimizer: planner/frameworks/profiles.py), not a reduce-scatter: twice the bytes
+    grad_all_reduce_zero_stages: tuple[int, ...] = ()
     tp_layer_overhead_seconds: float = 0.0  # per layer and micro-batch (fwd+bwd) under TP: framework dispatch
     # Megatron-LM's async tensor-parallel all-reduce (on by default since 2021-09, commit 3f65246911; off with
     # --no-async-tensor-model-parallel-allreduce and under Megatron-DeepSpeed's --deepspeed): in backward, each

@@ -257,7 +257,10 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                  num_micro_batches=m, link=link,
                                  modules_per_layer=units[1], gathers_per_layer=units[0],
                                  regathered_share=recomputed * regather[0] / params if params > 0 else 0.0,
-                                 regathers=recomputed * regather[1], reduce_scatters=reduce_scatters)
+                                 regathers=recomputed * regather[1], reduce_scatters=reduce_scatters,
+                                 grad_all_reduce=lay.zero_stage in knobs.grad_all_reduce_zero_stages,
+                                 zero0_gather=(training.zero0_state_bytes is not None
+                                               and training.zero0_optimizer_sharded and lay.offload == _OFFLOAD_NONE))
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
                                            num_micro_batches=m, link=links[1],

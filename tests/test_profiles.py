@@ -470,13 +470,14 @@ def test_deepspeeds_reuse_distance_is_an_assumption_a_zero3_recompute_plan_names
 
 def test_deepspeed_reduces_bf16_gradients_in_16_bits():
     """DeepSpeed reduces gradients in its engine's communication_data_type, bf16 for a bf16 model (runtime/engine.py),
-    while its recipe keeps 16-bit gradients: the DP traffic moves 2 B per gradient, where Megatron's fp32 main
-    gradients and torch FSDP2's default reduce_dtype move 4 (and Megatron-DeepSpeed's profile, whose MT-NLG runs do
-    not say); fp16 training reduces in 2 B everywhere; a training spec's own grad_reduce_dtype wins."""
+    while its recipe keeps 16-bit gradients: the DP traffic moves 2 B per gradient, and so does Megatron-DeepSpeed's
+    (BigScience's branch casts each bucket to fp16 at ZeRO-1, to bf16 at ZeRO-0), where Megatron's fp32 main
+    gradients and torch FSDP2's default reduce_dtype move 4; fp16 training reduces in 2 B everywhere; a training
+    spec's own grad_reduce_dtype wins."""
     from planner.estimate import build_problem
 
     args = ("dgx-a100-80gb", 8, "llama2-13b", 256, 4096)
-    for framework, bf16_bytes in (("deepspeed", 2), ("megatron-deepspeed", 4), ("megatron", 4), ("torchtitan", 4),
+    for framework, bf16_bytes in (("deepspeed", 2), ("megatron-deepspeed", 2), ("megatron", 4), ("torchtitan", 4),
                                   ("generic", 4)):
         assert build_problem(*args, framework=framework).cm_training.grad_reduce_bytes == bf16_bytes, framework
         if framework != "torchtitan":  # which trains in bf16 or fp32 only

@@ -165,6 +165,9 @@ class Profile:
     # where ZeRO-3 reduces gradients in buckets of this many elements, one coalesced reduce-scatter each
     # (Knobs.zero3_reduce_bucket_elements); None: one reduce-scatter per gathered unit
     zero3_reduce_bucket: Sourced | None = None
+    # (ZeRO stages, source) where the gradients are all-reduced whole and each rank keeps its partition, not
+    # reduce-scattered (Knobs.grad_all_reduce_zero_stages)
+    grad_all_reduce: tuple[tuple[int, ...], str] | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -208,6 +211,7 @@ class Profile:
             hsdp_replica_reduce_once=self.hsdp_replica_reduce_once is not None,
             grad_reduce_16bit=self.grad_reduce_16bit is not None,
             zero3_reduce_bucket_elements=self.zero3_reduce_bucket.value if self.zero3_reduce_bucket else None,
+            grad_all_reduce_zero_stages=self.grad_all_reduce[0] if self.grad_all_reduce else (),
         ))
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -514,11 +518,22 @@ _DEEPSPEED_ZERO3_REDUCE_BUCKET = Sourced(
     ZERO3_REDUCE_BUCKET_ELEMENTS, "ZeRO-3 reduces gradients in buckets of reduce_bucket_size elements (default 5e8, "
     "runtime/zero/config.py), one coalesced reduce-scatter per bucket (stage3.py __reduce_and_partition_ipg_grads -> "
     "reduce_scatter_coalesced, DeepSpeed 0.19.8; data_parallel.zero3_reduce_buckets)")
+_DEEPSPEED_GRAD_ALL_REDUCE = ((1, 2), "ZeRO-1/2 all-reduce each gradient bucket whole and every rank keeps its "
+                              "partition: with reduce_scatter and use_multi_rank_bucket_allreduce on (the defaults) "
+                              "average_tensor -> allreduce_and_scatter -> allreduce_and_copy_with_multiple_ranks -> "
+                              "allreduce_bucket (runtime/zero/stage_1_and_2.py, DeepSpeed 0.19.8)")
+_MEGATRON_DEEPSPEED_GRAD_ALL_REDUCE = ((1,), "ZeRO-1 all-reduces the gradient buckets: the engine turns "
+                                       "contiguous_gradients off at stage 1 (engine.py _configure_zero_optimizer, "
+                                       "6ae756c03 to af033831f), so reduce_ipg_grads takes buffered_reduce_fallback -> "
+                                       "allreduce_bucket (stage_1_and_2.py @8eef742); its ZeRO-2 reduced each rank's "
+                                       "slice with dist.reduce (average_tensor), a reduce-scatter's bytes")
 # Megatron-DeepSpeed's profile reduces per module [U]: its ZeRO-3 is the DeepSpeed of 2021-2022, whose bucketing
 # this model does not follow release by release
-# Megatron-DeepSpeed's profile keeps the fp32 reduce [U]: BigScience's 2022 branch cast its bf16 buckets to fp16
-# (engine.py allreduce_bucket @8eef742), but MT-NLG's runs of 2021, which its seed layout and validation rows come
-# from, do not print their reduce dtype (docs/cost-model.md)
+_MEGATRON_DEEPSPEED_COMM_DTYPE = (
+    "Megatron-DeepSpeed's DeepSpeed reduces bf16 gradients in 16 bits: at ZeRO-1 allreduce_bucket casts each bucket "
+    "to its communication_data_type, torch.float16 at BigScience's branch (stage_1_and_2.py @8eef742); at ZeRO-0 the "
+    "pipe engine all-reduces BF16_Optimizer's fp32 gradient buffer cast to bf16 (_bf16_reduce_grads -> "
+    "allreduce_bucket, v0.6.4 to v0.9.0) [U: MT-NLG's 2021 runs do not print their reduce dtype]")
 
 _OVERLAP_COMM = ("zero_optimization.overlap_comm: true, which the DeepSpeed export writes (DeepSpeed's default is "
                  "true only at ZeRO-3: runtime/zero/config.py overlap_comm_valid, 0.19.8): ZeRO-1/2 reduce gradient "
@@ -596,7 +611,7 @@ PROFILES: dict[Framework, Profile] = {
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_DEEPSPEED),
         "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]",
         hsdp_replica_reduce_once=DEEPSPEED_MICS, grad_reduce_16bit=_DEEPSPEED_COMM_DTYPE,
-        zero3_reduce_bucket=_DEEPSPEED_ZERO3_REDUCE_BUCKET),
+        zero3_reduce_bucket=_DEEPSPEED_ZERO3_REDUCE_BUCKET, grad_all_reduce=_DEEPSPEED_GRAD_ALL_REDUCE),
     Framework.MEGATRON_DEEPSPEED: Profile(
         Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _DEEPSPEED_ZERO1_PIPE_RECIPE,
         "core attention only (--recompute-granularity selective) or full layers (--checkpoint-activations) "
@@ -612,7 +627,8 @@ PROFILES: dict[Framework, Profile] = {
                   _NCCL_MEGATRON_DEEPSPEED),
         "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
         {"ampere": Sourced(MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY, _MEGATRON_DEEPSPEED_AMPERE)},
-        memory_fp16=_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE, hsdp_replica_reduce_once=DEEPSPEED_MICS),
+        memory_fp16=_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE, hsdp_replica_reduce_once=DEEPSPEED_MICS,
+        grad_all_reduce=_MEGATRON_DEEPSPEED_GRAD_ALL_REDUCE, grad_reduce_16bit=_MEGATRON_DEEPSPEED_COMM_DTYPE),
     Framework.GENERIC: Profile(
         Framework.GENERIC, "generic (no framework named)", _MEGATRON_RECIPE,
         "core attention only (Megatron's definition, Korthikanti et al. 2022 §5)",

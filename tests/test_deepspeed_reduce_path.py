@@ -1,0 +1,108 @@
+"""How DeepSpeed's optimizers move gradients and parameters over DP, as its code does and the memory recipes in
+planner/frameworks/profiles.py already say: ZeRO-1/2 all-reduce each gradient bucket whole and every rank keeps its
+partition (today: average_tensor -> allreduce_and_scatter with use_multi_rank_bucket_allreduce on; Megatron-DeepSpeed's
+ZeRO-1 of 2022: buffered_reduce_fallback -> allreduce_bucket), not a reduce-scatter; BF16_Optimizer, which shards its
+fp32 states at ZeRO-0, all-gathers the updated bf16 parameters after its step (update_lp_params ->
+all_gather_dp_groups). Held to the ring identities (an all-reduce is a reduce-scatter plus an all-gather of the same
+bytes) and, in a step, to the difference those collectives make."""
+
+from dataclasses import replace
+
+import pytest
+
+from cost_models.communication import (
+    all_gather_seconds,
+    all_reduce_seconds,
+    group_link,
+    reduce_scatter_seconds,
+)
+from cost_models.data_parallel import zero_comm_seconds
+
+
+def _link(nodes=8, ranks=64, stride=1):
+    from cluster_specs import load_cluster
+
+    hw = load_cluster("dgx-a100-80gb", nodes=nodes).to_cost_model("bf16")
+    return group_link(hw, group_size=ranks, stride=stride).link
+
+
+@pytest.mark.parametrize("stage, m", [(1, 4), (2, 4)])
+def test_an_all_reduced_gradient_costs_one_all_gather_more_per_reduce(stage, m):
+    """Ring all-reduce = reduce-scatter + all-gather of the same bytes (communication.py): all-reducing the gradients
+    at ZeRO-1 (once a step) or ZeRO-2 (every micro-batch) costs that many all-gathers of the gradient bytes more; the
+    parameter all-gather after the step is the same."""
+    link = _link()
+    args = dict(zero_stage=stage, params=1e9, grad_reduce_bytes=2, param_bytes=2, dp=64, layers=32,
+                num_micro_batches=m, link=link)
+    grads = 1e9 * 2
+    one = all_reduce_seconds(message_bytes=grads, group_size=64, link=link)
+    assert one == pytest.approx(reduce_scatter_seconds(message_bytes=grads, group_size=64, link=link)
+                                + all_gather_seconds(message_bytes=grads, group_size=64, link=link), rel=1e-12)
+    reduces = m if stage == 2 else 1
+    extra = zero_comm_seconds(**args, grad_all_reduce=True) - zero_comm_seconds(**args)
+    assert extra == pytest.approx(reduces * all_gather_seconds(message_bytes=grads, group_size=64, link=link),
+                                  rel=1e-9)
+
+
+def test_a_sharded_zero0_optimizer_gathers_the_parameters_after_its_step():
+    """ZeRO-0: one all-reduce of the gradients; an optimizer that shards its states there (BF16_Optimizer) adds one
+    all-gather of the 16-bit parameters; ZeRO-1 and up ignore the flag."""
+    link = _link()
+    args = dict(params=1e9, grad_reduce_bytes=2, param_bytes=2, dp=64, layers=32, num_micro_batches=4, link=link)
+    plain = zero_comm_seconds(zero_stage=0, **args)
+    assert plain == pytest.approx(all_reduce_seconds(message_bytes=2e9, group_size=64, link=link), rel=1e-12)
+    gathered = zero_comm_seconds(zero_stage=0, zero0_gather=True, **args)
+    assert gathered - plain == pytest.approx(all_gather_seconds(message_bytes=2e9, group_size=64, link=link),
+                                             rel=1e-9)
+    assert zero_comm_seconds(zero_stage=1, zero0_gather=True, **args) == zero_comm_seconds(zero_stage=1, **args)
+
+
+def test_which_profiles_all_reduce_at_which_stages():
+    """DeepSpeed today all-reduces at ZeRO-1 and 2; Megatron-DeepSpeed (2021-2022) at ZeRO-1 only (its ZeRO-2 reduced
+    each rank's slice with dist.reduce: a reduce-scatter's bytes); Megatron and torch FSDP reduce-scatter."""
+    from planner.frameworks.profiles import profile_knobs
+
+    want = {"deepspeed": (1, 2), "megatron-deepspeed": (1,), "megatron": (), "nemo": (), "torchtitan": (),
+            "generic": ()}
+    for framework, stages in want.items():
+        assert profile_knobs(framework).grad_all_reduce_zero_stages == stages, framework
+
+
+def _dp_total(problem, layout_text, **knobs):
+    from planner.estimate import layout_from_arg
+    from planner.problem import Problem
+
+    p = Problem(problem.model, problem.training, problem.cluster, replace(problem.knobs, **knobs))
+    return p.estimate(layout_from_arg(layout_text, p)).time.dp_comm_total_seconds
+
+
+def test_a_deepspeed_zero2_step_all_reduces_every_micro_batch():
+    """Llama 2 7B on 8 A100 nodes under DeepSpeed ZeRO-2, four micro-batches: the step's DP traffic is four
+    all-gathers of the stage's bf16 gradients (16-bit reduce: DeepSpeed's communication_data_type) more than with
+    reduce-scatters, over the DP group's link."""
+    from planner.estimate import build_problem, layout_from_arg
+
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-7b", 256, 4096, "bf16", framework="deepspeed")
+    text = "tp=1,pp=1,dp=64,zero=2,mbs=1,recompute=full"
+    assert problem.cm_training.grad_reduce_bytes == 2
+    extra = _dp_total(problem, text) - _dp_total(problem, text, grad_all_reduce_zero_stages=())
+    stage_params = problem.estimate(layout_from_arg(text, problem)).stages[0].params
+    link = group_link(problem.cluster.to_cost_model("bf16"), group_size=64, stride=1).link
+    assert extra == pytest.approx(4 * all_gather_seconds(message_bytes=stage_params * 2, group_size=64, link=link),
+                                  rel=1e-6)
+
+
+def test_bf16_optimizer_at_zero0_gathers_its_parameters_and_fp16_optimizer_does_not():
+    """Megatron-DeepSpeed at ZeRO-0: in bf16 its BF16_Optimizer shards the fp32 states and all-gathers the bf16
+    parameters after the step; in fp16 FP16_Optimizer keeps everything and gathers nothing."""
+    from planner.estimate import build_problem
+
+    text = "tp=8,pp=4,dp=8,zero=0,mbs=1,recompute=full"
+    bf16 = build_problem("dgx-a100-80gb", 32, "llama2-70b", 256, 4096, "bf16", framework="megatron-deepspeed")
+    fp16 = build_problem("dgx-a100-80gb", 32, "llama2-70b", 256, 4096, "fp16", framework="megatron-deepspeed")
+    assert bf16.cm_training.zero0_optimizer_sharded and not fp16.cm_training.zero0_optimizer_sharded
+    sharded = _dp_total(bf16, text)
+    unsharded = _dp_total(bf16, text, zero0_optimizer_sharded=False)
+    assert sharded > unsharded
+    # fp16: no gather; and the bf16 and fp16 gradient all-reduces move the same 2 B per gradient
+    assert _dp_total(fp16, text) == pytest.approx(unsharded, rel=1e-9)
