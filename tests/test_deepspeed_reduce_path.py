@@ -106,3 +106,53 @@ def test_bf16_optimizer_at_zero0_gathers_its_parameters_and_fp16_optimizer_does_
     assert sharded > unsharded
     # fp16: no gather; and the bf16 and fp16 gradient all-reduces move the same 2 B per gradient
     assert _dp_total(fp16, text) == pytest.approx(unsharded, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero, knob, rules", [
+    ({"stage": 2, "use_multi_rank_bucket_allreduce": False}, (), []),
+    ({"stage": 1, "use_multi_rank_bucket_allreduce": False, "reduce_scatter": True}, (), []),
+    ({"stage": 2, "use_multi_rank_bucket_allreduce": True}, None, []),  # DeepSpeed's default: nothing moves
+    ({"stage": 2, "use_multi_rank_bucket_allreduce": False, "reduce_scatter": False}, None, []),  # all-reduce anyway
+    ({"stage": 3, "use_multi_rank_bucket_allreduce": False}, None, []),  # ZeRO-3 reduce-scatters regardless
+    ({"stage": 2, "use_multi_rank_bucket_allreduce": "no"}, None, ["use_multi_rank_bucket_allreduce"]),
+    ({"stage": 1, "reduce_scatter": 0}, None, ["reduce_scatter"]),
+])
+def test_check_reads_how_a_deepspeed_config_reduces(tmp_path, zero, knob, rules):
+    import json
+    from pathlib import Path
+
+    from planner.integrations.readers import read_config
+
+    path = Path(tmp_path) / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                "bf16": {"enabled": True}, "zero_optimization": zero}))
+    view = read_config(path, gpus=64)
+    assert view.knobs.get("grad_all_reduce_zero_stages", (None,))[0] == knob
+    assert [r for r, _, _ in view.errors] == rules
+
+
+def test_check_predicts_a_configs_slice_reduces(tmp_path):
+    """Llama 2 7B on 8 A100 nodes, DeepSpeed ZeRO-2: with use_multi_rank_bucket_allreduce off the step's DP traffic is
+    the reduce-scatter's, less by an all-gather of the gradients per micro-batch than DeepSpeed's default all-reduce;
+    a note names the setting."""
+    import json
+    from pathlib import Path
+
+    from planner.estimate import build_problem
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    problem = build_problem("dgx-a100-80gb", 8, "llama2-7b", 256, 4096, "bf16", framework="deepspeed")
+    out = {}
+    for multi in (True, False):
+        path = Path(tmp_path) / f"ds{multi}.json"
+        path.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                    "gradient_accumulation_steps": 4, "bf16": {"enabled": True},
+                                    "zero_optimization": {"stage": 2, "use_multi_rank_bucket_allreduce": multi}}))
+        out[multi] = check(read_config(path, gpus=64), problem, overrides={"recompute": "full"})
+    assert any("use_multi_rank_bucket_allreduce false" in n for n in out[False].notes)
+    assert not any("use_multi_rank_bucket_allreduce" in n for n in out[True].notes)
+    link = group_link(problem.cluster.to_cost_model("bf16"), group_size=64, stride=1).link
+    grads = out[True].estimate.stages[0].params * 2
+    less = out[True].estimate.time.dp_comm_total_seconds - out[False].estimate.time.dp_comm_total_seconds
+    assert less == pytest.approx(4 * all_gather_seconds(message_bytes=grads, group_size=64, link=link), rel=1e-6)

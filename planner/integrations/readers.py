@@ -59,7 +59,7 @@ class ConfigView:
     # knobs the config sets below its framework's profile: communication it leaves exposed that the profile assumes
     # hidden, a compiled model's elementwise traffic: knob -> (value, why); HIDDEN_SQUARED where the value is the
     # model's hidden size squared (the Hugging Face Trainer's "auto" bucket), which check resolves with the model
-    knobs: dict[str, tuple[float | str, str]] = field(default_factory=dict)
+    knobs: dict[str, tuple[float | str | tuple[int, ...], str]] = field(default_factory=dict)
 
 
 def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
@@ -181,7 +181,28 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     ds_mics(zero, view)
     ds_reuse_distance(zero, view)
     ds_reduce_bucket(zero, view, hf)
+    ds_grad_reduce(zero, view)
     return view
+
+
+def ds_grad_reduce(zero: dict, view: ConfigView) -> None:
+    """`zero_optimization.reduce_scatter` and `use_multi_rank_bucket_allreduce` at ZeRO-1/2 (both true by default):
+    DeepSpeed all-reduces each gradient bucket whole unless reduce_scatter is on and use_multi_rank_bucket_allreduce
+    off, where it reduces each rank's slice to that rank with dist.reduce, a reduce-scatter's bytes
+    (stage_1_and_2.py average_tensor -> allreduce_no_retain; Knobs.grad_all_reduce_zero_stages)."""
+    if view.fields["zero_stage"] not in (1, 2):
+        return
+    given = {k: zero.get(k) for k in ("reduce_scatter", "use_multi_rank_bucket_allreduce")}
+    for key, value in given.items():
+        if value is not None and not isinstance(value, bool):
+            view.errors.append((key, f"zero_optimization.{key}: {value!r} -> true or false",
+                                "give a boolean (DeepSpeed's default is true), or drop the key"))
+            return
+    if given["reduce_scatter"] is not False and given["use_multi_rank_bucket_allreduce"] is False:
+        view.knobs["grad_all_reduce_zero_stages"] = (
+            (), "use_multi_rank_bucket_allreduce false: ZeRO-1/2 reduce each rank's slice of a gradient bucket to it "
+                "(dist.reduce), a reduce-scatter's bytes, not the all-reduce of the whole bucket DeepSpeed's default "
+                "runs")
 
 
 HIDDEN_SQUARED = "hidden_size^2"
