@@ -156,3 +156,21 @@ def test_check_predicts_a_configs_slice_reduces(tmp_path):
     grads = out[True].estimate.stages[0].params * 2
     less = out[True].estimate.time.dp_comm_total_seconds - out[False].estimate.time.dp_comm_total_seconds
     assert less == pytest.approx(4 * all_gather_seconds(message_bytes=grads, group_size=64, link=link), rel=1e-6)
+
+
+def test_a_deepspeed_zero2_plan_names_its_all_reduce_among_its_assumptions():
+    """The all-reduce is one of the DeepSpeed profile's named assumptions: a Llama 2 7B ZeRO-2 step on 64 A100s names
+    it with the faster step of reduce-scatters (an older DeepSpeed, or use_multi_rank_bucket_allreduce off);
+    at ZeRO-3, which reduce-scatters anyway, and under Megatron it is not named."""
+    from tests.test_profiles import _named_assumptions
+
+    args = ("dgx-a100-80gb", 8, "llama2-7b", 256, 4096)
+    zero2 = "tp=1,pp=1,dp=64,zero=2,mbs=1,recompute=full"
+    est, found = _named_assumptions(*args, "deepspeed", zero2, "all-reduce each gradient bucket")
+    assert len(found) == 1 and "use_multi_rank_bucket_allreduce" in found[0]["source"]
+    assert found[0]["statement"].startswith("ZeRO-1/2 all-reduce")
+    assert found[0]["step_time_seconds_if_not"] < est.step_seconds
+    assert _named_assumptions(*args, "deepspeed", zero2.replace("zero=2", "zero=3"),
+                              "all-reduce each gradient bucket")[1] == []
+    assert _named_assumptions(*args, "megatron", zero2.replace("zero=2", "zero=1"),
+                              "all-reduce each gradient bucket")[1] == []

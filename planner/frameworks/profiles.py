@@ -241,7 +241,10 @@ class Profile:
                "gathers it again otherwise", _REUSE_DISTANCE)] if m.zero3_gather != "layer" else []) + ([
             ("zero3_reduce_bucket_elements", "ZeRO-3 reduces gradients in buckets of "
              f"{self.zero3_reduce_bucket.value / 1e6:g} million elements, one reduce-scatter each (not one per "
-             "gradient)", self.zero3_reduce_bucket.source)] if self.zero3_reduce_bucket else []) + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
+             "gradient)", self.zero3_reduce_bucket.source)] if self.zero3_reduce_bucket else []) + ([
+            ("grad_all_reduce_zero_stages", "ZeRO-" + "/".join(map(str, self.grad_all_reduce[0])) + " all-reduce each "
+             "gradient bucket whole, every rank keeping its partition (not a reduce-scatter)", self.grad_all_reduce[1])]
+            if self.grad_all_reduce else []) + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
              if self.sp_gathered_inputs else []) + ([
             ("fused_swiglu", "SwiGLU fused: saves FC1's output and FC2's input only (6 s b f bytes per layer, not "
@@ -676,11 +679,12 @@ class Assumption:
 
 
 # what each knob is set to when the assumption does not hold: overlap -> none hidden; a ZeRO-3 reduce bucket -> none
-# (a reduce-scatter per module, as the Hugging Face Trainer's "auto" h^2 bucket gives); the fused attention kernel ->
+# (a reduce-scatter per module, as the Hugging Face Trainer's "auto" h^2 bucket gives); ZeRO-1/2 all-reduces ->
+# reduce-scatters (DeepSpeed's slice reduces, use_multi_rank_bucket_allreduce off); the fused attention kernel ->
 # not stated (the core at its full-s^2 FLOPs and the GEMM rate, ~0.35-0.40 of peak on the causal FLOPs on H100)
 _OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_overlap_fraction": 0.0,
              "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0, "zero3_max_reuse_distance": 0.0,
-             "zero3_reduce_bucket_elements": 0.0,
+             "zero3_reduce_bucket_elements": 0.0, "grad_all_reduce_zero_stages": (),
              "compiled_elementwise_share": COMPILED_ELEMENTWISE_SHARE.value}
 
 
