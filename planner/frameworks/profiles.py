@@ -521,15 +521,15 @@ _DEEPSPEED_ZERO3_REDUCE_BUCKET = Sourced(
     ZERO3_REDUCE_BUCKET_ELEMENTS, "ZeRO-3 reduces gradients in buckets of reduce_bucket_size elements (default 5e8, "
     "runtime/zero/config.py), one coalesced reduce-scatter per bucket (stage3.py __reduce_and_partition_ipg_grads -> "
     "reduce_scatter_coalesced, DeepSpeed 0.19.8; data_parallel.zero3_reduce_buckets)")
-_DEEPSPEED_GRAD_ALL_REDUCE = ((1, 2), "ZeRO-1/2 all-reduce each gradient bucket whole and every rank keeps its "
-                              "partition: with reduce_scatter and use_multi_rank_bucket_allreduce on (the defaults) "
+_DEEPSPEED_GRAD_ALL_REDUCE = ((1, 2), "reduce_scatter and use_multi_rank_bucket_allreduce on, DeepSpeed's defaults; "
                               "average_tensor -> allreduce_and_scatter -> allreduce_and_copy_with_multiple_ranks -> "
-                              "allreduce_bucket (runtime/zero/stage_1_and_2.py, DeepSpeed 0.19.8)")
-_MEGATRON_DEEPSPEED_GRAD_ALL_REDUCE = ((1,), "ZeRO-1 all-reduces the gradient buckets: the engine turns "
-                                       "contiguous_gradients off at stage 1 (engine.py _configure_zero_optimizer, "
-                                       "6ae756c03 to af033831f), so reduce_ipg_grads takes buffered_reduce_fallback -> "
-                                       "allreduce_bucket (stage_1_and_2.py @8eef742); its ZeRO-2 reduced each rank's "
-                                       "slice with dist.reduce (average_tensor), a reduce-scatter's bytes")
+                              "allreduce_bucket all-reduces each bucket whole and every rank keeps its partition "
+                              "(runtime/zero/stage_1_and_2.py, DeepSpeed 0.19.8)")
+_MEGATRON_DEEPSPEED_GRAD_ALL_REDUCE = ((1,), "contiguous_gradients off at ZeRO-1, as the engine sets it; reduce_ipg_grads "
+                                       "takes buffered_reduce_fallback -> allreduce_bucket, an all-reduce "
+                                       "(engine.py _configure_zero_optimizer, 6ae756c03 to af033831f; stage_1_and_2.py "
+                                       "@8eef742); its ZeRO-2 reduced each rank's slice with dist.reduce "
+                                       "(average_tensor), a reduce-scatter's bytes")
 # Megatron-DeepSpeed's profile reduces per module [U]: its ZeRO-3 is the DeepSpeed of 2021-2022, whose bucketing
 # this model does not follow release by release
 _MEGATRON_DEEPSPEED_COMM_DTYPE = (
