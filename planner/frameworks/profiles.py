@@ -513,7 +513,9 @@ _FUSED_SWIGLU_NEMO = ("NeMo 2's LlamaConfig 'Fusions': bias_activation_fusion=Tr
 _P2P_NEEDS_VPP = Sourced(0.0, "without virtual stages Megatron forces overlap_p2p_comm off: 'Overlap P2P communication is "
                                "disabled if not using the interleaved schedule' (megatron/training/arguments.py "
                                "validate_args; frameworks.md §2.3)")
-DEEPSPEED_OVERLAP_COMM_SHARE = 0.45
+# 0.9 of the gradient reduce hidden; the reduce is a bucket all-reduce (_DEEPSPEED_GRAD_ALL_REDUCE), twice the bytes
+# of the exposed all-gather after the step, so two thirds of the ZeRO-1 traffic
+DEEPSPEED_OVERLAP_COMM_SHARE = 0.9 * 2 / 3
 _DEEPSPEED_COMM_DTYPE = ("DeepSpeed reduces gradients in the engine's communication_data_type: the config's, else "
                          "fp16 or bf16 as the model trains (runtime/engine.py communication_data_type; ZeRO-3's "
                          "get_param_comm_dtype)")
@@ -542,8 +544,8 @@ _OVERLAP_COMM = ("zero_optimization.overlap_comm: true, which the DeepSpeed expo
                  "true only at ZeRO-3: runtime/zero/config.py overlap_comm_valid, 0.19.8): ZeRO-1/2 reduce gradient "
                  "buckets on a side stream during backward (stage_1_and_2.py create_gradient_handling_hooks; "
                  "reduce_gradients skips its post-backward pass); the all-gather of the updated partitions after the "
-                 "step stays exposed: 0.9 of the reduce, about half of the ZeRO-1 traffic, hidden [U: share]. A "
-                 "config without it is checked with none hidden")
+                 "step stays exposed: 0.9 of the reduce, a bucket all-reduce of twice the all-gather's bytes, so two "
+                 "thirds of the ZeRO-1 traffic, hidden [U: share]. A config without it is checked with none hidden")
 
 PROFILES: dict[Framework, Profile] = {
     Framework.MEGATRON: Profile(
