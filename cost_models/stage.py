@@ -79,7 +79,7 @@ _NAIVE, _PIPEDREAM_ASYNC, _INTERLEAVED, _ONE_F_ONE_B = (Schedule.NAIVE, Schedule
                                                         Schedule.INTERLEAVED_1F1B, Schedule.ONE_F_ONE_B)
 _REC_NONE, _REC_FULL, _REC_SELECTIVE = Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE
 _OFFLOAD_NONE, _OFFLOAD_PARAMS = Offload.NONE, Offload.OPTIMIZER_PARAMS
-_GATHER_LAYER = Zero3Gather.LAYER
+_GATHER_LAYER, _GATHER_MODULE = Zero3Gather.LAYER, Zero3Gather.MODULE
 # StageMemory(...) of the fields in order, without the named tuple's Python-level __new__ (16 stages per estimate)
 _new_tuple = tuple.__new__
 _RECOMPUTES = {r.value: r for r in Recompute}  # value -> member: a dict lookup instead of EnumType.__call__
@@ -432,11 +432,18 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     )
 
 
+ZERO3_REDUCE_BUCKET_BYTES_PER_ELEMENT = 2  # DeepSpeed's ZeRO-3 IPG bucket holds 16-bit gradients (self.dtype)
+
+
 def bucket_bytes(knobs: Knobs, *, zero_stage: int) -> float:
     """The gradient-reduce buffers allocated on top of the model states: the ZeRO-0 figure where the framework states
-    one (its ZeRO-0 optimizer reduces another way), else the bucket."""
+    one (its ZeRO-0 optimizer reduces another way); at ZeRO-3 where gradients are reduced in buckets
+    (Knobs.zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements DeepSpeed's ZeRO-3 keeps
+    for them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the bucket."""
     if zero_stage == 0 and knobs.zero0_bucket_bytes is not None:
         return knobs.zero0_bucket_bytes
+    if zero_stage >= 3 and knobs.zero3_reduce_bucket_elements is not None and knobs.zero3_gather == _GATHER_MODULE:
+        return knobs.zero3_reduce_bucket_elements * ZERO3_REDUCE_BUCKET_BYTES_PER_ELEMENT
     return knobs.bucket_bytes
 
 

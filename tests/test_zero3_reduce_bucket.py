@@ -184,3 +184,37 @@ def test_a_deepspeed_zero3_plan_names_its_reduce_bucket_among_its_assumptions():
     assert len(found) == 1 and "reduce_bucket_size" in found[0]["source"]
     assert found[0]["step_time_seconds_if_not"] > est.step_seconds
     assert _named_assumptions(*args, "torchtitan", layout, "reduces gradients in buckets")[1] == []
+
+
+def test_deepspeed_zero3_holds_one_16_bit_bucket_of_gradients():
+    """DeepSpeed's ZeRO-3 keeps one flat buffer of reduce_bucket_size 16-bit gradients (stage3.py
+    __ipg_bucket_flat_buffer): 1e9 bytes at the default 5e8 elements, where ZeRO-1/2 keep the recipe's two (2e9, the
+    double buffer overlap_comm swaps); a bucket of h^2 (the Trainer's "auto") holds 2 h^2 bytes. FSDP and the 2021
+    mode keep the recipe's figure."""
+    from cost_models.stage import bucket_bytes
+
+    knobs = _problem("deepspeed").knobs
+    assert bucket_bytes(knobs, zero_stage=3) == 1e9
+    assert bucket_bytes(knobs, zero_stage=2) == bucket_bytes(knobs, zero_stage=1) == 2e9
+    assert bucket_bytes(replace(knobs, zero3_reduce_bucket_elements=4096.0**2), zero_stage=3) == 2 * 4096**2
+    assert bucket_bytes(replace(knobs, zero3_gather=Zero3Gather.PARAMETER), zero_stage=3) == 2e9
+    fsdp = _problem("torchtitan").knobs
+    assert bucket_bytes(fsdp, zero_stage=3) == fsdp.bucket_bytes
+
+
+def test_check_predicts_the_memory_of_a_configs_reduce_bucket(tmp_path):
+    """The bucket `check` reads moves the memory too: a 1e6-element bucket holds 2 MB where the default holds 1 GB,
+    and the predicted peak is lower by the difference."""
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    problem = _problem("deepspeed")
+    peaks = {}
+    for size in (None, 1e6):
+        zero = {"stage": 3, "overlap_comm": True} | ({} if size is None else {"reduce_bucket_size": size})
+        path = Path(tmp_path) / f"ds{size}.json"
+        path.write_text(json.dumps({"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 1,
+                                    "bf16": {"enabled": True}, "zero_optimization": zero}))
+        est = check(read_config(path, gpus=512), problem, overrides={"recompute": "full"}).estimate
+        peaks[size] = est.stages[est.peak_stage].transient_bytes
+    assert peaks[None] - peaks[1e6] == pytest.approx(1e9 - 2e6, rel=1e-9)

@@ -355,7 +355,9 @@ _DEEPSPEED_RECIPE = MemoryRecipe(
     "16-bit params 2 + 16-bit grads 2 + fp32 grads 4 + fp32 master 4 + Adam 8 = 20 B/param; the 16 fp32 bytes are "
     "partitioned from ZeRO-1 (ZeRO-2 estimator 2P + 18P/N, stage_1_and_2.py L3093-3095, frameworks.md §3.5); "
     "ZeRO-3 gathers one module at a time (stage3_prefetch_bucket_size); reduce and all-gather buckets of 5e8 "
-    "16-bit elements each (reduce_bucket_size, allgather_bucket_size defaults, runtime/zero/config.py)", 2e9)
+    "16-bit elements each (reduce_bucket_size, allgather_bucket_size defaults, runtime/zero/config.py); at ZeRO-3 one "
+    "flat bucket of reduce_bucket_size 16-bit gradients, 1e9 B (stage3.py __ipg_bucket_flat_buffer; "
+    "stage.bucket_bytes)", 2e9)
 _DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
     "DeepSpeed ZeRO-1 optimizer under the pipeline engine (Megatron-DeepSpeed, bf16/fp16)", 2, 2, 18, 2, "module",
     "DeepSpeedZeroOptimizer (stage_1_and_2.py @8eef742, 2022-02-16: 'bf16 is supported w. zero 1'; BF16_Optimizer "
