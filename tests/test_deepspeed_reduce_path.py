@@ -174,3 +174,35 @@ def test_a_deepspeed_zero2_plan_names_its_all_reduce_among_its_assumptions():
                               "all-reduce each gradient bucket")[1] == []
     assert _named_assumptions(*args, "megatron", zero2.replace("zero=2", "zero=1"),
                               "all-reduce each gradient bucket")[1] == []
+
+
+def test_check_reads_a_deepspeed_configs_communication_data_type(tmp_path):
+    """DeepSpeed's top-level communication_data_type sets the dtype gradients are reduced in: fp32 on a bf16 model
+    moves twice the bytes of the default (the model's bf16), so `check` predicts a slower step and says why; bf16
+    is the default and moves nothing; a value DeepSpeed refuses ('fp8') is a violation that names the key."""
+    import json
+    from pathlib import Path
+
+    from tests.test_real_configs import run
+
+    steps = {}
+    for dtype in (None, "bf16", "fp32", "fp8"):
+        doc = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+               "bf16": {"enabled": True}, "zero_optimization": {"stage": 1, "overlap_comm": True}}
+        if dtype:
+            doc["communication_data_type"] = dtype
+        path = Path(tmp_path) / f"ds{dtype}.json"
+        path.write_text(json.dumps(doc))
+        proc = run("check", str(path), "-c", "dgx-a100-80gb", "-n", "8", "-m", "llama2-7b", "-s", "4096", "--fix",
+                   "recompute=full", "--json")
+        report = json.loads(proc.stdout)
+        if dtype == "fp8":
+            assert proc.returncode == 1
+            assert [v["rule"] for v in report["violations"]] == ["communication_data_type"]
+            continue
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        steps[dtype] = report["predicted"]["step_time_seconds"]
+        if dtype:
+            assert f"communication_data_type {dtype}: gradients reduced in {dtype} (predicted so)" in report["notes"]
+    assert steps["bf16"] == pytest.approx(steps[None], rel=1e-12)
+    assert steps["fp32"] > steps[None]

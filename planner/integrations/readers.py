@@ -54,7 +54,8 @@ class ConfigView:
     fp8_recipe: str | None = None  # with precision fp8: the scaling recipe the config names (cost_models/fp8.py)
     fp8_param_gather: bool | None = None  # FP8 parameter all-gather as the config sets it (None: the default)
     # the gradient buffer's and optimizer states' dtypes where the config sets them (TrainingSpec fields grad_dtype,
-    # master_dtype, exp_avg_dtype, exp_avg_sq_dtype; planner/integrations/modern_flags.py writes them)
+    # master_dtype, exp_avg_dtype, exp_avg_sq_dtype; planner/integrations/modern_flags.py writes them), and the
+    # gradient reduce's (grad_reduce_dtype: DeepSpeed's communication_data_type)
     optimizer_states: dict[str, str] = field(default_factory=dict)
     # knobs the config sets below its framework's profile: communication it leaves exposed that the profile assumes
     # hidden, a compiled model's elementwise traffic: knob -> (value, why); HIDDEN_SQUARED where the value is the
@@ -177,6 +178,7 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     _cp_ep(view, cp=sp_degree, cp_comm="a2a")
     view.global_batch_size = gbs
     view.precision = _ds_precision(doc)
+    ds_comm_dtype(doc, view)
     ds_overlap(zero, view.fields["zero_stage"], view)
     ds_mics(zero, view)
     ds_reuse_distance(zero, view)
@@ -203,6 +205,24 @@ def ds_grad_reduce(zero: dict, view: ConfigView) -> None:
             (), "use_multi_rank_bucket_allreduce false: ZeRO-1/2 reduce each rank's slice of a gradient bucket to it "
                 "(dist.reduce), a reduce-scatter's bytes, not the all-reduce of the whole bucket DeepSpeed's default "
                 "runs")
+
+
+DS_COMM_DTYPES = ("fp16", "bf16", "fp32")  # runtime/config.py get_communication_data_type
+
+
+def ds_comm_dtype(doc: dict, view: ConfigView) -> None:
+    """DeepSpeed's top-level `communication_data_type`: the dtype gradients are reduced in (the engine's, else the
+    model's 16-bit dtype), read as the training's grad_reduce_dtype; DeepSpeed refuses other values at start-up."""
+    given = doc.get("communication_data_type")
+    if given is None:
+        return
+    if not isinstance(given, str) or given.lower() not in DS_COMM_DTYPES:
+        view.errors.append(("communication_data_type", f"communication_data_type: {given!r} -> one of "
+                            f"{', '.join(DS_COMM_DTYPES)} (DeepSpeed's engine refuses others at start-up)",
+                            "give fp16, bf16 or fp32, or drop the key (the model's 16-bit dtype)"))
+        return
+    view.optimizer_states["grad_reduce_dtype"] = given.lower()
+    view.notes.append(f"communication_data_type {given.lower()}: gradients reduced in {given.lower()} (predicted so)")
 
 
 HIDDEN_SQUARED = "hidden_size^2"
