@@ -435,15 +435,31 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
 ZERO3_REDUCE_BUCKET_BYTES_PER_ELEMENT = 2  # DeepSpeed's ZeRO-3 IPG bucket holds 16-bit gradients (self.dtype)
 
 
+def zero3_reduce_bucket_elements(knobs: Knobs, *, zero_stage: int) -> float | None:
+    """The elements each ZeRO-3 gradient bucket holds where gradients are reduced in buckets (DeepSpeed's ZeRO-3 of
+    today, gathering by module: Knobs.zero3_reduce_bucket_elements), else None: FSDP reduces per block, DeepSpeed's
+    ZeRO-3 of 2021 per tensor. The one rule the DP traffic (step.dp_comm_seconds) and the memory (bucket_bytes) ask."""
+    if zero_stage >= 3 and knobs.zero3_gather == _GATHER_MODULE:
+        return knobs.zero3_reduce_bucket_elements
+    return None
+
+
+def zero0_states_sharded(training: Training, *, offload: str = Offload.NONE) -> bool:
+    """Whether the optimizer the framework runs at ZeRO-0 shards its states over DP (DeepSpeed's BF16_Optimizer), so
+    it all-gathers the updated parameters after its step; not under offload, which runs ZeRO-Offload's path."""
+    return training.zero0_state_bytes is not None and training.zero0_optimizer_sharded and offload == _OFFLOAD_NONE
+
+
 def bucket_bytes(knobs: Knobs, *, zero_stage: int) -> float:
     """The gradient-reduce buffers allocated on top of the model states: the ZeRO-0 figure where the framework states
     one (its ZeRO-0 optimizer reduces another way); at ZeRO-3 where gradients are reduced in buckets
-    (Knobs.zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements DeepSpeed's ZeRO-3 keeps
-    for them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the bucket."""
+    (zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements DeepSpeed's ZeRO-3 keeps for
+    them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the bucket."""
     if zero_stage == 0 and knobs.zero0_bucket_bytes is not None:
         return knobs.zero0_bucket_bytes
-    if zero_stage >= 3 and knobs.zero3_reduce_bucket_elements is not None and knobs.zero3_gather == _GATHER_MODULE:
-        return knobs.zero3_reduce_bucket_elements * ZERO3_REDUCE_BUCKET_BYTES_PER_ELEMENT
+    bucketed = zero3_reduce_bucket_elements(knobs, zero_stage=zero_stage)
+    if bucketed is not None:
+        return bucketed * ZERO3_REDUCE_BUCKET_BYTES_PER_ELEMENT
     return knobs.bucket_bytes
 
 
@@ -458,7 +474,7 @@ def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int,
     offloaded = offload != _OFFLOAD_NONE
     if zero_stage == 0 and training.zero0_state_bytes is not None and not offloaded:
         param, grad, optimizer = training.zero0_state_bytes  # the optimizer the framework runs at ZeRO-0
-        return param, grad, optimizer / dp if training.zero0_optimizer_sharded else optimizer
+        return param, grad, optimizer / dp if zero0_states_sharded(training, offload=offload) else optimizer
     weights = 0.0 if offload == _OFFLOAD_PARAMS else training.param_bytes / (dp if zero_stage >= 3 else 1)
     grads = 0.0 if offloaded else training.grad_bytes / (dp if zero_stage >= 2 else 1)
     optim = 0.0 if offloaded else training.optimizer_bytes / (dp if zero_stage >= 1 else 1)

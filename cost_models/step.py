@@ -45,6 +45,8 @@ from cost_models.stage import (
     matmul_efficiency,
     stage_model,
     stage_split,
+    zero0_states_sharded,
+    zero3_reduce_bucket_elements,
 )
 
 __all__ = ["LayerCosts", "StageMemory", "StepEstimate", "TimeBreakdown", "estimate_step", "layer_costs",
@@ -210,9 +212,7 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
                                       * model.hidden_size / lay.tp * training.grad_reduce_bytes)
     units = zero3_units_per_layer(model, knobs, lay.tp)
     regather = zero3_recompute_regathers(model, knobs, sm.lc, lay.tp) if lay.zero_stage >= 3 else (0.0, 0)
-    # DeepSpeed's ZeRO-3 of today reduces in buckets; FSDP reduces per block, the ZeRO-3 of 2021 per tensor
-    module = lay.zero_stage >= 3 and knobs.zero3_gather == _GATHER_MODULE
-    bucketed = knobs.zero3_reduce_bucket_elements if module else None
+    bucketed = zero3_reduce_bucket_elements(knobs, zero_stage=lay.zero_stage)
     # stages alike in parameters, layers and compute move the same traffic: computed once per kind of stage
     known: dict[tuple[float, int, float, float, int], tuple[float, float]] = {}
     total = exposed = 0.0
@@ -224,9 +224,7 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
             seen, key = (P, n, t, r), (P, n, t.forward_seconds, t.backward_seconds, r)
             traffic = known.get(key) or known.setdefault(
                 key, _stage_dp_traffic(training, knobs, lay, (link, replica_link), key, units, regather,
-                                       None if bucketed is None else zero3_reduce_buckets(
-                                           sm.lc.module_params, layers=n, bucket_elements=bucketed,
-                                           other_elements=max(0.0, P - n * sum(sm.lc.module_params)))))
+                                       _bucketed_reduce_scatters(sm.lc, P, n, bucketed)))
         comm, hidden = traffic
         if tied and (i == 0 or i == p - 1):
             comm, hidden = comm + sync, hidden + sync
@@ -235,6 +233,16 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
         if hidden > exposed:
             exposed = hidden
     return total, exposed
+
+
+def _bucketed_reduce_scatters(lc: LayerCosts, params: float, layers: int, bucket: float | None) -> int | None:
+    """Reduce-scatters per backward of a stage of `params` parameters and `layers` layers where gradients go in
+    buckets of `bucket` elements (zero3_reduce_buckets; the head's and embeddings' elements are what the layers
+    leave), None where they do not."""
+    if bucket is None:
+        return None
+    return zero3_reduce_buckets(lc.module_params, layers=layers, bucket_elements=bucket,
+                                other_elements=max(0.0, params - layers * sum(lc.module_params)))
 
 
 def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tuple[Link, Link],
@@ -259,8 +267,7 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                  regathered_share=recomputed * regather[0] / params if params > 0 else 0.0,
                                  regathers=recomputed * regather[1], reduce_scatters=reduce_scatters,
                                  grad_all_reduce=lay.zero_stage in knobs.grad_all_reduce_zero_stages,
-                                 zero0_gather=(training.zero0_state_bytes is not None
-                                               and training.zero0_optimizer_sharded and lay.offload == _OFFLOAD_NONE))
+                                 zero0_gather=zero0_states_sharded(training, offload=lay.offload))
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
                                            num_micro_batches=m, link=links[1],

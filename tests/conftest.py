@@ -32,6 +32,19 @@ def gpt_shape(**kw):
     return Transformer(**base)
 
 
+def read_deepspeed_zero(tmp_path: Path, zero: dict, *, gpus: int = 64, **top):
+    """What `check` reads from a small bf16 DeepSpeed config (64 sequences of one micro-batch) with this
+    `zero_optimization` section and the top-level keys `top`."""
+    import json
+
+    from planner.integrations.readers import read_config
+
+    path = Path(tmp_path) / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                "bf16": {"enabled": True}, "zero_optimization": zero, **top}))
+    return read_config(path, gpus=gpus)
+
+
 @pytest.fixture
 def planner_cmd():
     return [sys.executable, "-m", "planner.cli"]

@@ -118,15 +118,9 @@ def test_bf16_optimizer_at_zero0_gathers_its_parameters_and_fp16_optimizer_does_
     ({"stage": 1, "reduce_scatter": 0}, None, ["reduce_scatter"]),
 ])
 def test_check_reads_how_a_deepspeed_config_reduces(tmp_path, zero, knob, rules):
-    import json
-    from pathlib import Path
+    from tests.conftest import read_deepspeed_zero
 
-    from planner.integrations.readers import read_config
-
-    path = Path(tmp_path) / "ds.json"
-    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
-                                "bf16": {"enabled": True}, "zero_optimization": zero}))
-    view = read_config(path, gpus=64)
+    view = read_deepspeed_zero(tmp_path, zero)
     assert view.knobs.get("grad_all_reduce_zero_stages", (None,))[0] == knob
     assert [r for r, _, _ in view.errors] == rules
 

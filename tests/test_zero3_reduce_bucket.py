@@ -138,13 +138,9 @@ def test_a_deepspeed_zero3_step_at_scale_pays_fewer_reduce_scatter_latencies():
     ({"stage": 3, "reduce_bucket_size": True}, False, None, ["reduce_bucket_size"]),
 ])
 def test_check_reads_a_deepspeed_configs_reduce_bucket(tmp_path, zero, hf, knob, rules):
-    from planner.integrations.readers import read_config
+    from tests.conftest import read_deepspeed_zero
 
-    path = Path(tmp_path) / "ds.json"
-    doc = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
-           "zero_optimization": zero} | ({"gradient_clipping": "auto"} if hf else {})
-    path.write_text(json.dumps(doc))
-    view = read_config(path, gpus=64)
+    view = read_deepspeed_zero(tmp_path, zero, **({"gradient_clipping": "auto"} if hf else {}))
     assert view.knobs.get("zero3_reduce_bucket_elements", (None,))[0] == knob
     assert [r for r, _, _ in view.errors] == rules
 

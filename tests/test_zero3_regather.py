@@ -149,15 +149,9 @@ def test_deepspeed_holds_the_kept_modules_of_a_recomputed_layer():
     ({"stage": 3, "stage3_max_reuse_distance": float("inf")}, None, ["stage3_max_reuse_distance"]),
 ])
 def test_check_reads_a_deepspeed_configs_reuse_distance(tmp_path, zero, knob, rules):
-    import json
-    from pathlib import Path
+    from tests.conftest import read_deepspeed_zero
 
-    from planner.integrations.readers import read_config
-
-    path = Path(tmp_path) / "ds.json"
-    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
-                                "bf16": {"enabled": True}, "zero_optimization": zero}))
-    view = read_config(path, gpus=64)
+    view = read_deepspeed_zero(tmp_path, zero)
     assert view.knobs.get("zero3_max_reuse_distance", (None,))[0] == knob
     assert [r for r, _, _ in view.errors] == rules
 

@@ -521,6 +521,8 @@ DEEPSPEED_OVERLAP_COMM_SHARE = 0.9 * 2 / 3
 _DEEPSPEED_COMM_DTYPE = ("DeepSpeed reduces gradients in the engine's communication_data_type: the config's, else "
                          "fp16 or bf16 as the model trains (runtime/engine.py communication_data_type; ZeRO-3's "
                          "get_param_comm_dtype)")
+# Megatron-DeepSpeed's profile states no ZeRO-3 bucket, so it reduces per module [U]: its ZeRO-3 is the DeepSpeed of
+# 2021-2022, whose bucketing this model does not follow release by release
 _DEEPSPEED_ZERO3_REDUCE_BUCKET = Sourced(
     ZERO3_REDUCE_BUCKET_ELEMENTS, "ZeRO-3 reduces gradients in buckets of reduce_bucket_size elements (default 5e8, "
     "runtime/zero/config.py), one coalesced reduce-scatter per bucket (stage3.py __reduce_and_partition_ipg_grads -> "
@@ -534,8 +536,6 @@ _MEGATRON_DEEPSPEED_GRAD_ALL_REDUCE = ((1,), "contiguous_gradients off at ZeRO-1
                                        "(engine.py _configure_zero_optimizer, 6ae756c03 to af033831f; stage_1_and_2.py "
                                        "@8eef742); its ZeRO-2 reduced each rank's slice with dist.reduce "
                                        "(average_tensor), a reduce-scatter's bytes")
-# Megatron-DeepSpeed's profile reduces per module [U]: its ZeRO-3 is the DeepSpeed of 2021-2022, whose bucketing
-# this model does not follow release by release
 _MEGATRON_DEEPSPEED_COMM_DTYPE = (
     "Megatron-DeepSpeed's DeepSpeed reduces bf16 gradients in 16 bits: at ZeRO-1 allreduce_bucket casts each bucket "
     "to its communication_data_type, torch.float16 at BigScience's branch (stage_1_and_2.py @8eef742); at ZeRO-0 the "

@@ -171,10 +171,9 @@ def _config_knobs(view: ConfigView, problem):
         now = getattr(problem.knobs, k)
         return v != now if isinstance(now, bool) or k in CONFIG_SETTING_KNOBS else v < now
 
-    def value(v):  # the Hugging Face Trainer's "auto" bucket, with the model's hidden size
-        return float(problem.model.hidden_size) ** 2 if v == HIDDEN_SQUARED else v
-
-    moved = {k: value(v) for k, (v, _) in view.knobs.items() if moves(k, value(v))}
+    # the Hugging Face Trainer's "auto" bucket takes the model's hidden size
+    given = {k: float(problem.model.hidden_size) ** 2 if v == HIDDEN_SQUARED else v for k, (v, _) in view.knobs.items()}
+    moved = {k: v for k, v in given.items() if moves(k, v)}
     if not moved:
         return problem
     whys = [why for k, (v, why) in view.knobs.items() if k in moved]

@@ -232,41 +232,40 @@ def ds_reduce_bucket(zero: dict, view: ConfigView, hf: bool) -> None:
     """`zero_optimization.reduce_bucket_size` at ZeRO-3: how many gradient elements each coalesced reduce-scatter
     carries (DeepSpeed's default 5e8; Knobs.zero3_reduce_bucket_elements, data_parallel.zero3_reduce_buckets);
     "auto" under the Hugging Face Trainer is the model's hidden_size^2 (transformers integrations/deepspeed.py)."""
-    given = zero.get("reduce_bucket_size")
-    if given is None or view.fields["zero_stage"] != 3:
-        return
-    if given == "auto" and hf:
+    if zero.get("reduce_bucket_size") == "auto" and hf and view.fields["zero_stage"] == 3:
         view.knobs["zero3_reduce_bucket_elements"] = (
             HIDDEN_SQUARED, "reduce_bucket_size auto: the Trainer fills hidden_size^2, so ZeRO-3 reduce-scatters "
                             "about one Linear's gradients at a time (DeepSpeed's default bucket is 5e8 elements)")
         return
-    if not isinstance(given, int | float) or isinstance(given, bool) or not given >= 0 or given == float("inf"):
-        view.errors.append(("reduce_bucket_size",
-                            f"zero_optimization.reduce_bucket_size: {given!r} -> a number of gradient elements >= 0",
-                            "give a number (DeepSpeed's default is 5e8), or drop the key"))
-        return
-    if given != ZERO3_REDUCE_BUCKET_ELEMENTS:
+    given = _ds_zero3_elements(zero, view, "reduce_bucket_size", "gradient", ZERO3_REDUCE_BUCKET_ELEMENTS)
+    if given is not None:
         view.knobs["zero3_reduce_bucket_elements"] = (
-            float(given), f"reduce_bucket_size {given:g}: ZeRO-3 reduce-scatters its gradients in buckets of that "
-                          "many elements (DeepSpeed's default 5e8)")
+            given, f"reduce_bucket_size {given:g}: ZeRO-3 reduce-scatters its gradients in buckets of that many "
+                   "elements (DeepSpeed's default 5e8)")
+
+
+def _ds_zero3_elements(zero: dict, view: ConfigView, key: str, what: str, default: float) -> float | None:
+    """A ZeRO-3 element count `zero_optimization.<key>` sets other than DeepSpeed's `default`; None where the key is
+    absent, at its default or read at another stage, or not a finite number >= 0 (a violation that names the key)."""
+    given = zero.get(key)
+    if given is None or view.fields["zero_stage"] != 3:
+        return None
+    if not isinstance(given, int | float) or isinstance(given, bool) or not given >= 0 or given == float("inf"):
+        view.errors.append((key, f"zero_optimization.{key}: {given!r} -> a number of {what} elements >= 0",
+                            f"give a number (DeepSpeed's default is {default:g}), or drop the key"))
+        return None
+    return None if given == default else float(given)
 
 
 def ds_reuse_distance(zero: dict, view: ConfigView) -> None:
     """`zero_optimization.stage3_max_reuse_distance` at ZeRO-3: how near its next use a released module's parameters
     must be to stay gathered (DeepSpeed's default 1e9 elements); a recomputed module further from its backward is
     gathered again for it (Knobs.zero3_max_reuse_distance, data_parallel.zero3_regathered_modules)."""
-    given = zero.get("stage3_max_reuse_distance")
-    if given is None or view.fields["zero_stage"] != 3:
-        return
-    if not isinstance(given, int | float) or isinstance(given, bool) or not given >= 0 or given == float("inf"):
-        view.errors.append(("stage3_max_reuse_distance",
-                            f"zero_optimization.stage3_max_reuse_distance: {given!r} -> a number of parameter "
-                            "elements >= 0", "give a number (DeepSpeed's default is 1e9), or drop the key"))
-        return
-    if given != ZERO3_MAX_REUSE_DISTANCE_ELEMENTS:
+    given = _ds_zero3_elements(zero, view, "stage3_max_reuse_distance", "parameter", ZERO3_MAX_REUSE_DISTANCE_ELEMENTS)
+    if given is not None:
         view.knobs["zero3_max_reuse_distance"] = (
-            float(given), f"stage3_max_reuse_distance {given:g}: a recomputed module further than that from its "
-                          "backward is gathered again for it (DeepSpeed's default 1e9)")
+            given, f"stage3_max_reuse_distance {given:g}: a recomputed module further than that from its backward "
+                   "is gathered again for it (DeepSpeed's default 1e9)")
 
 
 def ds_mics(zero: dict, view: ConfigView) -> None:
