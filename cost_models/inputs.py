@@ -68,10 +68,10 @@ ZERO3_MAX_REUSE_DISTANCE_ELEMENTS = 1e9
 threshold of parameters' (DeepSpeed config docs; runtime/zero/config.py; 1e9 in v0.3.13's stage3.py as well)."""
 
 
-ZERO3_REDUCE_BUCKET_ELEMENTS = 5e8
+REDUCE_BUCKET_ELEMENTS = 5e8
 """DeepSpeed's reduce_bucket_size default, 'Number of elements reduced/allreduced at a time' (DeepSpeed config docs;
-runtime/zero/config.py reduce_bucket_size = 5e8, 0.19.8); the Hugging Face Trainer's "auto" fills it with
-hidden_size^2 (transformers integrations/deepspeed.py trainer_config_finalize)."""
+runtime/zero/config.py reduce_bucket_size = 5e8, 0.19.8), at every ZeRO stage; the Hugging Face Trainer's "auto" fills
+it with hidden_size^2 at every stage (transformers integrations/deepspeed.py trainer_config_finalize)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +291,11 @@ class Knobs:
     zero3_reduce_bucket_elements: float | None = None
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
+    # DeepSpeed's ZeRO-1/2 gradient buffers (stage.zero12_reduce_buffer_bytes): reduce_bucket_size 16-bit elements
+    # each, two with overlap_comm and contiguous_gradients on, else one; `check` reads all three from a DeepSpeed
+    # config. None: bucket_bytes stands at ZeRO-1/2 as the framework's recipe states it
+    reduce_bucket_elements: float | None = None
+    reduce_bucket_buffers: int = 2
     zero0_bucket_bytes: float | None = None  # the same at ZeRO-0, where another path reduces (None: bucket_bytes)
     # the pipeline engine keeps each in-flight micro-batch's stage output until its backward (DeepSpeed's pipe engine;
     # Megatron frees it after the send, deallocate_output_tensor): one more layer input per micro-batch in flight

@@ -432,7 +432,7 @@ def layer_costs(model: Transformer, training: Training, hw: Hardware, layout: La
     )
 
 
-ZERO3_REDUCE_BUCKET_BYTES_PER_ELEMENT = 2  # DeepSpeed's ZeRO-3 IPG bucket holds 16-bit gradients (self.dtype)
+REDUCE_BUCKET_BYTES_PER_ELEMENT = 2  # DeepSpeed's IPG buckets hold 16-bit gradients (self.dtype), every stage
 
 
 def zero3_reduce_bucket_elements(knobs: Knobs, *, zero_stage: int) -> float | None:
@@ -450,16 +450,30 @@ def zero0_states_sharded(training: Training, *, offload: str = Offload.NONE) -> 
     return training.zero0_state_bytes is not None and training.zero0_optimizer_sharded and offload == _OFFLOAD_NONE
 
 
+def zero12_reduce_buffer_bytes(bucket_elements: float, *, buffers: int) -> float:
+    """DeepSpeed's ZeRO-1/2 gradient buffers: `buffers` of `bucket_elements` 16-bit elements. Each backward allocates
+    one (the IPG buffer) of reduce_bucket_size elements in the model's 16-bit dtype when contiguous_gradients is on,
+    and a second with overlap_comm ('Use double buffers to avoid data access conflict when overlap_comm is enabled',
+    stage_1_and_2.py backward, DeepSpeed 0.19.8). Without contiguous_gradients there is none, but each bucket is
+    flattened when it is reduced (allreduce_bucket): one bucket either way. The all-gather after the step writes in
+    place into the flat parameter buffer (runtime/utils.py all_gather_into_tensor_dp_groups): no bucket of its own."""
+    return bucket_elements * REDUCE_BUCKET_BYTES_PER_ELEMENT * buffers
+
+
 def bucket_bytes(knobs: Knobs, *, zero_stage: int) -> float:
     """The gradient-reduce buffers allocated on top of the model states: the ZeRO-0 figure where the framework states
-    one (its ZeRO-0 optimizer reduces another way); at ZeRO-3 where gradients are reduced in buckets
-    (zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements DeepSpeed's ZeRO-3 keeps for
-    them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the bucket."""
+    one (its ZeRO-0 optimizer reduces another way); at ZeRO-1/2 where the framework sizes them by its reduce bucket
+    (Knobs.reduce_bucket_elements: DeepSpeed's IPG buffers, zero12_reduce_buffer_bytes); at ZeRO-3 where gradients
+    are reduced in buckets (zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements
+    DeepSpeed's ZeRO-3 keeps for them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the
+    bucket."""
     if zero_stage == 0 and knobs.zero0_bucket_bytes is not None:
         return knobs.zero0_bucket_bytes
+    if zero_stage in (1, 2) and knobs.reduce_bucket_elements is not None:
+        return zero12_reduce_buffer_bytes(knobs.reduce_bucket_elements, buffers=knobs.reduce_bucket_buffers)
     bucketed = zero3_reduce_bucket_elements(knobs, zero_stage=zero_stage)
     if bucketed is not None:
-        return bucketed * ZERO3_REDUCE_BUCKET_BYTES_PER_ELEMENT
+        return bucketed * REDUCE_BUCKET_BYTES_PER_ELEMENT
     return knobs.bucket_bytes
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from cost_models.communication import group_link, reduce_scatter_seconds
 from cost_models.data_parallel import zero3_reduce_buckets, zero_comm_seconds
-from cost_models.inputs import ZERO3_REDUCE_BUCKET_ELEMENTS, Knobs, Zero3Gather
+from cost_models.inputs import REDUCE_BUCKET_ELEMENTS, Knobs, Zero3Gather
 from cost_models.stage import layer_module_elements
 from tests.conftest import gpt_shape
 
@@ -53,12 +53,12 @@ def test_a_llama_7b_stage_reduces_in_14_to_17_buckets_at_the_default():
     modules = layer_module_elements(LLAMA_7B, layer_params=202_383_360, tp=1)
     assert modules == pytest.approx((4096, 3 * 4096**2, 4096**2, 4096, 2 * 4096 * 11008, 4096 * 11008))
     other = 2 * 32000 * 4096 + 4096
-    count = zero3_reduce_buckets(modules, layers=32, other_elements=other, bucket_elements=ZERO3_REDUCE_BUCKET_ELEMENTS)
-    replay = _replay([other] + list(reversed(modules)) * 32, ZERO3_REDUCE_BUCKET_ELEMENTS)
+    count = zero3_reduce_buckets(modules, layers=32, other_elements=other, bucket_elements=REDUCE_BUCKET_ELEMENTS)
+    replay = _replay([other] + list(reversed(modules)) * 32, REDUCE_BUCKET_ELEMENTS)
     assert count == len(replay)
     assert 14 <= count <= 17
     assert sum(replay) == other + 32 * sum(modules)
-    assert max(replay) <= ZERO3_REDUCE_BUCKET_ELEMENTS
+    assert max(replay) <= REDUCE_BUCKET_ELEMENTS
 
 
 def _latency(link, ranks=512):
@@ -95,7 +95,7 @@ def test_deepspeeds_profile_reduces_in_its_default_bucket_and_the_others_do_not(
     from planner.estimate import layout_from_arg
     from planner.problem import Problem
 
-    assert _problem("deepspeed").knobs.zero3_reduce_bucket_elements == ZERO3_REDUCE_BUCKET_ELEMENTS
+    assert _problem("deepspeed").knobs.zero3_reduce_bucket_elements == REDUCE_BUCKET_ELEMENTS
     for framework in ("megatron-deepspeed", "torchtitan", "megatron", "generic"):
         assert _problem(framework).knobs.zero3_reduce_bucket_elements is None, framework
     text = "tp=1,pp=1,dp=512,zero=3,mbs=1,recompute=full"

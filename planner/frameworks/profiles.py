@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cost_models.inputs import (
+    REDUCE_BUCKET_ELEMENTS,
     ZERO3_MAX_REUSE_DISTANCE_ELEMENTS,
-    ZERO3_REDUCE_BUCKET_ELEMENTS,
     Knobs,
     Zero3Gather,
 )
@@ -64,6 +64,9 @@ class MemoryRecipe:
     zero0_sharded: bool = True
     zero0_bucket_bytes: float | None = None  # the reduce buffers at ZeRO-0 where they differ (None: bucket_bytes)
     dynamic_grads: bool = False  # gradients are per-parameter tensors allocated every step (not one persistent buffer)
+    # ZeRO-1/2 buffers sized by the reduce bucket: (elements, buffers) (Knobs.reduce_bucket_elements/_buffers; None:
+    # bucket_bytes)
+    reduce_buffers: tuple[float, int] | None = None
 
     @property
     def bytes_per_param(self) -> float:
@@ -75,6 +78,8 @@ class MemoryRecipe:
                        keeps_stage_output=self.keeps_stage_output, zero0_state_bytes_per_param=self.zero0,
                        zero0_optimizer_sharded=self.zero0_sharded, zero0_bucket_bytes=self.zero0_bucket_bytes,
                        dynamic_grads=self.dynamic_grads,
+                       reduce_bucket_elements=self.reduce_buffers[0] if self.reduce_buffers else None,
+                       reduce_bucket_buffers=self.reduce_buffers[1] if self.reduce_buffers else 2,
                        state_bytes_per_param=(self.param_bytes, self.grad_bytes, self.optimizer_bytes))
 
 
@@ -354,10 +359,13 @@ _DEEPSPEED_RECIPE = MemoryRecipe(
     "DeepSpeed ZeRO bf16/fp16", 2, 2, 16, 2, "module",
     "16-bit params 2 + 16-bit grads 2 + fp32 grads 4 + fp32 master 4 + Adam 8 = 20 B/param; the 16 fp32 bytes are "
     "partitioned from ZeRO-1 (ZeRO-2 estimator 2P + 18P/N, stage_1_and_2.py L3093-3095, frameworks.md §3.5); "
-    "ZeRO-3 gathers one module at a time (stage3_prefetch_bucket_size); reduce and all-gather buckets of 5e8 "
-    "16-bit elements each (reduce_bucket_size, allgather_bucket_size defaults, runtime/zero/config.py); at ZeRO-3 one "
-    "flat bucket of reduce_bucket_size 16-bit gradients, 1e9 B (stage3.py __ipg_bucket_flat_buffer; "
-    "stage.bucket_bytes)", 2e9)
+    "ZeRO-3 gathers one module at a time (stage3_prefetch_bucket_size); at ZeRO-1/2 two IPG gradient buffers of "
+    "reduce_bucket_size (default 5e8, runtime/zero/config.py) 16-bit elements, overlap_comm and contiguous_gradients "
+    "on as the DeepSpeed export writes them, 2e9 B (stage_1_and_2.py backward; stage.zero12_reduce_buffer_bytes: the "
+    "all-gather after the step writes in place, no allgather_bucket_size buffer); at ZeRO-3 one flat bucket of "
+    "reduce_bucket_size 16-bit gradients, 1e9 B (stage3.py __ipg_bucket_flat_buffer; stage.bucket_bytes); at ZeRO-0 "
+    "2e9 B of reduce buffers [U: the engine's ZeRO-0 path is not followed]", 2e9,
+    reduce_buffers=(REDUCE_BUCKET_ELEMENTS, 2))
 _DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
     "DeepSpeed ZeRO-1 optimizer under the pipeline engine (Megatron-DeepSpeed, bf16/fp16)", 2, 2, 18, 2, "module",
     "DeepSpeedZeroOptimizer (stage_1_and_2.py @8eef742, 2022-02-16: 'bf16 is supported w. zero 1'; BF16_Optimizer "
@@ -524,7 +532,7 @@ _DEEPSPEED_COMM_DTYPE = ("DeepSpeed reduces gradients in the engine's communicat
 # Megatron-DeepSpeed's profile states no ZeRO-3 bucket, so it reduces per module [U]: its ZeRO-3 is the DeepSpeed of
 # 2021-2022, whose bucketing this model does not follow release by release
 _DEEPSPEED_ZERO3_REDUCE_BUCKET = Sourced(
-    ZERO3_REDUCE_BUCKET_ELEMENTS, "ZeRO-3 reduces gradients in buckets of reduce_bucket_size elements (default 5e8, "
+    REDUCE_BUCKET_ELEMENTS, "ZeRO-3 reduces gradients in buckets of reduce_bucket_size elements (default 5e8, "
     "runtime/zero/config.py), one coalesced reduce-scatter per bucket (stage3.py __reduce_and_partition_ipg_grads -> "
     "reduce_scatter_coalesced, DeepSpeed 0.19.8; data_parallel.zero3_reduce_buckets)")
 _DEEPSPEED_GRAD_ALL_REDUCE = ((1, 2), "reduce_scatter and use_multi_rank_bucket_allreduce on, DeepSpeed's defaults; "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
-from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, ZERO3_REDUCE_BUCKET_ELEMENTS
+from cost_models.inputs import REDUCE_BUCKET_ELEMENTS, ZERO3_MAX_REUSE_DISTANCE_ELEMENTS
 from cost_models.memory import NORM_FP32_UPCAST_BYTES_PER_ELEMENT
 from cost_models.step import stage_split
 from planner.frameworks import Framework
@@ -183,6 +183,7 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     ds_mics(zero, view)
     ds_reuse_distance(zero, view)
     ds_reduce_bucket(zero, view, hf)
+    ds_contiguous_gradients(zero, view)
     ds_grad_reduce(zero, view)
     return view
 
@@ -229,26 +230,48 @@ HIDDEN_SQUARED = "hidden_size^2"
 
 
 def ds_reduce_bucket(zero: dict, view: ConfigView, hf: bool) -> None:
-    """`zero_optimization.reduce_bucket_size` at ZeRO-3: how many gradient elements each coalesced reduce-scatter
-    carries (DeepSpeed's default 5e8; Knobs.zero3_reduce_bucket_elements, data_parallel.zero3_reduce_buckets);
-    "auto" under the Hugging Face Trainer is the model's hidden_size^2 (transformers integrations/deepspeed.py)."""
-    if zero.get("reduce_bucket_size") == "auto" and hf and view.fields["zero_stage"] == 3:
-        view.knobs["zero3_reduce_bucket_elements"] = (
-            HIDDEN_SQUARED, "reduce_bucket_size auto: the Trainer fills hidden_size^2, so ZeRO-3 reduce-scatters "
-                            "about one Linear's gradients at a time (DeepSpeed's default bucket is 5e8 elements)")
+    """`zero_optimization.reduce_bucket_size`: at ZeRO-3 how many gradient elements each coalesced reduce-scatter
+    carries (Knobs.zero3_reduce_bucket_elements, data_parallel.zero3_reduce_buckets), at ZeRO-1/2 the size of the
+    gradient buffers (Knobs.reduce_bucket_elements, stage.zero12_reduce_buffer_bytes); DeepSpeed's default is 5e8,
+    and "auto" under the Hugging Face Trainer is the model's hidden_size^2 at every stage (transformers
+    integrations/deepspeed.py trainer_config_finalize)."""
+    stage = view.fields["zero_stage"]
+    if stage not in (1, 2, 3):
         return
-    given = _ds_zero3_elements(zero, view, "reduce_bucket_size", "gradient", ZERO3_REDUCE_BUCKET_ELEMENTS)
+    knob = "zero3_reduce_bucket_elements" if stage == 3 else "reduce_bucket_elements"
+    what = ("ZeRO-3 reduce-scatters its gradients in buckets of that many elements" if stage == 3 else
+            f"ZeRO-{stage}'s gradient buffers hold that many 16-bit elements each")
+    if zero.get("reduce_bucket_size") == "auto" and hf:
+        view.knobs[knob] = (HIDDEN_SQUARED, f"reduce_bucket_size auto: the Trainer fills hidden_size^2; {what} "
+                                            "(DeepSpeed's default is 5e8)")
+        return
+    given = _ds_elements(zero, view, "reduce_bucket_size", "gradient", REDUCE_BUCKET_ELEMENTS, stages=(1, 2, 3))
     if given is not None:
-        view.knobs["zero3_reduce_bucket_elements"] = (
-            given, f"reduce_bucket_size {given:g}: ZeRO-3 reduce-scatters its gradients in buckets of that many "
-                   "elements (DeepSpeed's default 5e8)")
+        view.knobs[knob] = (given, f"reduce_bucket_size {given:g}: {what} (DeepSpeed's default 5e8)")
 
 
-def _ds_zero3_elements(zero: dict, view: ConfigView, key: str, what: str, default: float) -> float | None:
-    """A ZeRO-3 element count `zero_optimization.<key>` sets other than DeepSpeed's `default`; None where the key is
-    absent, at its default or read at another stage, or not a finite number >= 0 (a violation that names the key)."""
+def ds_contiguous_gradients(zero: dict, view: ConfigView) -> None:
+    """`zero_optimization.contiguous_gradients` at ZeRO-1/2 (DeepSpeed's default true): off, no gradient buffer is
+    kept across the backward; each bucket is flattened when it is reduced, one bucket's worth (Knobs.
+    reduce_bucket_buffers, stage.zero12_reduce_buffer_bytes). ZeRO-3 flattens a bucket either way."""
+    given = zero.get("contiguous_gradients")
+    if given is None or view.fields["zero_stage"] not in (1, 2, 3):
+        return
+    if not isinstance(given, bool):
+        view.errors.append(("contiguous_gradients", f"zero_optimization.contiguous_gradients: {given!r} -> true or "
+                            "false", "give a boolean (DeepSpeed's default is true), or drop the key"))
+        return
+    if not given and view.fields["zero_stage"] < 3:
+        view.knobs["reduce_bucket_buffers"] = (1, "contiguous_gradients off: no gradient buffer across the backward, "
+                                                  "each bucket flattened as it is reduced (one bucket's bytes)")
+
+
+def _ds_elements(zero: dict, view: ConfigView, key: str, what: str, default: float, *,
+                 stages: tuple[int, ...] = (3,)) -> float | None:
+    """An element count `zero_optimization.<key>` sets other than DeepSpeed's `default`; None where the key is absent,
+    at its default or read at a stage outside `stages`, or not a finite number >= 0 (a violation that names the key)."""
     given = zero.get(key)
-    if given is None or view.fields["zero_stage"] != 3:
+    if given is None or view.fields["zero_stage"] not in stages:
         return None
     if not isinstance(given, int | float) or isinstance(given, bool) or not given >= 0 or given == float("inf"):
         view.errors.append((key, f"zero_optimization.{key}: {given!r} -> a number of {what} elements >= 0",
@@ -261,7 +284,7 @@ def ds_reuse_distance(zero: dict, view: ConfigView) -> None:
     """`zero_optimization.stage3_max_reuse_distance` at ZeRO-3: how near its next use a released module's parameters
     must be to stay gathered (DeepSpeed's default 1e9 elements); a recomputed module further from its backward is
     gathered again for it (Knobs.zero3_max_reuse_distance, data_parallel.zero3_regathered_modules)."""
-    given = _ds_zero3_elements(zero, view, "stage3_max_reuse_distance", "parameter", ZERO3_MAX_REUSE_DISTANCE_ELEMENTS)
+    given = _ds_elements(zero, view, "stage3_max_reuse_distance", "parameter", ZERO3_MAX_REUSE_DISTANCE_ELEMENTS)
     if given is not None:
         view.knobs["zero3_max_reuse_distance"] = (
             given, f"stage3_max_reuse_distance {given:g}: a recomputed module further than that from its backward "
@@ -320,6 +343,8 @@ def ds_overlap(zero: dict, stage: int, view: ConfigView) -> None:
     if stage < 3:
         view.knobs["dp_overlap_fraction"] = (0.0, f"overlap_comm off at ZeRO-{stage}: the gradient reduce runs "
                                                   "after backward")
+        view.knobs["reduce_bucket_buffers"] = (1, f"overlap_comm off at ZeRO-{stage}: one reduce_bucket_size gradient "
+                                                  "buffer (DeepSpeed doubles it only with overlap_comm)")
     else:
         share = profile_for(Framework.DEEPSPEED).overlap.zero3.value * 2 / 3
         view.knobs["zero3_overlap_fraction"] = (share, "overlap_comm off at ZeRO-3: the reduce-scatters are not "
