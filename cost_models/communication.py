@@ -1,7 +1,7 @@
 """Alpha-beta model of collectives and point-to-point on a cluster topology (standard library only).
 
 Bus-bandwidth factors are nccl-tests' (doc/PERFORMANCE.md, cost-models.md §4.1): all-reduce 2(n-1)/n,
-reduce-scatter / all-gather / all-to-all (n-1)/n, where the message is the per-rank buffer size S.
+reduce-scatter / all-gather / all-to-all (n-1)/n, reduce 1, where the message is the per-rank buffer size S.
 Rank order is Megatron-LM's and torchtitan's: TP innermost, then DP, then PP (cost-models.md §7.3).
 """
 
@@ -31,6 +31,25 @@ def all_gather_seconds(*, message_bytes: float, group_size: int, link: Link) -> 
 def reduce_scatter_seconds(*, message_bytes: float, group_size: int, link: Link) -> float:
     """Ring reduce-scatter of a total buffer of message_bytes: same cost as all-gather."""
     return all_gather_seconds(message_bytes=message_bytes, group_size=group_size, link=link)
+
+
+def reduce_seconds(*, message_bytes: float, group_size: int, link: Link) -> float:
+    """Ring reduce of message_bytes to one rank (dist.reduce): (n-1) latency steps, and the whole buffer over the bus
+    bandwidth (nccl-tests doc/PERFORMANCE.md: Reduce's bus-bandwidth factor is 1)."""
+    if group_size <= 1 or message_bytes <= 0:
+        return 0.0
+    return (group_size - 1) * link.latency_seconds + message_bytes / link.bandwidth_bytes_per_second
+
+
+def slice_reduces_seconds(*, message_bytes: float, group_size: int, link: Link) -> float:
+    """Each rank's 1/n slice of a buffer of message_bytes reduced to that rank by a dist.reduce of its own, issued one
+    after another on one communicator (DeepSpeed's ZeRO-1/2 average_tensor with use_multi_rank_bucket_allreduce off):
+    n reduces of message/n, so a reduce-scatter's bandwidth term (+1/n) and n times its latency. Every ring step is
+    charged the group's bottleneck latency, as for the other collectives here: across nodes an upper bound, since most
+    of a ring's hops are NVLink ones [U: no measurement of DeepSpeed's slice reduces at scale]."""
+    if group_size <= 1 or message_bytes <= 0:
+        return 0.0
+    return group_size * reduce_seconds(message_bytes=message_bytes / group_size, group_size=group_size, link=link)
 
 
 def all_to_all_seconds(*, message_bytes: float, group_size: int, link: Link) -> float:

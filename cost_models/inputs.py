@@ -317,6 +317,9 @@ class Knobs:
     # ZeRO stages whose gradient reduce is an all-reduce of whole buckets, each rank then keeping its partition
     # (DeepSpeed's DeepSpeedZeroOptimizer: planner/frameworks/profiles.py), not a reduce-scatter: twice the bytes
     grad_all_reduce_zero_stages: tuple[int, ...] = ()
+    # ZeRO stages whose gradient reduce is one dist.reduce per rank's slice, issued one after another (DeepSpeed with
+    # use_multi_rank_bucket_allreduce off; Megatron-DeepSpeed's ZeRO-2): a reduce-scatter's bytes, dp times its latency
+    grad_slice_reduce_zero_stages: tuple[int, ...] = ()
     tp_layer_overhead_seconds: float = 0.0  # per layer and micro-batch (fwd+bwd) under TP: framework dispatch
     # Megatron-LM's async tensor-parallel all-reduce (on by default since 2021-09, commit 3f65246911; off with
     # --no-async-tensor-model-parallel-allreduce and under Megatron-DeepSpeed's --deepspeed): in backward, each

@@ -267,6 +267,7 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                  regathered_share=recomputed * regather[0] / params if params > 0 else 0.0,
                                  regathers=recomputed * regather[1], reduce_scatters=reduce_scatters,
                                  grad_all_reduce=lay.zero_stage in knobs.grad_all_reduce_zero_stages,
+                                 grad_slice_reduce=lay.zero_stage in knobs.grad_slice_reduce_zero_stages,
                                  zero0_gather=zero0_states_sharded(training, offload=lay.offload))
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,

@@ -15,6 +15,8 @@ from cost_models.communication import (
     all_reduce_seconds,
     group_link,
     reduce_scatter_seconds,
+    reduce_seconds,
+    slice_reduces_seconds,
 )
 from cost_models.data_parallel import zero_comm_seconds
 
@@ -126,9 +128,10 @@ def test_check_reads_how_a_deepspeed_config_reduces(tmp_path, zero, knob, rules)
 
 
 def test_check_predicts_a_configs_slice_reduces(tmp_path):
-    """Llama 2 7B on 8 A100 nodes, DeepSpeed ZeRO-2: with use_multi_rank_bucket_allreduce off the step's DP traffic is
-    the reduce-scatter's, less by an all-gather of the gradients per micro-batch than DeepSpeed's default all-reduce;
-    a note names the setting."""
+    """Llama 2 7B on 8 A100 nodes, DeepSpeed ZeRO-2: with use_multi_rank_bucket_allreduce off each micro-batch's
+    gradients go in 64 slice reduces (one per rank, a dist.reduce each) where DeepSpeed's default all-reduces them;
+    the step's DP traffic differs by 4 x (all-reduce - slice reduces) of the gradient bytes; a note names the
+    setting."""
     import json
     from pathlib import Path
 
@@ -149,7 +152,8 @@ def test_check_predicts_a_configs_slice_reduces(tmp_path):
     link = group_link(problem.cluster.to_cost_model("bf16"), group_size=64, stride=1).link
     grads = out[True].estimate.stages[0].params * 2
     less = out[True].estimate.time.dp_comm_total_seconds - out[False].estimate.time.dp_comm_total_seconds
-    assert less == pytest.approx(4 * all_gather_seconds(message_bytes=grads, group_size=64, link=link), rel=1e-6)
+    assert less == pytest.approx(4 * (all_reduce_seconds(message_bytes=grads, group_size=64, link=link)
+                                      - slice_reduces_seconds(message_bytes=grads, group_size=64, link=link)), rel=1e-6)
 
 
 def test_a_deepspeed_zero2_plan_names_its_all_reduce_among_its_assumptions():
@@ -200,3 +204,45 @@ def test_check_reads_a_deepspeed_configs_communication_data_type(tmp_path):
             assert f"communication_data_type {dtype}: gradients reduced in {dtype} (predicted so)" in report["notes"]
     assert steps["bf16"] == pytest.approx(steps[None], rel=1e-12)
     assert steps["fp32"] > steps[None]
+
+
+def test_slice_reduces_by_hand():
+    """n reduces of S/n, each (n-1) latency steps and its bytes at the bus bandwidth (nccl-tests: Reduce's factor is
+    1): 4 ranks, 10 us, 100 GB/s, 4 GB -> 4 x (3 x 10 us + 1 GB / 100 GB/s) = 40.12 ms; a reduce-scatter of the same
+    4 GB is 3 x 10 us + 3 GB / 100 GB/s = 30.03 ms: the slices move S/n more and pay n times the latency."""
+    from cost_models.inputs import Link
+
+    link = Link(bandwidth_bytes_per_second=100e9, latency_seconds=10e-6)
+    assert reduce_seconds(message_bytes=1e9, group_size=4, link=link) == pytest.approx(3e-5 + 0.01, rel=1e-12)
+    assert slice_reduces_seconds(message_bytes=4e9, group_size=4, link=link) == pytest.approx(0.04012, rel=1e-12)
+    assert reduce_scatter_seconds(message_bytes=4e9, group_size=4, link=link) == pytest.approx(0.03003, rel=1e-12)
+    assert slice_reduces_seconds(message_bytes=4e9, group_size=1, link=link) == 0.0
+
+
+def test_slice_reduces_cost_a_reduce_scatter_plus_latency_that_grows_with_dp():
+    """Against the ring reduce-scatter of the same gradients at ZeRO-2 (4 micro-batches, 1e9 parameters in 16 bits):
+    the slices add per micro-batch S/n of bandwidth and (n-1)^2 latency steps, so the gap grows with the DP degree
+    (64 -> 512 ranks on 8 -> 64 nodes) faster than linearly."""
+    gaps = []
+    for nodes in (8, 64):
+        ranks = nodes * 8
+        link = _link(nodes=nodes, ranks=ranks)
+        args = dict(zero_stage=2, params=1e9, grad_reduce_bytes=2, param_bytes=2, dp=ranks, layers=32,
+                    num_micro_batches=4, link=link)
+        gap = zero_comm_seconds(**args, grad_slice_reduce=True) - zero_comm_seconds(**args)
+        want = 4 * ((ranks - 1) ** 2 * link.latency_seconds + 2e9 / ranks / link.bandwidth_bytes_per_second)
+        assert gap == pytest.approx(want, rel=1e-9)
+        gaps.append(gap)
+    assert gaps[1] > 8 * gaps[0]
+
+
+def test_megatron_deepspeeds_zero2_reduces_slices_and_its_zero1_all_reduces():
+    """Megatron-DeepSpeed's DeepSpeed of 2022: ZeRO-2 reduced each rank's slice with a dist.reduce of its own
+    (average_tensor @8eef742), ZeRO-1 all-reduced buckets; the DeepSpeed profile of today all-reduces both by default.
+    The profile states each, and the assumption list names the slices."""
+    from planner.frameworks.profiles import profile_for
+
+    mds, ds = profile_for("megatron-deepspeed"), profile_for("deepspeed")
+    assert (mds.knobs().grad_slice_reduce_zero_stages, mds.knobs().grad_all_reduce_zero_stages) == ((2,), (1,))
+    assert (ds.knobs().grad_slice_reduce_zero_stages, ds.knobs().grad_all_reduce_zero_stages) == ((), (1, 2))
+    assert any(k == "grad_slice_reduce_zero_stages" and "average_tensor" in src for k, _, src in mds.assumptions())

@@ -173,6 +173,9 @@ class Profile:
     # (ZeRO stages, source) where the gradients are all-reduced whole and each rank keeps its partition, not
     # reduce-scattered (Knobs.grad_all_reduce_zero_stages)
     grad_all_reduce: tuple[tuple[int, ...], str] | None = None
+    # (ZeRO stages, source) where each rank's slice of the gradients is reduced to it by a dist.reduce of its own, one
+    # after another (Knobs.grad_slice_reduce_zero_stages)
+    grad_slice_reduce: tuple[tuple[int, ...], str] | None = None
 
     def attention_kernel_efficiency(self, gpu_generation: str | None) -> float:
         """The fused attention kernel's stated efficiency on this GPU generation, 0 where none is stated."""
@@ -217,6 +220,7 @@ class Profile:
             grad_reduce_16bit=self.grad_reduce_16bit is not None,
             zero3_reduce_bucket_elements=self.zero3_reduce_bucket.value if self.zero3_reduce_bucket else None,
             grad_all_reduce_zero_stages=self.grad_all_reduce[0] if self.grad_all_reduce else (),
+            grad_slice_reduce_zero_stages=self.grad_slice_reduce[0] if self.grad_slice_reduce else (),
         ))
 
     def assumptions(self) -> list[tuple[str, str, str]]:
@@ -249,7 +253,10 @@ class Profile:
              "gradient)", self.zero3_reduce_bucket.source)] if self.zero3_reduce_bucket else []) + ([
             ("grad_all_reduce_zero_stages", "ZeRO-" + "/".join(map(str, self.grad_all_reduce[0])) + " all-reduce each "
              "gradient bucket whole, every rank keeping its partition (not a reduce-scatter)", self.grad_all_reduce[1])]
-            if self.grad_all_reduce else []) + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
+            if self.grad_all_reduce else []) + ([
+            ("grad_slice_reduce_zero_stages", "ZeRO-" + "/".join(map(str, self.grad_slice_reduce[0])) + " reduce each "
+             "rank's gradient slice to it with a dist.reduce of its own, one after another (dp times a "
+             "reduce-scatter's latency)", self.grad_slice_reduce[1])] if self.grad_slice_reduce else []) + ([("sp_saves_gathered_inputs", "sequence parallelism saves the QKV and FC1 inputs all-gathered "
                "(2 s b h (1 - 1/tp) more per layer than Megatron)", self.sp_gathered_inputs)]
              if self.sp_gathered_inputs else []) + ([
             ("fused_swiglu", "SwiGLU fused: saves FC1's output and FC2's input only (6 s b f bytes per layer, not "
@@ -542,8 +549,11 @@ _DEEPSPEED_GRAD_ALL_REDUCE = ((1, 2), "reduce_scatter and use_multi_rank_bucket_
 _MEGATRON_DEEPSPEED_GRAD_ALL_REDUCE = ((1,), "contiguous_gradients off at ZeRO-1, as the engine sets it; reduce_ipg_grads "
                                        "takes buffered_reduce_fallback -> allreduce_bucket, an all-reduce "
                                        "(engine.py _configure_zero_optimizer, 6ae756c03 to af033831f; stage_1_and_2.py "
-                                       "@8eef742); its ZeRO-2 reduced each rank's slice with dist.reduce "
-                                       "(average_tensor), a reduce-scatter's bytes")
+                                       "@8eef742)")
+_MEGATRON_DEEPSPEED_GRAD_SLICE_REDUCE = ((2,), "its ZeRO-2 reduced each rank's slice of a gradient bucket to it with a "
+                                         "dist.reduce of its own, issued in turn on the DP group (average_tensor, "
+                                         "stage_1_and_2.py @8eef742; DeepSpeed had no multi-rank bucket all-reduce "
+                                         "then)")
 _MEGATRON_DEEPSPEED_COMM_DTYPE = (
     "Megatron-DeepSpeed's DeepSpeed reduces bf16 gradients in 16 bits: at ZeRO-1 allreduce_bucket casts each bucket "
     "to its communication_data_type, torch.float16 at BigScience's branch (stage_1_and_2.py @8eef742); at ZeRO-0 the "
@@ -643,7 +653,8 @@ PROFILES: dict[Framework, Profile] = {
         "max GPU memory in GB as logged (nvidia-smi style: includes the CUDA context)",
         {"ampere": Sourced(MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY, _MEGATRON_DEEPSPEED_AMPERE)},
         memory_fp16=_DEEPSPEED_ZERO1_PIPE_FP16_RECIPE, hsdp_replica_reduce_once=DEEPSPEED_MICS,
-        grad_all_reduce=_MEGATRON_DEEPSPEED_GRAD_ALL_REDUCE, grad_reduce_16bit=_MEGATRON_DEEPSPEED_COMM_DTYPE),
+        grad_all_reduce=_MEGATRON_DEEPSPEED_GRAD_ALL_REDUCE, grad_slice_reduce=_MEGATRON_DEEPSPEED_GRAD_SLICE_REDUCE,
+        grad_reduce_16bit=_MEGATRON_DEEPSPEED_COMM_DTYPE),
     Framework.GENERIC: Profile(
         Framework.GENERIC, "generic (no framework named)", _MEGATRON_RECIPE,
         "core attention only (Megatron's definition, Korthikanti et al. 2022 §5)",
@@ -691,12 +702,12 @@ class Assumption:
 
 
 # what each knob is set to when the assumption does not hold: overlap -> none hidden; a ZeRO-3 reduce bucket -> none
-# (a reduce-scatter per module, as the Hugging Face Trainer's "auto" h^2 bucket gives); ZeRO-1/2 all-reduces ->
-# reduce-scatters (DeepSpeed's slice reduces, use_multi_rank_bucket_allreduce off); the fused attention kernel ->
+# (a reduce-scatter per module, as the Hugging Face Trainer's "auto" h^2 bucket gives); ZeRO-1/2 all-reduces or slice
+# reduces -> reduce-scatters; the fused attention kernel ->
 # not stated (the core at its full-s^2 FLOPs and the GEMM rate, ~0.35-0.40 of peak on the causal FLOPs on H100)
 _OPPOSITE = {"dp_overlap_fraction": 0.0, "zero3_overlap_fraction": 0.0, "tp_overlap_fraction": 0.0,
              "pp_overlap_fraction": 0.0, "attention_kernel_efficiency": 0.0, "zero3_max_reuse_distance": 0.0,
-             "zero3_reduce_bucket_elements": 0.0, "grad_all_reduce_zero_stages": (),
+             "zero3_reduce_bucket_elements": 0.0, "grad_all_reduce_zero_stages": (), "grad_slice_reduce_zero_stages": (),
              "compiled_elementwise_share": COMPILED_ELEMENTWISE_SHARE.value}
 
 

@@ -191,8 +191,9 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
 def ds_grad_reduce(zero: dict, view: ConfigView) -> None:
     """`zero_optimization.reduce_scatter` and `use_multi_rank_bucket_allreduce` at ZeRO-1/2 (both true by default):
     DeepSpeed all-reduces each gradient bucket whole unless reduce_scatter is on and use_multi_rank_bucket_allreduce
-    off, where it reduces each rank's slice to that rank with dist.reduce, a reduce-scatter's bytes
-    (stage_1_and_2.py average_tensor -> allreduce_no_retain; Knobs.grad_all_reduce_zero_stages)."""
+    off, where it reduces each rank's slice to that rank with a dist.reduce of its own, a reduce-scatter's bytes and
+    dp times its latency (stage_1_and_2.py average_tensor; Knobs.grad_all_reduce_zero_stages and
+    grad_slice_reduce_zero_stages)."""
     if view.fields["zero_stage"] not in (1, 2):
         return
     given = {k: zero.get(k) for k in ("reduce_scatter", "use_multi_rank_bucket_allreduce")}
@@ -202,10 +203,11 @@ def ds_grad_reduce(zero: dict, view: ConfigView) -> None:
                                 "give a boolean (DeepSpeed's default is true), or drop the key"))
             return
     if given["reduce_scatter"] is not False and given["use_multi_rank_bucket_allreduce"] is False:
-        view.knobs["grad_all_reduce_zero_stages"] = (
-            (), "use_multi_rank_bucket_allreduce false: ZeRO-1/2 reduce each rank's slice of a gradient bucket to it "
-                "(dist.reduce), a reduce-scatter's bytes, not the all-reduce of the whole bucket DeepSpeed's default "
-                "runs")
+        why = ("use_multi_rank_bucket_allreduce false: ZeRO-1/2 reduce each rank's slice of a gradient bucket to it "
+               "with a dist.reduce of its own, one after another: a reduce-scatter's bytes and dp times its latency, "
+               "not the all-reduce of the whole bucket DeepSpeed's default runs")
+        view.knobs["grad_all_reduce_zero_stages"] = ((), why)
+        view.knobs["grad_slice_reduce_zero_stages"] = ((1, 2), why)
 
 
 DS_COMM_DTYPES = ("fp16", "bf16", "fp32")  # runtime/config.py get_communication_data_type
