@@ -422,6 +422,19 @@ DEEPSPEED_BF16_BRANCH_RECIPE = MemoryRecipe(
 'currently can't test ZeRO_STAGE=0 on master') is predicted with it (planner/validation.py
 DEEPSPEED_BF16_SHARDED_FROM)."""
 
+DEEPSPEED_BF16_OPTIMIZER_STATES = {False: (2.0, 6.0, 12.0), True: (2.0, 4.0, 12.0)}
+"""(param, grad, optimizer) bytes per parameter, the optimizer's sharded over DP, of DeepSpeed's BF16_Optimizer, by
+bf16.immediate_grad_update (off by default, precision_config.py). Its engine runs it instead of the ZeRO optimizer for
+a bf16 model at ZeRO-1 that accumulates gradients in fp32 (data_types.grad_accum_dtype; engine.py
+_do_optimizer_sanity_check, DeepSpeed 0.19.8; `check` reads it: readers.ds_grad_accum_dtype): bf16 params 2 + the
+bf16 param.grad 2 (kept across steps, zeroed and not freed; with immediate_grad_update each is added to the fp32
+buffer by its hook and freed, accumulate_hp_grads_and_remove_lp) + the full fp32 gradient buffer 4 + fp32 master 4/d
++ Adam 8/d (bf16_optimizer.py). The engine all-reduces those fp32 gradients after backward and update_lp_params all-gathers the
+updated bf16 partitions after the step: the ZeRO-0 path of a framework whose ZeRO-0 optimizer shards its states."""
+DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES = 5e8 * (4 + 2)
+"""Its reduce bucket: buffered_allreduce_fallback -> allreduce_bucket flattens up to 5e8 fp32 gradients (2 GB) and
+casts them to the bf16 communication dtype (1 GB) (engine.py, 0.19.8)."""
+
 MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY = 0.8
 _MEGATRON_DEEPSPEED_AMPERE = (
     "fitted: MT-NLG 126 vs Megatron-LM 159 TFLOP/s per GPU at one layout on the same A100s (Megatron-DeepSpeed "

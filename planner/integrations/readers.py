@@ -30,7 +30,11 @@ from planner.frameworks.megatron_split import (
     shorten,
     stage_layers,
 )
-from planner.frameworks.profiles import COMPILED_ELEMENTWISE_SHARE
+from planner.frameworks.profiles import (
+    COMPILED_ELEMENTWISE_SHARE,
+    DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES,
+    DEEPSPEED_BF16_OPTIMIZER_STATES,
+)
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
 
 
@@ -60,7 +64,7 @@ class ConfigView:
     # knobs the config sets below its framework's profile: communication it leaves exposed that the profile assumes
     # hidden, a compiled model's elementwise traffic: knob -> (value, why); HIDDEN_SQUARED where the value is the
     # model's hidden size squared (the Hugging Face Trainer's "auto" bucket), which check resolves with the model
-    knobs: dict[str, tuple[float | str | tuple[int, ...], str]] = field(default_factory=dict)
+    knobs: dict[str, tuple[float | str | tuple[float, ...], str]] = field(default_factory=dict)
 
 
 def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
@@ -179,6 +183,7 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     view.global_batch_size = gbs
     view.precision = _ds_precision(doc)
     ds_comm_dtype(doc, view)
+    ds_grad_accum_dtype(doc, view)
     ds_overlap(zero, view.fields["zero_stage"], view)
     ds_mics(zero, view)
     ds_reuse_distance(zero, view)
@@ -226,6 +231,56 @@ def ds_comm_dtype(doc: dict, view: ConfigView) -> None:
         return
     view.optimizer_states["grad_reduce_dtype"] = given.lower()
     view.notes.append(f"communication_data_type {given.lower()}: gradients reduced in {given.lower()} (predicted so)")
+
+
+# DeepSpeed's DtypeEnum names (runtime/config.py): the canonical name of each accepted spelling
+DS_DTYPE_NAMES = {name: canon for canon, names in (
+    ("fp16", ("torch.float16", "fp16", "float16", "half")), ("fp32", ("torch.float32", "fp32", "float32", "float")),
+    ("bf16", ("torch.bfloat16", "bf16", "bfloat16")), ("int8", ("torch.int8", "int8"))) for name in names}
+
+
+def ds_grad_accum_dtype(doc: dict, view: ConfigView) -> None:
+    """`data_types.grad_accum_dtype` (default: the model's dtype), as DeepSpeed's engine picks its optimizer from it
+    (engine.py _do_optimizer_sanity_check, 0.19.8). A bf16 model at ZeRO-1 accumulating in fp32 without CPU offload
+    runs BF16_Optimizer, not the ZeRO optimizer: read as ZeRO-0 with BF16_Optimizer's sharded states
+    (profiles.DEEPSPEED_BF16_OPTIMIZER_STATES), whose memory and traffic that path predicts. Without ZeRO a dtype other than
+    the model's is refused at start-up ("unsupported mix"); at ZeRO-2/3 the fp32 accumulation is not followed (a
+    note says so)."""
+    section = doc.get("data_types")
+    given = section.get("grad_accum_dtype") if isinstance(section, dict) else None
+    if given is None:
+        return
+    canon = DS_DTYPE_NAMES.get(given) if isinstance(given, str) else None
+    if canon is None:
+        view.errors.append(("grad_accum_dtype", f"data_types.grad_accum_dtype: {given!r} -> one of "
+                            f"{', '.join(sorted(DS_DTYPE_NAMES))} (DeepSpeed's DtypeEnum)",
+                            "give fp32, bf16 or fp16, or drop the key (the model's dtype)"))
+        return
+    if view.precision is None:
+        view.notes.append(f"data_types.grad_accum_dtype {canon}: the config does not state its precision, so which "
+                          "optimizer DeepSpeed runs is not read (predicted with the profile's)")
+        return
+    model, stage = view.precision, view.fields["zero_stage"]
+    if canon == model:
+        return
+    if stage == 0:
+        view.errors.append(("grad_accum_dtype", f"data_types.grad_accum_dtype {canon} with a {model} model and no "
+                            "ZeRO -> DeepSpeed refuses it at start-up ('unsupported mix of model_dtype and "
+                            "grad_accum_dtype', engine.py)", "drop the key, or use ZeRO stage 1 or higher"))
+    elif stage == 1 and model == "bf16" and canon == "fp32" and view.fields["offload"] == "none":
+        view.fields["zero_stage"] = 0
+        immediate = (doc.get("bf16") or {}).get("immediate_grad_update") is True
+        states = DEEPSPEED_BF16_OPTIMIZER_STATES[immediate]
+        why = (f"zero_optimization.stage 1, bf16, data_types.grad_accum_dtype fp32: DeepSpeed runs BF16_Optimizer, "
+               f"read as ZeRO-0 with its states: {states[0]:g} + {states[1]:g} + {states[2]:g}/dp B/param"
+               f"{' (bf16.immediate_grad_update)' if immediate else ''} and a "
+               f"{DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES / 1e9:g} GB reduce bucket "
+               "(engine.py _do_optimizer_sanity_check)")
+        view.knobs["zero0_state_bytes_per_param"] = (states, why)
+        view.knobs["zero0_bucket_bytes"] = (DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES, why)
+    else:
+        view.notes.append(f"data_types.grad_accum_dtype {canon} at ZeRO-{stage}: the {canon} gradient accumulation "
+                          f"is not followed (predicted with the {model} gradients of the profile)")
 
 
 HIDDEN_SQUARED = "hidden_size^2"

@@ -1,0 +1,127 @@
+"""Which optimizer DeepSpeed's engine runs, as `check` reads `data_types.grad_accum_dtype` (default: the model's
+dtype): engine.py _do_optimizer_sanity_check, DeepSpeed 0.19.8. A bf16 model at ZeRO-1 accumulating in fp32, without
+CPU offload, runs BF16_Optimizer, not the ZeRO optimizer: bf16 params 2 + bf16 grads 2 + a full fp32 gradient buffer
+4 + fp32 master and Adam 12 sharded over DP, its gradients all-reduced in 5e8-element buckets flattened in fp32 and
+cast to bf16 (3 GB), its parameters all-gathered after the step (profiles.DEEPSPEED_BF16_OPTIMIZER_STATES). Without
+ZeRO a dtype other than the model's is refused at start-up. Held to the engine's own rule (DeepSpeed 0.19.8 installed
+by `make test`: the same config through its _do_optimizer_sanity_check), and to the memory it predicts."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import read_deepspeed_zero
+
+
+@pytest.mark.parametrize(("zero", "types", "stage", "knobs", "rule"), [
+    ({"stage": 1}, {"grad_accum_dtype": "fp32"}, 0, {"zero0_state_bytes_per_param", "zero0_bucket_bytes"}, None),
+    ({"stage": 1}, {"grad_accum_dtype": "float32"}, 0, {"zero0_state_bytes_per_param", "zero0_bucket_bytes"}, None),
+    ({"stage": 1}, {"grad_accum_dtype": "bf16"}, 1, set(), None),  # the model's dtype: the ZeRO optimizer
+    ({"stage": 1, "offload_optimizer": {"device": "cpu"}}, {"grad_accum_dtype": "fp32"}, 1, set(), None),
+    ({"stage": 2}, {"grad_accum_dtype": "fp32"}, 2, set(), None),  # ZeRO-2: the ZeRO optimizer (a note)
+    ({"stage": 0}, {"grad_accum_dtype": "fp32"}, 0, set(), "grad_accum_dtype"),  # refused at start-up
+    ({"stage": 1}, {"grad_accum_dtype": "fp64"}, 1, set(), "grad_accum_dtype"),  # not a DtypeEnum name
+])
+def test_check_reads_which_optimizer_deepspeed_runs(tmp_path, zero, types, stage, knobs, rule):
+    view = read_deepspeed_zero(tmp_path, zero, data_types=types)
+    assert view.fields["zero_stage"] == stage
+    assert knobs <= set(view.knobs)
+    assert not ({"zero0_state_bytes_per_param", "zero0_bucket_bytes"} - knobs) & set(view.knobs)
+    assert [e[0] for e in view.errors] == ([rule] if rule else [])
+
+
+def _deepspeed_engine_wrapper(monkeypatch, precision: str, stage: int, grad_accum: str | None, offload: bool) -> str:
+    """The optimizer wrapper DeepSpeed 0.19.8's own engine method picks for that config (the method run unbound on a
+    stand-in for the engine that answers its config queries; the ZeRO-supported-optimizer probe, which logs from rank
+    0 of a process group, answers yes for Adam)."""
+    deepspeed_engine = pytest.importorskip("deepspeed.runtime.engine")
+    import torch
+
+    monkeypatch.setattr(deepspeed_engine, "is_zero_supported_optimizer", lambda optimizer: True)
+
+    model = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    acc = {None: model, "fp32": torch.float32, "bf16": torch.bfloat16}[grad_accum]
+
+    class Stub:
+        pipeline_parallelism = False
+        global_rank = 0
+
+        def get_data_types(self):
+            return model, acc
+
+        def zero_optimization(self):
+            return stage > 0
+
+        def zero_optimization_stage(self):
+            return stage
+
+        def zero_cpu_offload(self):
+            return offload
+
+        def zero_compute_grad_norm(self):
+            return True
+
+        def zero_allow_untested_optimizer(self):
+            return True
+
+    try:
+        optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+        wrapper = deepspeed_engine.DeepSpeedEngine._do_optimizer_sanity_check(Stub(), optimizer)
+    except NotImplementedError:
+        return "refused"
+    return str(wrapper)
+
+
+@pytest.mark.parametrize(("stage", "grad_accum", "offload", "zero_stage_read"), [
+    (1, "fp32", False, 0), (1, None, False, 1), (1, "fp32", True, 1), (2, "fp32", False, 2),
+])
+def test_the_reader_agrees_with_deepspeeds_engine(tmp_path, monkeypatch, stage, grad_accum, offload, zero_stage_read):
+    """Where DeepSpeed's engine picks its bf16 optimizer (BFLOAT16), the reader reads ZeRO-0 with that optimizer's
+    states; where it picks the ZeRO optimizer, the stage stays."""
+    wrapper = _deepspeed_engine_wrapper(monkeypatch, "bf16", stage, grad_accum, offload)
+    zero = {"stage": stage} | ({"offload_optimizer": {"device": "cpu"}} if offload else {})
+    view = read_deepspeed_zero(tmp_path, zero, **({"data_types": {"grad_accum_dtype": grad_accum}}
+                                                  if grad_accum else {}))
+    assert (wrapper == "bf16") == (view.fields["zero_stage"] == 0)
+    assert view.fields["zero_stage"] == zero_stage_read
+
+
+def test_check_predicts_bf16_optimizers_memory(tmp_path):
+    """Llama 2 7B on one DGX A100 (dp 8), ZeRO-1 in bf16: with fp32 accumulation the live peak is higher by
+    (2 + 6 + 12/8) - (2 + 2 + 16/8) = 3.5 B per parameter and by the 3 GB bucket less the one 1 GB IPG buffer the
+    ZeRO optimizer keeps without overlap_comm; a note names the reason."""
+    from planner.estimate import build_problem
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    problem = build_problem("dgx-a100-80gb", 1, "llama2-7b", 64, 4096, "bf16", framework="deepspeed")
+    out = {}
+    for acc in (None, "fp32"):
+        doc = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+               "zero_optimization": {"stage": 1}} | ({"data_types": {"grad_accum_dtype": acc}} if acc else {})
+        path = Path(tmp_path) / f"ds{acc}.json"
+        path.write_text(json.dumps(doc))
+        out[acc] = check(read_config(path, gpus=8), problem, overrides={"recompute": "full"})
+    params = out[None].estimate.stages[0].params
+    more = out["fp32"].estimate.peak_allocated_bytes - out[None].estimate.peak_allocated_bytes
+    assert more == pytest.approx(params * 3.5 + 2e9, rel=1e-9)
+    assert any("BF16_Optimizer" in n for n in out["fp32"].notes)
+    assert out["fp32"].layout.zero_stage == 0
+
+
+def test_immediate_grad_update_frees_the_bf16_gradients(tmp_path):
+    """bf16.immediate_grad_update: each bf16 gradient is added to the fp32 buffer by its hook and freed
+    (accumulate_hp_grads_and_remove_lp), so BF16_Optimizer keeps 4 gradient bytes per parameter, not 6."""
+    default = read_deepspeed_zero(tmp_path, {"stage": 1}, data_types={"grad_accum_dtype": "fp32"})
+    immediate = read_deepspeed_zero(tmp_path, {"stage": 1}, data_types={"grad_accum_dtype": "fp32"},
+                                    bf16={"enabled": True, "immediate_grad_update": True})
+    assert default.knobs["zero0_state_bytes_per_param"][0] == (2.0, 6.0, 12.0)
+    assert immediate.knobs["zero0_state_bytes_per_param"][0] == (2.0, 4.0, 12.0)
+
+
+def test_deepspeed_refuses_what_the_reader_refuses(tmp_path, monkeypatch):
+    """No ZeRO, a bf16 model accumulating in fp32: DeepSpeed's engine raises ('unsupported mix'); check says so."""
+    assert _deepspeed_engine_wrapper(monkeypatch, "bf16", 0, "fp32", False) == "refused"
+    view = read_deepspeed_zero(tmp_path, {"stage": 0}, data_types={"grad_accum_dtype": "fp32"})
+    assert [e[0] for e in view.errors] == ["grad_accum_dtype"]
