@@ -125,3 +125,22 @@ def test_deepspeed_refuses_what_the_reader_refuses(tmp_path, monkeypatch):
     assert _deepspeed_engine_wrapper(monkeypatch, "bf16", 0, "fp32", False) == "refused"
     view = read_deepspeed_zero(tmp_path, {"stage": 0}, data_types={"grad_accum_dtype": "fp32"})
     assert [e[0] for e in view.errors] == ["grad_accum_dtype"]
+
+
+def test_the_memory_fix_names_the_key_that_picks_the_optimizer(tmp_path):
+    """Llama 2 13B on 16 A100s, ZeRO-1 in bf16 with fp32 accumulation: BF16_Optimizer's unsharded fp32 gradients do
+    not fit (2 + 6 + 12/16 B/param: 113.5 GiB); the ZeRO optimizer would (2 + 2 + 16/16), and the fix says so in the
+    config's words, not as "zero_stage=1", which the config already says."""
+    from planner.estimate import build_problem
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    problem = build_problem("dgx-a100-80gb", 2, "llama2-13b", 64, 2048, "bf16", framework="deepspeed")
+    path = Path(tmp_path) / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}}))
+    out = check(read_config(path, gpus=16), problem, overrides={"recompute": "full"})
+    memory = [v for v in out.violations if v["rule"] == "memory"]
+    assert len(memory) == 1
+    assert memory[0]["hint"].startswith("drop data_types.grad_accum_dtype (DeepSpeed's ZeRO-1 optimizer) fits at")
+    assert "zero_stage=1" not in memory[0]["hint"]

@@ -147,7 +147,7 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     est = None
     if not any(v["rule"] in STRUCTURAL for v in violations):
         est, run_problem = _estimate(problem, layout, violations)
-        _memory(run_problem, layout, est, violations)
+        _memory(run_problem, layout, est, violations, view.remedy_names)
     return Outcome(layout, violations, est, view.notes, problem)
 
 
@@ -198,19 +198,20 @@ def _estimate(problem, layout: LayoutSpec, violations: list[dict]):
     return other.estimate(layout), other
 
 
-def _memory(problem, layout: LayoutSpec, est, violations: list[dict]) -> None:
+def _memory(problem, layout: LayoutSpec, est, violations: list[dict], names: dict[str, str] | None = None) -> None:
     headroom = problem.knobs.memory_headroom_bytes
     if est.peak_memory_bytes + headroom > est.gpu_memory_bytes or not est.fits:
         violations.append({
             "rule": "memory",
             "message": f"memory: {est.peak_memory_bytes / GIB:.1f} GiB peak on stage {est.peak_stage} + "
                        f"{headroom / GIB:.1f} GiB headroom -> exceeds the GPU's {est.gpu_memory_bytes / GIB:.1f} GiB",
-            "hint": _memory_hint(problem, layout),
+            "hint": _memory_hint(problem, layout, names or {}),
         })
 
 
-def _memory_hint(problem, layout: LayoutSpec) -> str:
-    """Try the usual remedies and name the first ones that fit, with their predicted memory (each once)."""
+def _memory_hint(problem, layout: LayoutSpec, names: dict[str, str] | None = None) -> str:
+    """Try the usual remedies and name the first ones that fit, with their predicted memory (each once), each as
+    `names` says it where the config would say it otherwise (ConfigView.remedy_names)."""
     tries = []
     if layout.recompute != "full":
         if layout.recompute == "none":
@@ -228,6 +229,7 @@ def _memory_hint(problem, layout: LayoutSpec) -> str:
             continue
         est = problem.estimate(t)
         diff = _diff(layout, t)
+        diff = (names or {}).get(diff, diff)
         if diff not in found and est.fits and est.peak_memory_bytes + problem.knobs.memory_headroom_bytes <= \
                 est.gpu_memory_bytes:
             found[diff] = f"{diff} fits at {est.peak_memory_bytes / GIB:.1f} GiB, {est.step_seconds:.3g} s/step"

@@ -65,6 +65,9 @@ class ConfigView:
     # hidden, a compiled model's elementwise traffic: knob -> (value, why); HIDDEN_SQUARED where the value is the
     # model's hidden size squared (the Hugging Face Trainer's "auto" bucket), which check resolves with the model
     knobs: dict[str, tuple[float | str | tuple[float, ...], str]] = field(default_factory=dict)
+    # a memory remedy as the config would say it, where the layout change check tries reads otherwise in it:
+    # "zero_stage=1" -> "drop data_types.grad_accum_dtype ..." for a config read as DeepSpeed's BF16_Optimizer
+    remedy_names: dict[str, str] = field(default_factory=dict)
 
 
 def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
@@ -278,6 +281,7 @@ def ds_grad_accum_dtype(doc: dict, view: ConfigView) -> None:
                "(engine.py _do_optimizer_sanity_check)")
         view.knobs["zero0_state_bytes_per_param"] = (states, why)
         view.knobs["zero0_bucket_bytes"] = (DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES, why)
+        view.remedy_names["zero_stage=1"] = "drop data_types.grad_accum_dtype (DeepSpeed's ZeRO-1 optimizer)"
     else:
         view.notes.append(f"data_types.grad_accum_dtype {canon} at ZeRO-{stage}: the {canon} gradient accumulation "
                           f"is not followed (predicted with the {model} gradients of the profile)")
