@@ -2,8 +2,9 @@
 dtype): engine.py _do_optimizer_sanity_check, DeepSpeed 0.19.8. A bf16 model at ZeRO-1 accumulating in fp32, without
 CPU offload, runs BF16_Optimizer, not the ZeRO optimizer: bf16 params 2 + bf16 grads 2 + a full fp32 gradient buffer
 4 + fp32 master and Adam 12 sharded over DP, its gradients all-reduced in 5e8-element buckets flattened in fp32 and
-cast to bf16 (3 GB), its parameters all-gathered after the step (profiles.DEEPSPEED_BF16_OPTIMIZER_STATES). Without
-ZeRO a dtype other than the model's is refused at start-up. Held to the engine's own rule (DeepSpeed 0.19.8 installed
+cast to bf16 (3 GB), its parameters all-gathered after the step (profiles.deepspeed_bf16_optimizer_states). A bf16
+pipeline without ZeRO runs it too, accumulating in bf16: 2 + 4 + 12/dp and a 1 GB bucket. Without ZeRO a dtype other
+than the model's is refused at start-up. Held to the engine's own rule (DeepSpeed 0.19.8 installed
 by `make test`: the same config through its _do_optimizer_sanity_check), and to the memory it predicts."""
 
 import json
@@ -22,16 +23,18 @@ from tests.conftest import read_deepspeed_zero
     ({"stage": 2}, {"grad_accum_dtype": "fp32"}, 2, set(), None),  # ZeRO-2: the ZeRO optimizer (a note)
     ({"stage": 0}, {"grad_accum_dtype": "fp32"}, 0, set(), "grad_accum_dtype"),  # refused at start-up
     ({"stage": 1}, {"grad_accum_dtype": "fp64"}, 1, set(), "grad_accum_dtype"),  # not a DtypeEnum name
+    ({"stage": 0}, None, 0, set(), None),  # no pipeline: DDP_BFLOAT16, the profile's ZeRO-0
 ])
 def test_check_reads_which_optimizer_deepspeed_runs(tmp_path, zero, types, stage, knobs, rule):
-    view = read_deepspeed_zero(tmp_path, zero, data_types=types)
+    view = read_deepspeed_zero(tmp_path, zero, **({"data_types": types} if types else {}))
     assert view.fields["zero_stage"] == stage
     assert knobs <= set(view.knobs)
     assert not ({"zero0_state_bytes_per_param", "zero0_bucket_bytes"} - knobs) & set(view.knobs)
     assert [e[0] for e in view.errors] == ([rule] if rule else [])
 
 
-def _deepspeed_engine_wrapper(monkeypatch, precision: str, stage: int, grad_accum: str | None, offload: bool) -> str:
+def _deepspeed_engine_wrapper(monkeypatch, precision: str, stage: int, grad_accum: str | None, offload: bool,
+                              pipeline: bool = False) -> str:
     """The optimizer wrapper DeepSpeed 0.19.8's own engine method picks for that config (the method run unbound on a
     stand-in for the engine that answers its config queries; the ZeRO-supported-optimizer probe, which logs from rank
     0 of a process group, answers yes for Adam)."""
@@ -44,7 +47,7 @@ def _deepspeed_engine_wrapper(monkeypatch, precision: str, stage: int, grad_accu
     acc = {None: model, "fp32": torch.float32, "bf16": torch.bfloat16}[grad_accum]
 
     class Stub:
-        pipeline_parallelism = False
+        pipeline_parallelism = pipeline
         global_rank = 0
 
         def get_data_types(self):
@@ -73,18 +76,21 @@ def _deepspeed_engine_wrapper(monkeypatch, precision: str, stage: int, grad_accu
     return str(wrapper)
 
 
-@pytest.mark.parametrize(("stage", "grad_accum", "offload", "zero_stage_read"), [
-    (1, "fp32", False, 0), (1, None, False, 1), (1, "fp32", True, 1), (2, "fp32", False, 2),
+@pytest.mark.parametrize(("stage", "grad_accum", "offload", "pp", "bf16_optimizer"), [
+    (1, "fp32", False, 1, True), (1, None, False, 1, False), (1, "fp32", True, 1, False), (2, "fp32", False, 1, False),
+    (0, None, False, 4, True), (0, None, False, 1, False), (1, None, False, 4, False),
 ])
-def test_the_reader_agrees_with_deepspeeds_engine(tmp_path, monkeypatch, stage, grad_accum, offload, zero_stage_read):
+def test_the_reader_agrees_with_deepspeeds_engine(tmp_path, monkeypatch, stage, grad_accum, offload, pp,
+                                                  bf16_optimizer):
     """Where DeepSpeed's engine picks its bf16 optimizer (BFLOAT16), the reader reads ZeRO-0 with that optimizer's
-    states; where it picks the ZeRO optimizer, the stage stays."""
-    wrapper = _deepspeed_engine_wrapper(monkeypatch, "bf16", stage, grad_accum, offload)
+    states; where it picks the ZeRO optimizer (or DDP_BFLOAT16 without ZeRO), it keeps the stage and the profile."""
+    wrapper = _deepspeed_engine_wrapper(monkeypatch, "bf16", stage, grad_accum, offload, pipeline=pp > 1)
+    assert (wrapper == "bf16") == bf16_optimizer
     zero = {"stage": stage} | ({"offload_optimizer": {"device": "cpu"}} if offload else {})
-    view = read_deepspeed_zero(tmp_path, zero, **({"data_types": {"grad_accum_dtype": grad_accum}}
-                                                  if grad_accum else {}))
-    assert (wrapper == "bf16") == (view.fields["zero_stage"] == 0)
-    assert view.fields["zero_stage"] == zero_stage_read
+    view = read_deepspeed_zero(tmp_path, zero, pipeline={"stages": pp},
+                               **({"data_types": {"grad_accum_dtype": grad_accum}} if grad_accum else {}))
+    assert ("zero0_state_bytes_per_param" in view.knobs) == bf16_optimizer
+    assert view.fields["zero_stage"] == (0 if bf16_optimizer else stage)
 
 
 def test_check_predicts_bf16_optimizers_memory(tmp_path):
@@ -144,3 +150,57 @@ def test_the_memory_fix_names_the_key_that_picks_the_optimizer(tmp_path):
     assert len(memory) == 1
     assert memory[0]["hint"].startswith("drop data_types.grad_accum_dtype (DeepSpeed's ZeRO-1 optimizer) fits at")
     assert "zero_stage=1" not in memory[0]["hint"]
+
+
+def test_a_bf16_pipeline_without_zero_accumulates_in_bf16():
+    """The pipeline's BF16_Optimizer keeps its gradient buffer in the model's bf16 (grad_acc_dtype): 2 + 4 + 12/dp
+    (2 + 2 + 12/dp with immediate_grad_update), and flattens 5e8 bf16 gradients with no cast: 1 GB; in fp32 3 GB."""
+    from planner.frameworks.profiles import (
+        deepspeed_bf16_optimizer_bucket_bytes,
+        deepspeed_bf16_optimizer_states,
+    )
+
+    assert deepspeed_bf16_optimizer_states(2) == (2.0, 4.0, 12.0)
+    assert deepspeed_bf16_optimizer_states(2, immediate_grad_update=True) == (2.0, 2.0, 12.0)
+    assert deepspeed_bf16_optimizer_states(4) == (2.0, 6.0, 12.0)
+    assert (deepspeed_bf16_optimizer_bucket_bytes(2), deepspeed_bf16_optimizer_bucket_bytes(4)) == (1e9, 3e9)
+
+
+def test_under_megatron_deepspeeds_profile_its_own_optimizer_stands(tmp_path):
+    """A bf16 pipeline without ZeRO (BigScience's kind of config) checked as today's DeepSpeed runs BF16_Optimizer
+    accumulating in bf16 (2 + 4 + 12/dp, 1 GB bucket); checked with --framework megatron-deepspeed (the DeepSpeed of
+    2022) the profile's own BF16_Optimizer stands (2 + 6 + 12/dp: fp32 accumulation, the whole buffer cast to bf16),
+    the reader's choice is dropped and a note says so."""
+    from planner.estimate import build_problem
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    path = Path(tmp_path) / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 0}, "pipeline": {"stages": 4}}))
+    out = {}
+    for fw in ("deepspeed", "megatron-deepspeed"):
+        problem = build_problem("dgx-a100-80gb", 4, "llama2-7b", 64, 2048, "bf16", framework=fw)
+        out[fw] = check(read_config(path, gpus=32), problem, overrides={"recompute": "full"}, framework=fw)
+    assert out["deepspeed"].problem.knobs.zero0_state_bytes_per_param == (2.0, 4.0, 12.0)
+    assert out["deepspeed"].problem.knobs.zero0_bucket_bytes == 1e9
+    mds = out["megatron-deepspeed"]
+    assert mds.problem.knobs.zero0_state_bytes_per_param == (2, 6, 12)
+    assert any("BF16_Optimizer) is not read" in n for n in mds.notes)
+    assert mds.layout.zero_stage == out["deepspeed"].layout.zero_stage == 0
+
+
+def test_under_megatron_deepspeed_a_zero1_config_stays_zero1(tmp_path):
+    """The DeepSpeed of 2022 had no data_types: its ZeRO-1 config runs the ZeRO optimizer, as written."""
+    from planner.estimate import build_problem
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    path = Path(tmp_path) / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1}}))
+    problem = build_problem("dgx-a100-80gb", 1, "llama2-7b", 64, 2048, "bf16", framework="megatron-deepspeed")
+    out = check(read_config(path, gpus=8), problem, overrides={"recompute": "full"}, framework="megatron-deepspeed")
+    assert out.layout.zero_stage == 1
+    assert "zero0_state_bytes_per_param" not in {k for k in out.problem.knobs.__dataclass_fields__
+                                                 if getattr(out.problem.knobs, k) != getattr(problem.knobs, k)}

@@ -422,18 +422,31 @@ DEEPSPEED_BF16_BRANCH_RECIPE = MemoryRecipe(
 'currently can't test ZeRO_STAGE=0 on master') is predicted with it (planner/validation.py
 DEEPSPEED_BF16_SHARDED_FROM)."""
 
-DEEPSPEED_BF16_OPTIMIZER_STATES = {False: (2.0, 6.0, 12.0), True: (2.0, 4.0, 12.0)}
-"""(param, grad, optimizer) bytes per parameter, the optimizer's sharded over DP, of DeepSpeed's BF16_Optimizer, by
-bf16.immediate_grad_update (off by default, precision_config.py). Its engine runs it instead of the ZeRO optimizer for
-a bf16 model at ZeRO-1 that accumulates gradients in fp32 (data_types.grad_accum_dtype; engine.py
-_do_optimizer_sanity_check, DeepSpeed 0.19.8; `check` reads it: readers.ds_grad_accum_dtype): bf16 params 2 + the
-bf16 param.grad 2 (kept across steps, zeroed and not freed; with immediate_grad_update each is added to the fp32
-buffer by its hook and freed, accumulate_hp_grads_and_remove_lp) + the full fp32 gradient buffer 4 + fp32 master 4/d
-+ Adam 8/d (bf16_optimizer.py). The engine all-reduces those fp32 gradients after backward and update_lp_params all-gathers the
-updated bf16 partitions after the step: the ZeRO-0 path of a framework whose ZeRO-0 optimizer shards its states."""
-DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES = 5e8 * (4 + 2)
-"""Its reduce bucket: buffered_allreduce_fallback -> allreduce_bucket flattens up to 5e8 fp32 gradients (2 GB) and
-casts them to the bf16 communication dtype (1 GB) (engine.py, 0.19.8)."""
+DEEPSPEED_BF16_OPTIMIZER_BUCKET_ELEMENTS = 5e8  # engine.py MEMORY_OPT_ALLREDUCE_SIZE
+
+
+def deepspeed_bf16_optimizer_states(accumulate_bytes: int, *, immediate_grad_update: bool = False
+                                    ) -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per parameter, the optimizer's sharded over DP, of DeepSpeed's BF16_Optimizer
+    (bf16_optimizer.py, DeepSpeed 0.19.8), which its engine runs instead of the ZeRO optimizer for a bf16 model at
+    ZeRO-1 that accumulates gradients in fp32, and for a bf16 pipeline (PipelineModule) without ZeRO
+    (engine.py _do_optimizer_sanity_check; `check` reads both: readers.ds_grad_accum_dtype): bf16 params 2 + the bf16
+    param.grad 2 (kept across steps, zeroed and not freed; with bf16.immediate_grad_update, off by default, each is
+    added to the accumulation buffer by its hook and freed: accumulate_hp_grads_and_remove_lp) + a full gradient
+    buffer in the accumulation dtype (`accumulate_bytes`: grad_acc_dtype, the model's unless data_types says) +
+    fp32 master 4/d + Adam 8/d. The engine all-reduces that buffer's gradients after backward and update_lp_params
+    all-gathers the updated bf16 partitions after the step: the ZeRO-0 path of a framework whose ZeRO-0 optimizer
+    shards its states."""
+    return 2.0, (0.0 if immediate_grad_update else 2.0) + accumulate_bytes, 12.0
+
+
+def deepspeed_bf16_optimizer_bucket_bytes(accumulate_bytes: int) -> float:
+    """BF16_Optimizer's reduce bucket: buffered_allreduce_fallback -> allreduce_bucket flattens up to 5e8 gradients
+    in the accumulation dtype and, where that is not bf16, casts them to the bf16 communication dtype (engine.py,
+    0.19.8): 3 GB accumulating in fp32, 1 GB in bf16."""
+    cast = 2 if accumulate_bytes != 2 else 0
+    return DEEPSPEED_BF16_OPTIMIZER_BUCKET_ELEMENTS * (accumulate_bytes + cast)
+
 
 MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY = 0.8
 _MEGATRON_DEEPSPEED_AMPERE = (

@@ -111,6 +111,8 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     from pydantic import ValidationError
 
     caps = capabilities(framework or view.framework)
+    if view.engine_knobs and caps.framework is not view.framework:
+        _other_engine(view, caps.framework)
     problem = _config_knobs(view, problem)
     fields = resolve(view, problem.model.num_layers, overrides or {})  # may add the framework's split refusals
     violations = [{"rule": r, "message": m, "hint": h} for r, m, h in view.errors]
@@ -157,6 +159,18 @@ CONFIG_SETTING_KNOBS = frozenset({"zero3_max_reuse_distance", "zero3_reduce_buck
 """Knobs a config sets outright, either way from the profile's value (DeepSpeed's stage3_max_reuse_distance,
 reduce_bucket_size and use_multi_rank_bucket_allreduce; the BF16_Optimizer a data_types.grad_accum_dtype picks),
 where the others only lower a share or a count the profile's flags would give."""
+
+
+def _other_engine(view: ConfigView, framework) -> None:
+    """Checked under another framework's profile than the reader's (a DeepSpeed JSON under --framework
+    megatron-deepspeed), what the reader took from the engine of today (ConfigView.engine_knobs) gives way to that
+    profile's own: the knobs are dropped, the layout fields restored, and a note says so."""
+    for k in view.engine_knobs:
+        view.knobs.pop(k, None)
+    view.fields.update(view.engine_fields)
+    view.remedy_names.pop("zero_stage=1", None)
+    view.notes.append(f"checked as {framework.value}: the optimizer today's DeepSpeed engine would run for this config "
+                      "(BF16_Optimizer) is not read; the profile's own optimizer stands")
 
 
 def _config_knobs(view: ConfigView, problem):

@@ -32,8 +32,8 @@ from planner.frameworks.megatron_split import (
 )
 from planner.frameworks.profiles import (
     COMPILED_ELEMENTWISE_SHARE,
-    DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES,
-    DEEPSPEED_BF16_OPTIMIZER_STATES,
+    deepspeed_bf16_optimizer_bucket_bytes,
+    deepspeed_bf16_optimizer_states,
 )
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
 
@@ -68,6 +68,11 @@ class ConfigView:
     # a memory remedy as the config would say it, where the layout change check tries reads otherwise in it:
     # "zero_stage=1" -> "drop data_types.grad_accum_dtype ..." for a config read as DeepSpeed's BF16_Optimizer
     remedy_names: dict[str, str] = field(default_factory=dict)
+    # what the reader read as its framework's engine of today decides it (DeepSpeed 0.19.8 picking BF16_Optimizer):
+    # the knobs so set, and the layout fields as the config wrote them; checked under another framework's profile
+    # (--framework megatron-deepspeed: DeepSpeed of 2022) those knobs are dropped and the fields restored
+    engine_knobs: set[str] = field(default_factory=set)
+    engine_fields: dict = field(default_factory=dict)
 
 
 def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
@@ -244,47 +249,59 @@ DS_DTYPE_NAMES = {name: canon for canon, names in (
 
 def ds_grad_accum_dtype(doc: dict, view: ConfigView) -> None:
     """`data_types.grad_accum_dtype` (default: the model's dtype), as DeepSpeed's engine picks its optimizer from it
-    (engine.py _do_optimizer_sanity_check, 0.19.8). A bf16 model at ZeRO-1 accumulating in fp32 without CPU offload
-    runs BF16_Optimizer, not the ZeRO optimizer: read as ZeRO-0 with BF16_Optimizer's sharded states
-    (profiles.DEEPSPEED_BF16_OPTIMIZER_STATES), whose memory and traffic that path predicts. Without ZeRO a dtype other than
-    the model's is refused at start-up ("unsupported mix"); at ZeRO-2/3 the fp32 accumulation is not followed (a
+    (engine.py _do_optimizer_sanity_check, 0.19.8). It runs BF16_Optimizer, not the ZeRO optimizer or none, for a
+    bf16 model at ZeRO-1 accumulating in fp32 without CPU offload, and for a bf16 pipeline (pp > 1: a PipelineModule)
+    without ZeRO accumulating in bf16: read as ZeRO-0 with BF16_Optimizer's sharded states
+    (profiles.deepspeed_bf16_optimizer_states), whose memory and traffic that path predicts. Without ZeRO a dtype
+    other than the model's is refused at start-up ("unsupported mix"); elsewhere another dtype is not followed (a
     note says so)."""
     section = doc.get("data_types")
     given = section.get("grad_accum_dtype") if isinstance(section, dict) else None
-    if given is None:
-        return
     canon = DS_DTYPE_NAMES.get(given) if isinstance(given, str) else None
-    if canon is None:
+    if given is not None and canon is None:
         view.errors.append(("grad_accum_dtype", f"data_types.grad_accum_dtype: {given!r} -> one of "
                             f"{', '.join(sorted(DS_DTYPE_NAMES))} (DeepSpeed's DtypeEnum)",
                             "give fp32, bf16 or fp16, or drop the key (the model's dtype)"))
         return
     if view.precision is None:
-        view.notes.append(f"data_types.grad_accum_dtype {canon}: the config does not state its precision, so which "
-                          "optimizer DeepSpeed runs is not read (predicted with the profile's)")
+        if canon is not None:
+            view.notes.append(f"data_types.grad_accum_dtype {canon}: the config does not state its precision, so "
+                              "which optimizer DeepSpeed runs is not read (predicted with the profile's)")
         return
-    model, stage = view.precision, view.fields["zero_stage"]
-    if canon == model:
-        return
-    if stage == 0:
-        view.errors.append(("grad_accum_dtype", f"data_types.grad_accum_dtype {canon} with a {model} model and no "
-                            "ZeRO -> DeepSpeed refuses it at start-up ('unsupported mix of model_dtype and "
+    model, stage, f = view.precision, view.fields["zero_stage"], view.fields
+    accumulate = canon or model
+    if stage == 0 and accumulate != model:
+        view.errors.append(("grad_accum_dtype", f"data_types.grad_accum_dtype {accumulate} with a {model} model and "
+                            "no ZeRO -> DeepSpeed refuses it at start-up ('unsupported mix of model_dtype and "
                             "grad_accum_dtype', engine.py)", "drop the key, or use ZeRO stage 1 or higher"))
-    elif stage == 1 and model == "bf16" and canon == "fp32" and view.fields["offload"] == "none":
-        view.fields["zero_stage"] = 0
-        immediate = (doc.get("bf16") or {}).get("immediate_grad_update") is True
-        states = DEEPSPEED_BF16_OPTIMIZER_STATES[immediate]
-        why = (f"zero_optimization.stage 1, bf16, data_types.grad_accum_dtype fp32: DeepSpeed runs BF16_Optimizer, "
-               f"read as ZeRO-0 with its states: {states[0]:g} + {states[1]:g} + {states[2]:g}/dp B/param"
-               f"{' (bf16.immediate_grad_update)' if immediate else ''} and a "
-               f"{DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES / 1e9:g} GB reduce bucket "
-               "(engine.py _do_optimizer_sanity_check)")
-        view.knobs["zero0_state_bytes_per_param"] = (states, why)
-        view.knobs["zero0_bucket_bytes"] = (DEEPSPEED_BF16_OPTIMIZER_BUCKET_BYTES, why)
+        return
+    if model == "bf16" and ((stage == 1 and accumulate == "fp32" and f["offload"] == "none")
+                            or (stage == 0 and f["pp"] > 1)):
+        _ds_bf16_optimizer(doc, view, accumulate)
+    elif accumulate != model:
+        view.notes.append(f"data_types.grad_accum_dtype {accumulate} at ZeRO-{stage}: the {accumulate} gradient "
+                          f"accumulation is not followed (predicted with the {model} gradients of the profile)")
+
+
+def _ds_bf16_optimizer(doc: dict, view: ConfigView, accumulate: str) -> None:
+    """The config read as DeepSpeed's BF16_Optimizer (ds_grad_accum_dtype): ZeRO-0 with its states and bucket."""
+    stage = view.fields["zero_stage"]
+    view.engine_fields["zero_stage"] = stage
+    view.fields["zero_stage"] = 0
+    immediate = (doc.get("bf16") or {}).get("immediate_grad_update") is True
+    size = 4 if accumulate == "fp32" else 2
+    states = deepspeed_bf16_optimizer_states(size, immediate_grad_update=immediate)
+    bucket = deepspeed_bf16_optimizer_bucket_bytes(size)
+    said = ("zero_optimization.stage 1, bf16, data_types.grad_accum_dtype fp32" if stage == 1 else
+            f"a bf16 pipeline (pp {view.fields['pp']}) without ZeRO")
+    why = (f"{said}: DeepSpeed runs BF16_Optimizer, read as ZeRO-0 with its states: {states[0]:g} + {states[1]:g} + "
+           f"{states[2]:g}/dp B/param{' (bf16.immediate_grad_update)' if immediate else ''} and a {bucket / 1e9:g} GB "
+           "reduce bucket (engine.py _do_optimizer_sanity_check)")
+    view.knobs["zero0_state_bytes_per_param"] = (states, why)
+    view.knobs["zero0_bucket_bytes"] = (bucket, why)
+    view.engine_knobs.update({"zero0_state_bytes_per_param", "zero0_bucket_bytes"})
+    if stage == 1:
         view.remedy_names["zero_stage=1"] = "drop data_types.grad_accum_dtype (DeepSpeed's ZeRO-1 optimizer)"
-    else:
-        view.notes.append(f"data_types.grad_accum_dtype {canon} at ZeRO-{stage}: the {canon} gradient accumulation "
-                          f"is not followed (predicted with the {model} gradients of the profile)")
 
 
 HIDDEN_SQUARED = "hidden_size^2"
