@@ -199,6 +199,10 @@ class Training:
     # other bytes unsharded (DeepSpeed's FP16_Optimizer); None: ZeRO-0 keeps the bytes above, unsharded
     zero0_state_bytes: tuple[float, float, float] | None = None
     zero0_optimizer_sharded: bool = True
+    # the same where the model is a pipeline (pp > 1) and the framework runs yet another optimizer at ZeRO-0 then,
+    # sharding its optimizer bytes over DP (DeepSpeed's BF16_Optimizer for a bf16 PipelineModule, engine.py
+    # _do_optimizer_sanity_check); None: zero0_state_bytes, as without a pipeline
+    zero0_pipeline_state_bytes: tuple[float, float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +270,8 @@ class Knobs:
     state_bytes_per_param: tuple[float, float, float] | None = None
     zero0_state_bytes_per_param: tuple[float, float, float] | None = None  # Training.zero0_state_bytes
     zero0_optimizer_sharded: bool = True  # Training.zero0_optimizer_sharded
+    zero0_pipeline_state_bytes_per_param: tuple[float, float, float] | None = None  # Training.zero0_pipeline_state_bytes
+    zero0_pipeline_bucket_bytes: float | None = None  # the reduce buffers of that optimizer (None: as without a pipeline)
     # what an fp32 master copy of a bf16 parameter costs once the optimizer's states are set below fp32: 4, or 2 where
     # the framework's precision-aware optimizer keeps only the 16 bits the bf16 parameter lacks (Profile.master_remainders)
     precision_aware_master_bytes: float = 4.0

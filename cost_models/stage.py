@@ -444,10 +444,22 @@ def zero3_reduce_bucket_elements(knobs: Knobs, *, zero_stage: int) -> float | No
     return None
 
 
-def zero0_states_sharded(training: Training, *, offload: str = Offload.NONE) -> bool:
+def zero0_states(training: Training, *, pipeline: bool = False) -> tuple[float, float, float] | None:
+    """The (param, grad, optimizer) bytes of the optimizer the framework runs at ZeRO-0: the pipeline's where the
+    model is one (pp > 1) and the framework states one (Training.zero0_pipeline_state_bytes), else its ZeRO-0 one;
+    None: the training's own bytes."""
+    if pipeline and training.zero0_pipeline_state_bytes is not None:
+        return training.zero0_pipeline_state_bytes
+    return training.zero0_state_bytes
+
+
+def zero0_states_sharded(training: Training, *, offload: str = Offload.NONE, pipeline: bool = False) -> bool:
     """Whether the optimizer the framework runs at ZeRO-0 shards its states over DP (DeepSpeed's BF16_Optimizer), so
-    it all-gathers the updated parameters after its step; not under offload, which runs ZeRO-Offload's path."""
-    return training.zero0_state_bytes is not None and training.zero0_optimizer_sharded and offload == _OFFLOAD_NONE
+    it all-gathers the updated parameters after its step; not under offload, which runs ZeRO-Offload's path. The
+    pipeline's optimizer (zero0_states) always shards."""
+    if offload != _OFFLOAD_NONE or zero0_states(training, pipeline=pipeline) is None:
+        return False
+    return (pipeline and training.zero0_pipeline_state_bytes is not None) or training.zero0_optimizer_sharded
 
 
 def zero12_reduce_buffer_bytes(bucket_elements: float, *, buffers: int) -> float:
@@ -460,13 +472,15 @@ def zero12_reduce_buffer_bytes(bucket_elements: float, *, buffers: int) -> float
     return bucket_elements * REDUCE_BUCKET_BYTES_PER_ELEMENT * buffers
 
 
-def bucket_bytes(knobs: Knobs, *, zero_stage: int) -> float:
+def bucket_bytes(knobs: Knobs, *, zero_stage: int, pipeline: bool = False) -> float:
     """The gradient-reduce buffers allocated on top of the model states: the ZeRO-0 figure where the framework states
     one (its ZeRO-0 optimizer reduces another way); at ZeRO-1/2 where the framework sizes them by its reduce bucket
     (Knobs.reduce_bucket_elements: DeepSpeed's IPG buffers, zero12_reduce_buffer_bytes); at ZeRO-3 where gradients
     are reduced in buckets (zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements
     DeepSpeed's ZeRO-3 keeps for them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the
     bucket."""
+    if zero_stage == 0 and pipeline and knobs.zero0_pipeline_bucket_bytes is not None:
+        return knobs.zero0_pipeline_bucket_bytes  # the pipeline's ZeRO-0 optimizer (zero0_states)
     if zero_stage == 0 and knobs.zero0_bucket_bytes is not None:
         return knobs.zero0_bucket_bytes
     if zero_stage in (1, 2) and knobs.reduce_bucket_elements is not None:
@@ -477,18 +491,21 @@ def bucket_bytes(knobs: Knobs, *, zero_stage: int) -> float:
     return knobs.bucket_bytes
 
 
-def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int,
-                          offload: str = Offload.NONE) -> tuple[float, float, float]:
+def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int, offload: str = Offload.NONE,
+                          pipeline: bool = False) -> tuple[float, float, float]:
     """(weight, gradient, optimizer-state) bytes one GPU holds per parameter of its stage.
 
     ZeRO paper §5, Table 1: stage 1 shards the optimizer state over dp, stage 2 the gradients too, stage 3 the
     parameters too. Offload keeps gradients and optimizer state on the host (ZeRO-Offload) and, with
-    optimizer+params, the parameters too (ZeRO-Infinity).
+    optimizer+params, the parameters too (ZeRO-Infinity). At ZeRO-0 the optimizer the framework runs there
+    (zero0_states; `pipeline`: the model is one, pp > 1).
     """
     offloaded = offload != _OFFLOAD_NONE
-    if zero_stage == 0 and training.zero0_state_bytes is not None and not offloaded:
-        param, grad, optimizer = training.zero0_state_bytes  # the optimizer the framework runs at ZeRO-0
-        return param, grad, optimizer / dp if zero0_states_sharded(training, offload=offload) else optimizer
+    states = zero0_states(training, pipeline=pipeline) if zero_stage == 0 and not offloaded else None
+    if states is not None:
+        param, grad, optimizer = states
+        sharded = zero0_states_sharded(training, offload=offload, pipeline=pipeline)
+        return param, grad, optimizer / dp if sharded else optimizer
     weights = 0.0 if offload == _OFFLOAD_PARAMS else training.param_bytes / (dp if zero_stage >= 3 else 1)
     grads = 0.0 if offloaded else training.grad_bytes / (dp if zero_stage >= 2 else 1)
     optim = 0.0 if offloaded else training.optimizer_bytes / (dp if zero_stage >= 1 else 1)
@@ -690,7 +707,7 @@ class StageModel(NamedTuple):
         """Buffers alive only for part of the step, per stage (`params`: params(i) of every stage): gradient
         buckets, the layer being recomputed, ZeRO-3's gathered unit, the offload bucket, the loss's backward."""
         lay, tr, lc = self.layout, self.training, self.lc
-        base = bucket_bytes(self.knobs, zero_stage=lay.zero_stage) + lc.extras.transient_bytes
+        base = bucket_bytes(self.knobs, zero_stage=lay.zero_stage, pipeline=lay.pp > 1) + lc.extras.transient_bytes
         # the layer in backward: its recompute materialised again and its MLP's gradients (the largest over the
         # stage's fully recomputed layers and its others)
         full, policy = lc.backward_working_bytes(full=True), lc.backward_working_bytes(full=False)
@@ -762,7 +779,8 @@ class StageModel(NamedTuple):
         DP x CP, the divisor of the FP8 weight copies, and the optimizer bytes per expert parameter over EDP."""
         lay = self.layout
         dc = lay.zero_shard_ranks  # states shard over DP x CP (Megatron: CP piggybacks on the DP group), or HSDP's group
-        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=dc, offload=lay.offload)
+        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=dc, offload=lay.offload,
+                                        pipeline=lay.pp > 1)
         o_expert = self.training.optimizer_bytes / expert_data_parallel(lay) if lay.zero_stage >= 1 and o > 0 else None
         return w, g, o, dc if lay.zero_stage >= 3 else 1, o_expert
 
@@ -770,7 +788,8 @@ class StageModel(NamedTuple):
         """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the
         memory row is a safe bound whether or not the stage recomputes (the estimate re-checks the result)."""
         lc, lay = self.lc, self.layout
-        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.zero_shard_ranks)
+        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=lay.zero_shard_ranks,
+                                        pipeline=lay.pp > 1)
         flight = self.in_flight(i)
         exposed_ar = lc.t_tp_all_reduce * lc.tp_expose
         grow = 1 + self.knobs.allocator_reserve_fraction  # dynamic bytes carry the allocator's reserve (memory())
@@ -778,7 +797,7 @@ class StageModel(NamedTuple):
         # transients as memory() counts them: buckets, CP/EP buffers, one layer's backward under either policy (a
         # safe bound)
         working = max(lc.backward_working_bytes(full=True), lc.backward_working_bytes(full=False))
-        fixed = self.overheads[i] + (bucket_bytes(self.knobs, zero_stage=lay.zero_stage)
+        fixed = self.overheads[i] + (bucket_bytes(self.knobs, zero_stage=lay.zero_stage, pipeline=lay.pp > 1)
                                      + lc.extras.transient_bytes + working) * grow
         (recv_act,), (recv_grad,) = self.receive_buffer_bytes(stages=(i,))
         fixed += (recv_act + recv_grad) * grow

@@ -268,7 +268,8 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                  regathers=recomputed * regather[1], reduce_scatters=reduce_scatters,
                                  grad_all_reduce=lay.zero_stage in knobs.grad_all_reduce_zero_stages,
                                  grad_slice_reduce=lay.zero_stage in knobs.grad_slice_reduce_zero_stages,
-                                 zero0_gather=zero0_states_sharded(training, offload=lay.offload))
+                                 zero0_gather=zero0_states_sharded(training, offload=lay.offload,
+                                                                   pipeline=lay.pp > 1))
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
                                            num_micro_batches=m, link=links[1],

@@ -122,7 +122,7 @@ def _states_lower_bound_bytes(problem: Problem, tp: int, pp: int, dp: int, zero:
     capacity the layout cannot fit. Routed experts divide by ep instead of tp; states shard over dp·cp (experts
     over EDP, never counted as less sharded than that here); under hybrid sharding `dp` is the sharding group."""
     per_param = sum(state_bytes_per_param(problem.cm_training, zero_stage=zero, dp=max(dp * cp, dp * cp * tp // ep),
-                                          offload=offload))
+                                          offload=offload, pipeline=pp > 1))
     if per_param == 0:
         return 0.0
     counts = problem.parameter_counts

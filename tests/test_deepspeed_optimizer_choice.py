@@ -30,6 +30,7 @@ def test_check_reads_which_optimizer_deepspeed_runs(tmp_path, zero, types, stage
     assert view.fields["zero_stage"] == stage
     assert knobs <= set(view.knobs)
     assert not ({"zero0_state_bytes_per_param", "zero0_bucket_bytes"} - knobs) & set(view.knobs)
+    assert ("zero0_pipeline_state_bytes_per_param" in view.knobs) == bool(knobs)
     assert [e[0] for e in view.errors] == ([rule] if rule else [])
 
 
@@ -89,7 +90,7 @@ def test_the_reader_agrees_with_deepspeeds_engine(tmp_path, monkeypatch, stage, 
     zero = {"stage": stage} | ({"offload_optimizer": {"device": "cpu"}} if offload else {})
     view = read_deepspeed_zero(tmp_path, zero, pipeline={"stages": pp},
                                **({"data_types": {"grad_accum_dtype": grad_accum}} if grad_accum else {}))
-    assert ("zero0_state_bytes_per_param" in view.knobs) == bf16_optimizer
+    assert ("zero0_pipeline_state_bytes_per_param" in view.knobs) == bf16_optimizer
     assert view.fields["zero_stage"] == (0 if bf16_optimizer else stage)
 
 
@@ -182,10 +183,11 @@ def test_under_megatron_deepspeeds_profile_its_own_optimizer_stands(tmp_path):
     for fw in ("deepspeed", "megatron-deepspeed"):
         problem = build_problem("dgx-a100-80gb", 4, "llama2-7b", 64, 2048, "bf16", framework=fw)
         out[fw] = check(read_config(path, gpus=32), problem, overrides={"recompute": "full"}, framework=fw)
-    assert out["deepspeed"].problem.knobs.zero0_state_bytes_per_param == (2.0, 4.0, 12.0)
-    assert out["deepspeed"].problem.knobs.zero0_bucket_bytes == 1e9
+    assert out["deepspeed"].problem.knobs.zero0_pipeline_state_bytes_per_param == (2.0, 4.0, 12.0)
+    assert out["deepspeed"].problem.knobs.zero0_pipeline_bucket_bytes == 1e9
     mds = out["megatron-deepspeed"]
     assert mds.problem.knobs.zero0_state_bytes_per_param == (2, 6, 12)
+    assert mds.problem.knobs.zero0_pipeline_state_bytes_per_param is None
     assert any("BF16_Optimizer) is not read" in n for n in mds.notes)
     assert mds.layout.zero_stage == out["deepspeed"].layout.zero_stage == 0
 
@@ -204,3 +206,36 @@ def test_under_megatron_deepspeed_a_zero1_config_stays_zero1(tmp_path):
     assert out.layout.zero_stage == 1
     assert "zero0_state_bytes_per_param" not in {k for k in out.problem.knobs.__dataclass_fields__
                                                  if getattr(out.problem.knobs, k) != getattr(problem.knobs, k)}
+
+
+@pytest.mark.parametrize(("precision", "pp", "want"), [
+    ("bf16", 4, (2.0, 4.0, 12.0 / 8)),  # BF16_Optimizer under a pipeline, its optimizer sharded over dp 8
+    ("bf16", 1, (2.0, 2.0, 16.0)),  # DDP_BFLOAT16 (FP16_Optimizer's path), unsharded
+    ("fp16", 4, (2.0, 2.0, 16.0)),  # FP16_Optimizer, pipeline or not
+])
+def test_the_deepspeed_profile_runs_bf16_optimizer_for_a_bf16_pipeline_without_zero(precision, pp, want):
+    """Not only `check`: plan and estimate predict the optimizer DeepSpeed's engine runs at ZeRO-0 (bf16 and a
+    PipelineModule: BF16_Optimizer; else FP16_Optimizer's unsharded 20 B), and it all-gathers the parameters after
+    its step only where it shards them."""
+    from cost_models.stage import state_bytes_per_param, zero0_states_sharded
+    from planner.estimate import build_problem
+
+    problem = build_problem("dgx-a100-80gb", 4, "llama2-7b", 64, 2048, precision, framework="deepspeed")
+    assert state_bytes_per_param(problem.cm_training, zero_stage=0, dp=8, pipeline=pp > 1) == want
+    assert zero0_states_sharded(problem.cm_training, pipeline=pp > 1) == (want[2] < 16)
+
+
+def test_check_and_estimate_agree_on_a_bf16_pipeline_without_zero(tmp_path):
+    """The same layout read from a DeepSpeed JSON and estimated from its fields: one prediction."""
+    from planner.estimate import build_problem
+    from planner.integrations.check import check
+    from planner.integrations.readers import read_config
+
+    path = Path(tmp_path) / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 0}, "pipeline": {"stages": 4}}))
+    problem = build_problem("dgx-a100-80gb", 4, "llama2-7b", 64, 2048, "bf16", framework="deepspeed")
+    checked = check(read_config(path, gpus=32), problem, overrides={"recompute": "full"})
+    direct = problem.estimate(checked.layout)
+    assert checked.estimate.peak_memory_bytes == pytest.approx(direct.peak_memory_bytes, rel=1e-12)
+    assert checked.estimate.step_seconds == pytest.approx(direct.step_seconds, rel=1e-12)

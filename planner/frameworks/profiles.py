@@ -67,6 +67,9 @@ class MemoryRecipe:
     # ZeRO-1/2 buffers sized by the reduce bucket: (elements, buffers) (Knobs.reduce_bucket_elements/_buffers; None:
     # bucket_bytes)
     reduce_buffers: tuple[float, int] | None = None
+    # (param, grad, optimizer) and reduce bucket bytes of the optimizer run at ZeRO-0 when the model is a pipeline,
+    # sharding its optimizer bytes (DeepSpeed's BF16_Optimizer for a bf16 PipelineModule); None: as without one
+    zero0_pipeline: tuple[tuple[float, float, float], float] | None = None
 
     @property
     def bytes_per_param(self) -> float:
@@ -80,6 +83,8 @@ class MemoryRecipe:
                        dynamic_grads=self.dynamic_grads,
                        reduce_bucket_elements=self.reduce_buffers[0] if self.reduce_buffers else None,
                        reduce_bucket_buffers=self.reduce_buffers[1] if self.reduce_buffers else 2,
+                       zero0_pipeline_state_bytes_per_param=self.zero0_pipeline[0] if self.zero0_pipeline else None,
+                       zero0_pipeline_bucket_bytes=self.zero0_pipeline[1] if self.zero0_pipeline else None,
                        state_bytes_per_param=(self.param_bytes, self.grad_bytes, self.optimizer_bytes))
 
 
@@ -362,6 +367,32 @@ _FSDP2_RECIPE = MemoryRecipe(
     "bf16 unsharded params only per FSDP unit being computed (+1 prefetched) (frameworks.md §1.6; torch "
     "_fsdp_api.py docstring). Placed as param 2 (the gathered bf16 unit) + grad 4 + optimizer 10 (fp32 param 4 "
     "+ Adam 8 - 2)")
+DEEPSPEED_BF16_OPTIMIZER_BUCKET_ELEMENTS = 5e8  # engine.py MEMORY_OPT_ALLREDUCE_SIZE
+
+
+def deepspeed_bf16_optimizer_states(accumulate_bytes: int, *, immediate_grad_update: bool = False
+                                    ) -> tuple[float, float, float]:
+    """(param, grad, optimizer) bytes per parameter, the optimizer's sharded over DP, of DeepSpeed's BF16_Optimizer
+    (bf16_optimizer.py, DeepSpeed 0.19.8), which its engine runs instead of the ZeRO optimizer for a bf16 model at
+    ZeRO-1 that accumulates gradients in fp32, and for a bf16 pipeline (PipelineModule) without ZeRO
+    (engine.py _do_optimizer_sanity_check; `check` reads both: readers.ds_grad_accum_dtype): bf16 params 2 + the bf16
+    param.grad 2 (kept across steps, zeroed and not freed; with bf16.immediate_grad_update, off by default, each is
+    added to the accumulation buffer by its hook and freed: accumulate_hp_grads_and_remove_lp) + a full gradient
+    buffer in the accumulation dtype (`accumulate_bytes`: grad_acc_dtype, the model's unless data_types says) +
+    fp32 master 4/d + Adam 8/d. The engine all-reduces that buffer's gradients after backward and update_lp_params
+    all-gathers the updated bf16 partitions after the step: the ZeRO-0 path of a framework whose ZeRO-0 optimizer
+    shards its states."""
+    return 2.0, (0.0 if immediate_grad_update else 2.0) + accumulate_bytes, 12.0
+
+
+def deepspeed_bf16_optimizer_bucket_bytes(accumulate_bytes: int) -> float:
+    """BF16_Optimizer's reduce bucket: buffered_allreduce_fallback -> allreduce_bucket flattens up to 5e8 gradients
+    in the accumulation dtype and, where that is not bf16, casts them to the bf16 communication dtype (engine.py,
+    0.19.8): 3 GB accumulating in fp32, 1 GB in bf16."""
+    cast = 2 if accumulate_bytes != 2 else 0
+    return DEEPSPEED_BF16_OPTIMIZER_BUCKET_ELEMENTS * (accumulate_bytes + cast)
+
+
 _DEEPSPEED_RECIPE = MemoryRecipe(
     "DeepSpeed ZeRO bf16/fp16", 2, 2, 16, 2, "module",
     "16-bit params 2 + 16-bit grads 2 + fp32 grads 4 + fp32 master 4 + Adam 8 = 20 B/param; the 16 fp32 bytes are "
@@ -371,8 +402,16 @@ _DEEPSPEED_RECIPE = MemoryRecipe(
     "on as the DeepSpeed export writes them, 2e9 B (stage_1_and_2.py backward; stage.zero12_reduce_buffer_bytes: the "
     "all-gather after the step writes in place, no allgather_bucket_size buffer); at ZeRO-3 one flat bucket of "
     "reduce_bucket_size 16-bit gradients, 1e9 B (stage3.py __ipg_bucket_flat_buffer; stage.bucket_bytes); at ZeRO-0 "
-    "2e9 B of reduce buffers [U: the engine's ZeRO-0 path is not followed]", 2e9,
-    reduce_buffers=(REDUCE_BUCKET_ELEMENTS, 2))
+    "2e9 B of reduce buffers [U: the engine's ZeRO-0 path is not followed], the unsharded 20 B of its DDP_BFLOAT16 "
+    "(FP16_Optimizer) path, except under a pipeline: a bf16 PipelineModule without ZeRO runs BF16_Optimizer "
+    "accumulating in bf16, 2 + 4 + 12/d and a 1 GB bucket (engine.py _do_optimizer_sanity_check, DeepSpeed 0.19.8; "
+    "deepspeed_bf16_optimizer_states)", 2e9,
+    reduce_buffers=(REDUCE_BUCKET_ELEMENTS, 2),
+    zero0_pipeline=(deepspeed_bf16_optimizer_states(2), deepspeed_bf16_optimizer_bucket_bytes(2)))
+_DEEPSPEED_FP16_RECIPE = replace(
+    _DEEPSPEED_RECIPE, zero0_pipeline=None,
+    source=_DEEPSPEED_RECIPE.source + ". In fp16 a pipeline without ZeRO runs FP16_Optimizer, unsharded, as without one "
+    "(engine.py _do_optimizer_sanity_check: BF16_Optimizer only for bf16)")
 _DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
     "DeepSpeed ZeRO-1 optimizer under the pipeline engine (Megatron-DeepSpeed, bf16/fp16)", 2, 2, 18, 2, "module",
     "DeepSpeedZeroOptimizer (stage_1_and_2.py @8eef742, 2022-02-16: 'bf16 is supported w. zero 1'; BF16_Optimizer "
@@ -421,32 +460,6 @@ DEEPSPEED_BF16_BRANCH_RECIPE = MemoryRecipe(
 """Not a framework's recipe today: a published run of that branch (BigScience's ZeRO_STAGE=0 row of 2022-02-21,
 'currently can't test ZeRO_STAGE=0 on master') is predicted with it (planner/validation.py
 DEEPSPEED_BF16_SHARDED_FROM)."""
-
-DEEPSPEED_BF16_OPTIMIZER_BUCKET_ELEMENTS = 5e8  # engine.py MEMORY_OPT_ALLREDUCE_SIZE
-
-
-def deepspeed_bf16_optimizer_states(accumulate_bytes: int, *, immediate_grad_update: bool = False
-                                    ) -> tuple[float, float, float]:
-    """(param, grad, optimizer) bytes per parameter, the optimizer's sharded over DP, of DeepSpeed's BF16_Optimizer
-    (bf16_optimizer.py, DeepSpeed 0.19.8), which its engine runs instead of the ZeRO optimizer for a bf16 model at
-    ZeRO-1 that accumulates gradients in fp32, and for a bf16 pipeline (PipelineModule) without ZeRO
-    (engine.py _do_optimizer_sanity_check; `check` reads both: readers.ds_grad_accum_dtype): bf16 params 2 + the bf16
-    param.grad 2 (kept across steps, zeroed and not freed; with bf16.immediate_grad_update, off by default, each is
-    added to the accumulation buffer by its hook and freed: accumulate_hp_grads_and_remove_lp) + a full gradient
-    buffer in the accumulation dtype (`accumulate_bytes`: grad_acc_dtype, the model's unless data_types says) +
-    fp32 master 4/d + Adam 8/d. The engine all-reduces that buffer's gradients after backward and update_lp_params
-    all-gathers the updated bf16 partitions after the step: the ZeRO-0 path of a framework whose ZeRO-0 optimizer
-    shards its states."""
-    return 2.0, (0.0 if immediate_grad_update else 2.0) + accumulate_bytes, 12.0
-
-
-def deepspeed_bf16_optimizer_bucket_bytes(accumulate_bytes: int) -> float:
-    """BF16_Optimizer's reduce bucket: buffered_allreduce_fallback -> allreduce_bucket flattens up to 5e8 gradients
-    in the accumulation dtype and, where that is not bf16, casts them to the bf16 communication dtype (engine.py,
-    0.19.8): 3 GB accumulating in fp32, 1 GB in bf16."""
-    cast = 2 if accumulate_bytes != 2 else 0
-    return DEEPSPEED_BF16_OPTIMIZER_BUCKET_ELEMENTS * (accumulate_bytes + cast)
-
 
 MEGATRON_DEEPSPEED_AMPERE_KERNEL_EFFICIENCY = 0.8
 _MEGATRON_DEEPSPEED_AMPERE = (
@@ -662,7 +675,8 @@ PROFILES: dict[Framework, Profile] = {
         Allocator(Sourced(0.12, _NO_EXPANDABLE), Sourced(1.3 * 1e9, _CONTEXT), nccl=_NCCL_DEEPSPEED),
         "torch.cuda.max_memory_allocated via see_memory_usage, or nvidia-smi [U]",
         hsdp_replica_reduce_once=DEEPSPEED_MICS, grad_reduce_16bit=_DEEPSPEED_COMM_DTYPE,
-        zero3_reduce_bucket=_DEEPSPEED_ZERO3_REDUCE_BUCKET, grad_all_reduce=_DEEPSPEED_GRAD_ALL_REDUCE),
+        zero3_reduce_bucket=_DEEPSPEED_ZERO3_REDUCE_BUCKET, grad_all_reduce=_DEEPSPEED_GRAD_ALL_REDUCE,
+        memory_fp16=_DEEPSPEED_FP16_RECIPE),
     Framework.MEGATRON_DEEPSPEED: Profile(
         Framework.MEGATRON_DEEPSPEED, "Megatron-DeepSpeed (2021-2022)", _DEEPSPEED_ZERO1_PIPE_RECIPE,
         "core attention only (--recompute-granularity selective) or full layers (--checkpoint-activations) "

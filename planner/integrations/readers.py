@@ -284,7 +284,9 @@ def ds_grad_accum_dtype(doc: dict, view: ConfigView) -> None:
 
 
 def _ds_bf16_optimizer(doc: dict, view: ConfigView, accumulate: str) -> None:
-    """The config read as DeepSpeed's BF16_Optimizer (ds_grad_accum_dtype): ZeRO-0 with its states and bucket."""
+    """The config read as DeepSpeed's BF16_Optimizer (ds_grad_accum_dtype): ZeRO-0 with its states and bucket, with or
+    without a pipeline (the DeepSpeed profile states the bf16 pipeline's own, which these equal unless the config
+    sets bf16.immediate_grad_update)."""
     stage = view.fields["zero_stage"]
     view.engine_fields["zero_stage"] = stage
     view.fields["zero_stage"] = 0
@@ -297,11 +299,13 @@ def _ds_bf16_optimizer(doc: dict, view: ConfigView, accumulate: str) -> None:
     why = (f"{said}: DeepSpeed runs BF16_Optimizer, read as ZeRO-0 with its states: {states[0]:g} + {states[1]:g} + "
            f"{states[2]:g}/dp B/param{' (bf16.immediate_grad_update)' if immediate else ''} and a {bucket / 1e9:g} GB "
            "reduce bucket (engine.py _do_optimizer_sanity_check)")
-    view.knobs["zero0_state_bytes_per_param"] = (states, why)
-    view.knobs["zero0_bucket_bytes"] = (bucket, why)
-    view.engine_knobs.update({"zero0_state_bytes_per_param", "zero0_bucket_bytes"})
+    names: tuple[str, ...] = ("zero0_pipeline_state_bytes_per_param", "zero0_pipeline_bucket_bytes")
     if stage == 1:
+        names += ("zero0_state_bytes_per_param", "zero0_bucket_bytes")
         view.remedy_names["zero_stage=1"] = "drop data_types.grad_accum_dtype (DeepSpeed's ZeRO-1 optimizer)"
+    for name in names:
+        view.knobs[name] = (bucket if name.endswith("bucket_bytes") else states, why)
+    view.engine_knobs.update(names)
 
 
 HIDDEN_SQUARED = "hidden_size^2"
