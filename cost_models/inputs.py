@@ -297,7 +297,7 @@ class Knobs:
     zero3_reduce_bucket_elements: float | None = None
     memory_headroom_bytes: float = 0.0  # memory kept free on top of the model (plan adds its own default)
     bucket_bytes: float = 0.0  # extra gradient-bucket bytes (DeepSpeed reduce_bucket_size x bytes)
-    # DeepSpeed's ZeRO-1/2 gradient buffers (stage.zero12_reduce_buffer_bytes): reduce_bucket_size 16-bit elements
+    # DeepSpeed's ZeRO-1/2 gradient buffers (stage.reduce_buffer_bytes): reduce_bucket_size 16-bit elements
     # each, two with overlap_comm and contiguous_gradients on, else one; `check` reads all three from a DeepSpeed
     # config. None: bucket_bytes stands at ZeRO-1/2 as the framework's recipe states it
     reduce_bucket_elements: float | None = None

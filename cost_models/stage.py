@@ -457,25 +457,28 @@ def zero0_states_sharded(training: Training, *, offload: str = Offload.NONE, pip
     """Whether the optimizer the framework runs at ZeRO-0 shards its states over DP (DeepSpeed's BF16_Optimizer), so
     it all-gathers the updated parameters after its step; not under offload, which runs ZeRO-Offload's path. The
     pipeline's optimizer (zero0_states) always shards."""
-    if offload != _OFFLOAD_NONE or zero0_states(training, pipeline=pipeline) is None:
+    if offload != _OFFLOAD_NONE:
         return False
-    return (pipeline and training.zero0_pipeline_state_bytes is not None) or training.zero0_optimizer_sharded
+    if pipeline and training.zero0_pipeline_state_bytes is not None:
+        return True
+    return training.zero0_state_bytes is not None and training.zero0_optimizer_sharded
 
 
-def zero12_reduce_buffer_bytes(bucket_elements: float, *, buffers: int) -> float:
-    """DeepSpeed's ZeRO-1/2 gradient buffers: `buffers` of `bucket_elements` 16-bit elements. Each backward allocates
-    one (the IPG buffer) of reduce_bucket_size elements in the model's 16-bit dtype when contiguous_gradients is on,
-    and a second with overlap_comm ('Use double buffers to avoid data access conflict when overlap_comm is enabled',
-    stage_1_and_2.py backward, DeepSpeed 0.19.8). Without contiguous_gradients there is none, but each bucket is
-    flattened when it is reduced (allreduce_bucket): one bucket either way. The all-gather after the step writes in
-    place into the flat parameter buffer (runtime/utils.py all_gather_into_tensor_dp_groups): no bucket of its own."""
+def reduce_buffer_bytes(bucket_elements: float, *, buffers: int) -> float:
+    """DeepSpeed's gradient buffers: `buffers` of `bucket_elements` 16-bit elements. At ZeRO-1/2 each backward
+    allocates one (the IPG buffer) of reduce_bucket_size elements in the model's 16-bit dtype when
+    contiguous_gradients is on, and a second with overlap_comm ('Use double buffers to avoid data access conflict when
+    overlap_comm is enabled', stage_1_and_2.py backward, DeepSpeed 0.19.8). Without contiguous_gradients there is
+    none, but each bucket is flattened when it is reduced (allreduce_bucket): one bucket either way. The all-gather
+    after the step writes in place into the flat parameter buffer (runtime/utils.py all_gather_into_tensor_dp_groups):
+    no bucket of its own. ZeRO-3 keeps one (stage3.py __ipg_bucket_flat_buffer)."""
     return bucket_elements * REDUCE_BUCKET_BYTES_PER_ELEMENT * buffers
 
 
 def bucket_bytes(knobs: Knobs, *, zero_stage: int, pipeline: bool = False) -> float:
     """The gradient-reduce buffers allocated on top of the model states: the ZeRO-0 figure where the framework states
     one (its ZeRO-0 optimizer reduces another way); at ZeRO-1/2 where the framework sizes them by its reduce bucket
-    (Knobs.reduce_bucket_elements: DeepSpeed's IPG buffers, zero12_reduce_buffer_bytes); at ZeRO-3 where gradients
+    (Knobs.reduce_bucket_elements: DeepSpeed's IPG buffers, reduce_buffer_bytes); at ZeRO-3 where gradients
     are reduced in buckets (zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements
     DeepSpeed's ZeRO-3 keeps for them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the
     bucket."""
@@ -484,10 +487,10 @@ def bucket_bytes(knobs: Knobs, *, zero_stage: int, pipeline: bool = False) -> fl
     if zero_stage == 0 and knobs.zero0_bucket_bytes is not None:
         return knobs.zero0_bucket_bytes
     if zero_stage in (1, 2) and knobs.reduce_bucket_elements is not None:
-        return zero12_reduce_buffer_bytes(knobs.reduce_bucket_elements, buffers=knobs.reduce_bucket_buffers)
+        return reduce_buffer_bytes(knobs.reduce_bucket_elements, buffers=knobs.reduce_bucket_buffers)
     bucketed = zero3_reduce_bucket_elements(knobs, zero_stage=zero_stage)
     if bucketed is not None:
-        return bucketed * REDUCE_BUCKET_BYTES_PER_ELEMENT
+        return reduce_buffer_bytes(bucketed, buffers=1)
     return knobs.bucket_bytes
 
 

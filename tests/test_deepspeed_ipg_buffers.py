@@ -3,7 +3,7 @@ when contiguous_gradients is on (DeepSpeed's default), and a second with overlap
 data access conflict when overlap_comm is enabled', stage_1_and_2.py backward, DeepSpeed 0.19.8); without
 contiguous_gradients each bucket is flattened as it is reduced (allreduce_bucket), one bucket's bytes. The all-gather
 after the step writes in place (runtime/utils.py all_gather_into_tensor_dp_groups): no allgather_bucket_size buffer.
-Held to that rule by hand (cost_models/stage.py zero12_reduce_buffer_bytes), to the profile (the export's
+Held to that rule by hand (cost_models/stage.py reduce_buffer_bytes), to the profile (the export's
 overlap_comm and contiguous_gradients on: 2 x 5e8 x 2 B), and to `check`, which reads the three keys from a config
 (the Hugging Face Trainer's "auto" bucket is hidden_size^2 at every stage)."""
 
@@ -26,11 +26,11 @@ def _problem(framework="deepspeed"):
 def test_the_buffer_rule_by_hand():
     """Two buffers of 5e8 16-bit elements are 2e9 bytes, one is 1e9; a bucket of 4096^2 (the Trainer's "auto" for a
     4096-wide model) is 2 x 16.8M x 2 B = 67.1 MB doubled."""
-    from cost_models.stage import zero12_reduce_buffer_bytes
+    from cost_models.stage import reduce_buffer_bytes
 
-    assert zero12_reduce_buffer_bytes(REDUCE_BUCKET_ELEMENTS, buffers=2) == 2e9
-    assert zero12_reduce_buffer_bytes(REDUCE_BUCKET_ELEMENTS, buffers=1) == 1e9
-    assert zero12_reduce_buffer_bytes(4096.0**2, buffers=2) == 4 * 4096**2 == 67_108_864
+    assert reduce_buffer_bytes(REDUCE_BUCKET_ELEMENTS, buffers=2) == 2e9
+    assert reduce_buffer_bytes(REDUCE_BUCKET_ELEMENTS, buffers=1) == 1e9
+    assert reduce_buffer_bytes(4096.0**2, buffers=2) == 4 * 4096**2 == 67_108_864
 
 
 def test_the_deepspeed_profile_keeps_two_default_buffers_at_zero_1_and_2_only():
@@ -80,7 +80,7 @@ def test_a_non_boolean_contiguous_gradients_is_a_violation_naming_the_key(tmp_pa
         assert [e[0] for e in view.errors] == ["contiguous_gradients"]
 
 
-def _reserved_and_notes(tmp_path: Path, name: str, zero: dict, **top):
+def _allocated_and_notes(tmp_path: Path, name: str, zero: dict, **top):
     """What `planner check --json` predicts for a Llama 2 7B ZeRO config on one DGX A100 (8 GPUs)."""
     import subprocess
     import sys
@@ -100,17 +100,17 @@ def test_check_predicts_the_buffers_a_config_keeps(tmp_path):
     """Through the CLI: DeepSpeed's defaults at ZeRO-2 (overlap_comm off) keep one 1e9-byte buffer; overlap_comm on
     keeps two (1e9 more); a 2e8 bucket with overlap_comm keeps 2 x 4e8; the Trainer's "auto" bucket for Llama 2 7B
     (4096^2) keeps 2 x 33.6 MB. The live peak moves by exactly the buffer bytes, and a note names each reason."""
-    base, notes = _reserved_and_notes(tmp_path, "default", {"stage": 2})
+    base, notes = _allocated_and_notes(tmp_path, "default", {"stage": 2})
     assert any("one reduce_bucket_size gradient buffer" in n for n in notes)
-    double, _ = _reserved_and_notes(tmp_path, "overlap", {"stage": 2, "overlap_comm": True})
+    double, _ = _allocated_and_notes(tmp_path, "overlap", {"stage": 2, "overlap_comm": True})
     assert double - base == pytest.approx(1e9, rel=1e-9)
-    small, notes = _reserved_and_notes(tmp_path, "small", {"stage": 2, "overlap_comm": True,
+    small, notes = _allocated_and_notes(tmp_path, "small", {"stage": 2, "overlap_comm": True,
                                                            "reduce_bucket_size": 2e8})
     assert double - small == pytest.approx(2e9 - 8e8, rel=1e-9)
     assert any("reduce_bucket_size 2e+08" in n for n in notes)
     # both Trainer configs ("auto" somewhere), which run transformers' model code (its RMSNorm saves more)
-    hf, _ = _reserved_and_notes(tmp_path, "hf", {"stage": 2, "overlap_comm": True}, train_batch_size="auto")
-    auto, notes = _reserved_and_notes(tmp_path, "auto", {"stage": 2, "overlap_comm": True,
+    hf, _ = _allocated_and_notes(tmp_path, "hf", {"stage": 2, "overlap_comm": True}, train_batch_size="auto")
+    auto, notes = _allocated_and_notes(tmp_path, "auto", {"stage": 2, "overlap_comm": True,
                                                          "reduce_bucket_size": "auto"}, train_batch_size="auto")
     assert hf - auto == pytest.approx(2e9 - 4 * 4096**2, rel=1e-9)
     assert any("hidden_size^2" in n for n in notes)

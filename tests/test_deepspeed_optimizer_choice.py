@@ -204,8 +204,7 @@ def test_under_megatron_deepspeed_a_zero1_config_stays_zero1(tmp_path):
     problem = build_problem("dgx-a100-80gb", 1, "llama2-7b", 64, 2048, "bf16", framework="megatron-deepspeed")
     out = check(read_config(path, gpus=8), problem, overrides={"recompute": "full"}, framework="megatron-deepspeed")
     assert out.layout.zero_stage == 1
-    assert "zero0_state_bytes_per_param" not in {k for k in out.problem.knobs.__dataclass_fields__
-                                                 if getattr(out.problem.knobs, k) != getattr(problem.knobs, k)}
+    assert out.problem.knobs.zero0_state_bytes_per_param == problem.knobs.zero0_state_bytes_per_param == (2, 6, 12)
 
 
 @pytest.mark.parametrize(("precision", "pp", "want"), [

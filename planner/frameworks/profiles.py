@@ -399,7 +399,7 @@ _DEEPSPEED_RECIPE = MemoryRecipe(
     "partitioned from ZeRO-1 (ZeRO-2 estimator 2P + 18P/N, stage_1_and_2.py L3093-3095, frameworks.md §3.5); "
     "ZeRO-3 gathers one module at a time (stage3_prefetch_bucket_size); at ZeRO-1/2 two IPG gradient buffers of "
     "reduce_bucket_size (default 5e8, runtime/zero/config.py) 16-bit elements, overlap_comm and contiguous_gradients "
-    "on as the DeepSpeed export writes them, 2e9 B (stage_1_and_2.py backward; stage.zero12_reduce_buffer_bytes: the "
+    "on as the DeepSpeed export writes them, 2e9 B (stage_1_and_2.py backward; stage.reduce_buffer_bytes: the "
     "all-gather after the step writes in place, no allgather_bucket_size buffer); at ZeRO-3 one flat bucket of "
     "reduce_bucket_size 16-bit gradients, 1e9 B (stage3.py __ipg_bucket_flat_buffer; stage.bucket_bytes); at ZeRO-0 "
     "2e9 B of reduce buffers [U: the engine's ZeRO-0 path is not followed], the unsharded 20 B of its DDP_BFLOAT16 "

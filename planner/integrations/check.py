@@ -169,7 +169,7 @@ def _other_engine(view: ConfigView, framework) -> None:
     for k in view.engine_knobs:
         view.knobs.pop(k, None)
     view.fields.update(view.engine_fields)
-    view.remedy_names.pop("zero_stage=1", None)
+    view.remedy_names.clear()  # they name the remedies in terms of that engine's choice
     view.notes.append(f"checked as {framework.value}: the optimizer today's DeepSpeed engine would run for this config "
                       "(BF16_Optimizer) is not read; the profile's own optimizer stands")
 

@@ -66,7 +66,8 @@ class ConfigView:
     # model's hidden size squared (the Hugging Face Trainer's "auto" bucket), which check resolves with the model
     knobs: dict[str, tuple[float | str | tuple[float, ...], str]] = field(default_factory=dict)
     # a memory remedy as the config would say it, where the layout change check tries reads otherwise in it:
-    # "zero_stage=1" -> "drop data_types.grad_accum_dtype ..." for a config read as DeepSpeed's BF16_Optimizer
+    # "zero_stage=1" -> "drop data_types.grad_accum_dtype ..." for a config read as DeepSpeed's BF16_Optimizer (only
+    # an engine reading sets them, so check drops them with engine_knobs)
     remedy_names: dict[str, str] = field(default_factory=dict)
     # what the reader read as its framework's engine of today decides it (DeepSpeed 0.19.8 picking BF16_Optimizer):
     # the knobs so set, and the layout fields as the config wrote them; checked under another framework's profile
@@ -209,13 +210,12 @@ def ds_grad_reduce(zero: dict, view: ConfigView) -> None:
     grad_slice_reduce_zero_stages)."""
     if view.fields["zero_stage"] not in (1, 2):
         return
-    given = {k: zero.get(k) for k in ("reduce_scatter", "use_multi_rank_bucket_allreduce")}
-    for key, value in given.items():
-        if value is not None and not isinstance(value, bool):
-            view.errors.append((key, f"zero_optimization.{key}: {value!r} -> true or false",
-                                "give a boolean (DeepSpeed's default is true), or drop the key"))
-            return
-    if given["reduce_scatter"] is not False and given["use_multi_rank_bucket_allreduce"] is False:
+    before = len(view.errors)
+    scatter = _ds_bool(zero, "reduce_scatter", view)
+    if len(view.errors) > before:  # the first key DeepSpeed would refuse is the one named
+        return
+    multi = _ds_bool(zero, "use_multi_rank_bucket_allreduce", view)
+    if scatter is not False and multi is False:
         why = ("use_multi_rank_bucket_allreduce false: ZeRO-1/2 reduce each rank's slice of a gradient bucket to it "
                "with a dist.reduce of its own, one after another: a reduce-scatter's bytes and dp times its latency, "
                "not the all-reduce of the whole bucket DeepSpeed's default runs")
@@ -314,7 +314,7 @@ HIDDEN_SQUARED = "hidden_size^2"
 def ds_reduce_bucket(zero: dict, view: ConfigView, hf: bool) -> None:
     """`zero_optimization.reduce_bucket_size`: at ZeRO-3 how many gradient elements each coalesced reduce-scatter
     carries (Knobs.zero3_reduce_bucket_elements, data_parallel.zero3_reduce_buckets), at ZeRO-1/2 the size of the
-    gradient buffers (Knobs.reduce_bucket_elements, stage.zero12_reduce_buffer_bytes); DeepSpeed's default is 5e8,
+    gradient buffers (Knobs.reduce_bucket_elements, stage.reduce_buffer_bytes); DeepSpeed's default is 5e8,
     and "auto" under the Hugging Face Trainer is the model's hidden_size^2 at every stage (transformers
     integrations/deepspeed.py trainer_config_finalize)."""
     stage = view.fields["zero_stage"]
@@ -335,17 +335,23 @@ def ds_reduce_bucket(zero: dict, view: ConfigView, hf: bool) -> None:
 def ds_contiguous_gradients(zero: dict, view: ConfigView) -> None:
     """`zero_optimization.contiguous_gradients` at ZeRO-1/2 (DeepSpeed's default true): off, no gradient buffer is
     kept across the backward; each bucket is flattened when it is reduced, one bucket's worth (Knobs.
-    reduce_bucket_buffers, stage.zero12_reduce_buffer_bytes). ZeRO-3 flattens a bucket either way."""
-    given = zero.get("contiguous_gradients")
-    if given is None or view.fields["zero_stage"] not in (1, 2, 3):
+    reduce_bucket_buffers, stage.reduce_buffer_bytes). ZeRO-3 flattens a bucket either way."""
+    if view.fields["zero_stage"] not in (1, 2, 3):
         return
-    if not isinstance(given, bool):
-        view.errors.append(("contiguous_gradients", f"zero_optimization.contiguous_gradients: {given!r} -> true or "
-                            "false", "give a boolean (DeepSpeed's default is true), or drop the key"))
-        return
-    if not given and view.fields["zero_stage"] < 3:
+    if _ds_bool(zero, "contiguous_gradients", view) is False and view.fields["zero_stage"] < 3:
         view.knobs["reduce_bucket_buffers"] = (1, "contiguous_gradients off: no gradient buffer across the backward, "
                                                   "each bucket flattened as it is reduced (one bucket's bytes)")
+
+
+def _ds_bool(zero: dict, key: str, view: ConfigView) -> bool | None:
+    """A boolean `zero_optimization.<key>` (all three keys read so default to true in DeepSpeed); None where it is
+    absent or not a boolean (a violation that names the key)."""
+    given = zero.get(key)
+    if given is None or isinstance(given, bool):
+        return given
+    view.errors.append((key, f"zero_optimization.{key}: {given!r} -> true or false",
+                        "give a boolean (DeepSpeed's default is true), or drop the key"))
+    return None
 
 
 def _ds_elements(zero: dict, view: ConfigView, key: str, what: str, default: float, *,
