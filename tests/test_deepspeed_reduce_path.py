@@ -116,8 +116,11 @@ def test_bf16_optimizer_at_zero0_gathers_its_parameters_and_fp16_optimizer_does_
     ({"stage": 2, "use_multi_rank_bucket_allreduce": True}, None, []),  # DeepSpeed's default: nothing moves
     ({"stage": 2, "use_multi_rank_bucket_allreduce": False, "reduce_scatter": False}, None, []),  # all-reduce anyway
     ({"stage": 3, "use_multi_rank_bucket_allreduce": False}, None, []),  # ZeRO-3 reduce-scatters regardless
-    ({"stage": 2, "use_multi_rank_bucket_allreduce": "no"}, None, ["use_multi_rank_bucket_allreduce"]),
-    ({"stage": 1, "reduce_scatter": 0}, None, ["reduce_scatter"]),
+    # read as DeepSpeed's config reads them (lax booleans, tests/test_deepspeed_config_parse.py): 'no' and 0 are false
+    ({"stage": 2, "use_multi_rank_bucket_allreduce": "no"}, (), []),
+    ({"stage": 1, "reduce_scatter": 0, "use_multi_rank_bucket_allreduce": False}, None, []),
+    ({"stage": 2, "use_multi_rank_bucket_allreduce": "maybe"}, None, ["use_multi_rank_bucket_allreduce"]),
+    ({"stage": 1, "reduce_scatter": 2}, None, ["reduce_scatter"]),
 ])
 def test_check_reads_how_a_deepspeed_config_reduces(tmp_path, zero, knob, rules):
     from tests.conftest import read_deepspeed_zero

@@ -135,7 +135,10 @@ def test_a_deepspeed_zero3_step_at_scale_pays_fewer_reduce_scatter_latencies():
     ({"stage": 3, "reduce_bucket_size": "5e8"}, False, None, ["reduce_bucket_size"]),
     ({"stage": 3, "reduce_bucket_size": -1}, False, None, ["reduce_bucket_size"]),
     ({"stage": 3, "reduce_bucket_size": float("inf")}, False, None, ["reduce_bucket_size"]),
-    ({"stage": 3, "reduce_bucket_size": True}, False, None, ["reduce_bucket_size"]),
+    ({"stage": 3, "reduce_bucket_size": 0}, False, None, ["reduce_bucket_size"]),  # DeepSpeed: Field(gt=0)
+    # DeepSpeed's config reads what pydantic's lax int does: True is 1, "300000000" a number
+    ({"stage": 3, "reduce_bucket_size": True}, False, 1.0, []),
+    ({"stage": 3, "reduce_bucket_size": "300000000"}, False, 3e8, []),
 ])
 def test_check_reads_a_deepspeed_configs_reduce_bucket(tmp_path, zero, hf, knob, rules):
     from tests.conftest import read_deepspeed_zero

@@ -327,7 +327,8 @@ def ds_reduce_bucket(zero: dict, view: ConfigView, hf: bool) -> None:
         view.knobs[knob] = (HIDDEN_SQUARED, f"reduce_bucket_size auto: the Trainer fills hidden_size^2; {what} "
                                             "(DeepSpeed's default is 5e8)")
         return
-    given = _ds_elements(zero, view, "reduce_bucket_size", "gradient", REDUCE_BUCKET_ELEMENTS, stages=(1, 2, 3))
+    given = _ds_elements(zero, view, "reduce_bucket_size", "gradient", REDUCE_BUCKET_ELEMENTS, stages=(1, 2, 3),
+                         least=1)  # reduce_bucket_size: Field(gt=0), runtime/zero/config.py
     if given is not None:
         view.knobs[knob] = (given, f"reduce_bucket_size {given:g}: {what} (DeepSpeed's default 5e8)")
 
@@ -343,29 +344,76 @@ def ds_contiguous_gradients(zero: dict, view: ConfigView) -> None:
                                                   "each bucket flattened as it is reduced (one bucket's bytes)")
 
 
-def _ds_bool(zero: dict, key: str, view: ConfigView) -> bool | None:
-    """A boolean `zero_optimization.<key>` (all three keys read so default to true in DeepSpeed); None where it is
-    absent or not a boolean (a violation that names the key)."""
-    given = zero.get(key)
-    if given is None or isinstance(given, bool):
-        return given
-    view.errors.append((key, f"zero_optimization.{key}: {given!r} -> true or false",
-                        "give a boolean (DeepSpeed's default is true), or drop the key"))
-    return None
+# DeepSpeed's config models (runtime/config_utils.py DeepSpeedConfigModel, 0.19.8) drop a key whose value is "auto",
+# so its default applies, and parse the rest with pydantic v2 in lax mode: a bool field takes true/false, 0 or 1 and
+# the strings below in any case; an int field an integral number, a bool or a string of digits. Nothing else starts.
+_LAX_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_LAX_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+_INT64 = 2**63
+
+
+def ds_config_bool(value: object) -> bool | None:
+    """The boolean DeepSpeed's config reads from `value`; None for "auto" (dropped: the default applies). Raises
+    ValueError where DeepSpeed refuses to start (DeepSpeedConfigModel's lax bool)."""
+    if value == "auto":
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _LAX_TRUE | _LAX_FALSE:
+        return value.lower() in _LAX_TRUE
+    raise ValueError(f"{value!r} is not a boolean DeepSpeed reads")
+
+
+def ds_config_int(value: object) -> int | None:
+    """The integer DeepSpeed's config reads from `value`; None for "auto" (dropped: the default applies). Raises
+    ValueError where DeepSpeed refuses to start (DeepSpeedConfigModel's lax int, 64-bit)."""
+    if value == "auto":
+        return None
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and -_INT64 <= value < _INT64:
+        return int(value)
+    raise ValueError(f"{value!r} is not an integer DeepSpeed reads")
+
+
+def _ds_bool(zero: dict, key: str, view: ConfigView, *, nullable: bool = False) -> bool | None:
+    """`zero_optimization.<key>` as DeepSpeed reads it (ds_config_bool); None where it is absent, "auto" (DeepSpeed's
+    default), null on a key DeepSpeed types Optional (`nullable`: overlap_comm; null elsewhere stops DeepSpeed), or
+    a value DeepSpeed refuses at start-up (a violation that names the key)."""
+    if key not in zero or (nullable and zero[key] is None):
+        return None
+    given = zero[key]
+    try:
+        return ds_config_bool(given)
+    except ValueError:
+        view.errors.append((key, f"zero_optimization.{key}: {given!r} -> true or false (DeepSpeed refuses any other "
+                                 "value at start-up)", "give a boolean, or drop the key for DeepSpeed's default"))
+        return None
 
 
 def _ds_elements(zero: dict, view: ConfigView, key: str, what: str, default: float, *,
-                 stages: tuple[int, ...] = (3,)) -> float | None:
-    """An element count `zero_optimization.<key>` sets other than DeepSpeed's `default`; None where the key is absent,
-    at its default or read at a stage outside `stages`, or not a finite number >= 0 (a violation that names the key)."""
-    given = zero.get(key)
-    if given is None or view.fields["zero_stage"] not in stages:
+                 stages: tuple[int, ...] = (3,), least: int = 0) -> float | None:
+    """An element count `zero_optimization.<key>` sets other than DeepSpeed's `default`, as DeepSpeed reads it
+    (ds_config_int); None where the key is absent, "auto" (the default), at its default or read at a stage outside
+    `stages`, or a value DeepSpeed refuses at start-up: not an integer >= `least`, the field's bound in DeepSpeed's
+    config model (a violation that names the key)."""
+    if key not in zero or view.fields["zero_stage"] not in stages:
         return None
-    if not isinstance(given, int | float) or isinstance(given, bool) or not given >= 0 or given == float("inf"):
-        view.errors.append((key, f"zero_optimization.{key}: {given!r} -> a number of {what} elements >= 0",
+    given = zero[key]
+    try:
+        count = ds_config_int(given)
+    except ValueError:
+        count = least - 1
+    if count is not None and count < least:
+        view.errors.append((key, f"zero_optimization.{key}: {given!r} -> a whole number of {what} elements >= "
+                                 f"{least} (DeepSpeed refuses any other value at start-up)",
                             f"give a number (DeepSpeed's default is {default:g}), or drop the key"))
         return None
-    return None if given == default else float(given)
+    return None if count is None or count == default else float(count)
 
 
 def ds_reuse_distance(zero: dict, view: ConfigView) -> None:
@@ -421,9 +469,10 @@ def ds_overlap(zero: dict, stage: int, view: ConfigView) -> None:
 
     if stage not in (1, 2, 3):
         return
-    given = zero.get("overlap_comm")
-    on = given if isinstance(given, bool) else stage == 3
-    if not isinstance(given, bool):
+    before = len(view.errors)
+    given = _ds_bool(zero, "overlap_comm", view, nullable=True)
+    on = stage == 3 if given is None else given
+    if given is None and len(view.errors) == before:
         view.notes.append(f"overlap_comm not set: DeepSpeed's default at ZeRO-{stage} ({'on' if on else 'off'}) "
                           "assumed")
     if on:
