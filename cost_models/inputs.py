@@ -280,8 +280,8 @@ class Knobs:
     matmul_half_efficiency_gflop: float = 2.0  # per-GEMM size at which efficiency is half its maximum
     # a GEMM's smallest dimension at which it reaches half its size-saturated rate (stage.gemm_side_factor) [fit:
     # docs/validation.md]; 0 turns the shape term off (CPU ranks: `planner calibrate` fits its own size curve)
-    gemm_half_efficiency_dim: float = 256.0
-    end_to_end_efficiency: float = 0.9  # launch gaps, data loading, imperfect kernels (fit: docs/validation.md)
+    gemm_half_efficiency_dim: float = 192.0
+    end_to_end_efficiency: float = 0.875  # launch gaps, data loading, imperfect kernels (fit: docs/validation.md)
     elementwise_traffic_factor: float = 12.0  # HBM bytes moved by non-GEMM kernels per saved activation byte [fit]
     # share of that (eager) traffic a compiled step still moves: XLA (JAX trainers) and torch.compile fuse the
     # elementwise chains (norms, activations, residual adds, RoPE) into few kernels that read and write each tensor

@@ -23,8 +23,8 @@ recompute and its MLP's gradients (stage.LayerCosts.backward_working_bytes; test
 Not modelled, so expect them off: what else torch.compile changes (the compiled rows hold 5 GiB less than eager,
 0.5 GiB of it the eager norm's upcast in the layer being recomputed; not the SAC
 must-saves its backward does not need: compiled with the min-cut partitioner, a Llama block under the bench's SAC
-policy keeps the same bytes as eager on CPU), the 500 W part's HBM2e bandwidth and sustained clocks
-(cluster_specs/gpus.yaml H100-SXM-HBM2e-500W: the SXM part's bandwidth and MAMF, a midpoint peak [U]), AsyncTP."""
+policy keeps the same bytes as eager on CPU), the 500 W part's sustained clocks (cluster_specs/gpus.yaml
+H100-SXM-HBM2e-500W: the SXM part's MAMF, a midpoint peak [U]; its 2.4 TB/s HBM2e is the doc's own figure), AsyncTP."""
 
 from __future__ import annotations
 

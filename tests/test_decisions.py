@@ -376,7 +376,7 @@ def test_plan_sensitivity_cli():
     assert [o["perturbation"] for o in doc["sensitivity"]["scenarios"]][:3] == [
         "inter-node bandwidth x0.5", "inter-node bandwidth x2", "intra-node bandwidth x0.5"]
     sens = doc["sensitivity"]
-    assert sens["tie_tolerance"] == pytest.approx(0.246, abs=0.001)  # the shipped ranking band (vTrain pairs)
+    assert sens["tie_tolerance"] == pytest.approx(0.238, abs=0.001)  # the shipped ranking band (vTrain pairs)
     assert sens["short_list"] == [t["layout_text"] for t in sens["tied"][:5]]
     text = run(*args, "--no-schedule").stdout
     assert "Sensitivity" in text and "regret" in text
@@ -407,15 +407,17 @@ def test_shipped_ranking_band_is_vtrains_and_current():
     assert shipped.pairs == 1721
     assert shipped.tie_tolerance == pytest.approx(table["tie_tolerance"], rel=1e-9)
     assert shipped.recommend_within == pytest.approx(table["recommend_within"], rel=1e-9)
-    # the figures quoted in docs/decisions.md: 80% of pairs within 24.6%, 20% within 2.3% (23.8% / 2.2% at the knobs
-    # fitted before torchtitan's FP8 rows gathered their parameters in FP8 as a torchtitan plan does, which moved the
-    # fit along its ridge, end_to_end_efficiency 0.875 -> 0.9 and gemm_half_efficiency_dim 192 -> 256; 19.8% / 2.6%
+    # the figures quoted in docs/decisions.md: 80% of pairs within 23.8%, 20% within 2.2% (24.6% / 2.3% while
+    # torchtitan's 500 W H100 had the SXM part's 3.35 TB/s, not the 2.4 TB/s HBM2e torchtitan states, which moved the
+    # fit back along its ridge, end_to_end_efficiency 0.9 -> 0.875 and gemm_half_efficiency_dim 256 -> 192; 23.8% /
+    # 2.2% before torchtitan's FP8 rows gathered their parameters in FP8 as a torchtitan plan does, the move the other
+    # way; 19.8% / 2.6%
     # before the GEMM shape term, stage.py gemm_shape_factor, a widening from GPT 39.1B's pairs; 20.3% / 2.6% at the shipped
     # knobs before torchtitan's per-op SAC moved their fit, elementwise_traffic_factor 10 -> 8; 22.3% / 2.2% before
     # Megatron's async TP all-reduce was modelled, 21.9% / 2.1% before unfused attention's score tensors were charged
     # their own kernel traffic)
-    assert shipped.tie_tolerance == pytest.approx(0.246, abs=0.001)
-    assert shipped.recommend_within == pytest.approx(0.0227, abs=0.001)
+    assert shipped.tie_tolerance == pytest.approx(0.238, abs=0.001)
+    assert shipped.recommend_within == pytest.approx(0.0223, abs=0.001)
 
 
 def _ties(cluster, nodes, model, batch, seq):
