@@ -90,3 +90,67 @@ def test_a_null_where_deepspeed_types_a_plain_bool_is_a_violation_naming_the_key
     view = read_deepspeed_zero(tmp_path, {"stage": 2, "contiguous_gradients": None})
     assert [e[0] for e in view.errors] == ["contiguous_gradients"]
     assert "true or false" in view.errors[0][1]
+
+
+STAGE_VALUES = [0, 1, 2, 3, "2", 2.0, True, "auto", 4, -1, 2.5, "two", None]
+
+
+@pytest.mark.parametrize("value", STAGE_VALUES)
+def test_the_zero_stage_is_deepspeeds(tmp_path, value):
+    """zero_optimization.stage as DeepSpeed reads it ("2" is ZeRO-2, not ZeRO-0; "auto" is its default 0), and a
+    violation exactly where DeepSpeed refuses to start."""
+    config = pytest.importorskip("deepspeed.runtime.zero.config", reason="DeepSpeed not installed: `make test` "
+                                                                        "installs it")
+    try:
+        want = int(config.DeepSpeedZeroConfig(stage=value).stage)
+    except Exception:  # pydantic's ValidationError: DeepSpeed stops at start-up
+        want = None
+    view = read_deepspeed_zero(tmp_path, {"stage": value})
+    named = [e for e in view.errors if e[0] == "zero_stage"]
+    if want is None:
+        assert named and view.fields["zero_stage"] == 0
+    else:
+        assert not named and view.fields["zero_stage"] == want
+
+
+def test_a_string_stage_is_checked_at_that_stage_through_the_cli(tmp_path):
+    """Bug: `"stage": "2"` (which DeepSpeed runs as ZeRO-2) was checked as ZeRO-0 and failed on memory."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1,
+                                "bf16": {"enabled": "true"}, "zero_optimization": {"stage": "2"}}))
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "check", str(path), "-c", "dgx-a100-80gb", "-m",
+                          "llama2-7b", "-n", "1", "-s", "2048", "--json"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["layout"]["zero_stage"] == 2 and doc["passed"], doc["violations"]
+
+
+PRECISION_DOCS = [
+    {"bf16": {"enabled": True}}, {"bf16": {"enabled": "true"}}, {"bfloat16": {"enabled": 1}},
+    {"fp16": {"enabled": "yes"}}, {"fp16": {"enabled": False}}, {"bf16": {}}, {"fp16": {"loss_scale": 0}},
+    {"bf16": {"enabled": "maybe"}}, {"bf16": {"enabled": None}}, {"bf16": {"enabled": True}, "fp16": {"enabled": 1}},
+]
+
+
+@pytest.mark.parametrize("doc", PRECISION_DOCS)
+def test_the_precision_is_deepspeeds(tmp_path, doc):
+    """bf16 (or the older bfloat16) and fp16 `enabled` as DeepSpeed's precision configs read them; a violation exactly
+    where DeepSpeed refuses to start, both enabled included."""
+    precision = pytest.importorskip("deepspeed.runtime.precision_config", reason="DeepSpeed not installed: `make "
+                                                                                "test` installs it")
+    try:
+        bf16 = precision.get_bfloat16_config(doc).enabled
+        fp16 = precision.get_float16_config(doc).enabled
+        starts = not (bf16 and fp16)
+    except Exception:  # pydantic's ValidationError: DeepSpeed stops at start-up
+        starts = False
+    view = read_deepspeed_zero(tmp_path, {"stage": 1}, **{k: v for k, v in doc.items()}, **(
+        {} if "bf16" in doc else {"bf16": None}))
+    named = [e for e in view.errors if e[0] == "precision"]
+    assert (not named) == starts, (doc, view.errors)
+    if starts:
+        assert view.precision == ("bf16" if bf16 else "fp16" if fp16 else "fp32")

@@ -184,13 +184,12 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
         view.notes.append("activation checkpointing: the DeepSpeed JSON does not say which layers model code "
                           "checkpoints (frameworks.md §3.4); checked with recompute=none — pass --fix recompute=full "
                           "if the model checkpoints its layers")
-    stage = zero.get("stage", 0)
-    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": stage if isinstance(stage, int) else 0,
+    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": ds_zero_stage(zero, view),
                    "offload": off, "micro_batch_size": mbs, "num_micro_batches": gas, "recompute": rec,
                    "sequence_parallel": False}
     _cp_ep(view, cp=sp_degree, cp_comm="a2a")
     view.global_batch_size = gbs
-    view.precision = _ds_precision(doc)
+    view.precision = _ds_precision(doc, view)
     ds_comm_dtype(doc, view)
     ds_grad_accum_dtype(doc, view)
     ds_overlap(zero, view.fields["zero_stage"], view)
@@ -509,16 +508,59 @@ def _has_auto(doc) -> bool:
     return doc == "auto"
 
 
-def _ds_precision(doc: dict) -> str | None:
-    for key, name in (("bf16", "bf16"), ("fp16", "fp16")):
-        enabled = (doc.get(key) or {}).get("enabled")
-        if enabled is True:
-            return name
-    if (doc.get("bf16") or {}).get("enabled") == "auto" or (doc.get("fp16") or {}).get("enabled") == "auto":
-        return None  # filled by the Trainer from --bf16/--fp16: --precision
-    if "bf16" in doc or "fp16" in doc:
-        return "fp32"
-    return None
+def _ds_precision(doc: dict, view: ConfigView) -> str | None:
+    """The precision a DeepSpeed config trains in, as DeepSpeed 0.19.8 reads `bf16` (or the older `bfloat16`) and
+    `fp16` (runtime/precision_config.py: `enabled` a lax boolean, default false; "auto" dropped there and filled by
+    the Hugging Face Trainer from --bf16/--fp16, so None: --precision decides); fp32 where a section is there and none
+    is enabled; None where neither section is. A value DeepSpeed refuses, or both enabled ('bfloat16 and fp16 modes
+    cannot be simultaneously enabled', runtime/config.py), is a violation."""
+    sections = {"bf16": doc["bf16"] if doc.get("bf16") is not None else doc.get("bfloat16"), "fp16": doc.get("fp16")}
+    enabled: dict[str, bool | None] = {}
+    for name, section in sections.items():
+        if section is None and not (name == "fp16" and "fp16" in doc):
+            continue
+        if not isinstance(section, dict):
+            view.errors.append(("precision", f"{name}: {section!r} -> a section such as {{\"enabled\": true}} "
+                                             "(DeepSpeed refuses any other value at start-up)",
+                                f"write {name} as a section, or drop it"))
+            continue
+        if "enabled" not in section:
+            enabled[name] = False
+            continue
+        try:
+            enabled[name] = ds_config_bool(section["enabled"])
+        except ValueError:
+            view.errors.append(("precision", f"{name}.enabled: {section['enabled']!r} -> true or false (DeepSpeed "
+                                             "refuses any other value at start-up)", "give a boolean"))
+    on = [name for name, value in enabled.items() if value]
+    if len(on) == 2:
+        view.errors.append(("precision", "bf16.enabled and fp16.enabled both true -> DeepSpeed refuses it ('bfloat16 "
+                                         "and fp16 modes cannot be simultaneously enabled', runtime/config.py)",
+                            "enable one of them"))
+    if on:
+        return on[0]
+    if None in enabled.values():  # "auto": the Trainer fills it from --bf16/--fp16
+        return None
+    return "fp32" if enabled or any(name in doc for name in ("bf16", "bfloat16", "fp16")) else None
+
+
+def ds_zero_stage(zero: dict, view: ConfigView) -> int:
+    """`zero_optimization.stage` as DeepSpeed 0.19.8 reads it (ds_config_int into ZeroStageEnum, 0 to 3; absent or
+    "auto": 0); any other value stops DeepSpeed at start-up, a violation (read as 0 meanwhile)."""
+    if "stage" not in zero:
+        return 0
+    given = zero["stage"]
+    try:
+        stage = ds_config_int(given)
+    except ValueError:
+        stage = -1
+    if stage is None:
+        return 0
+    if stage not in (0, 1, 2, 3):
+        view.errors.append(("zero_stage", f"zero_optimization.stage: {given!r} -> 0, 1, 2 or 3 (DeepSpeed refuses any "
+                                          "other value at start-up)", "give a ZeRO stage from 0 to 3"))
+        return 0
+    return stage
 
 
 def _ds_fill_auto(triad: tuple, dp: int, global_batch_size: int | None, view: ConfigView) -> tuple:
