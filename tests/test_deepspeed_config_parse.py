@@ -154,3 +154,23 @@ def test_the_precision_is_deepspeeds(tmp_path, doc):
     assert (not named) == starts, (doc, view.errors)
     if starts:
         assert view.precision == ("bf16" if bf16 else "fp16" if fp16 else "fp32")
+
+
+@pytest.mark.parametrize("key", ["offload_optimizer", "offload_param"])
+@pytest.mark.parametrize("device", ["cpu", "nvme", "none", "auto", "CPU", "gpu", None])
+def test_the_offload_device_is_deepspeeds(tmp_path, key, device):
+    """An offload section's `device` as DeepSpeed's OffloadDeviceEnum reads it ("auto": its default, none; 'CPU'
+    refused), and a violation exactly where DeepSpeed refuses to start."""
+    config = pytest.importorskip("deepspeed.runtime.zero.config", reason="DeepSpeed not installed: `make test` "
+                                                                        "installs it")
+    try:
+        section = getattr(config.DeepSpeedZeroConfig(stage=3, **{key: {"device": device}}), key)
+        want = section.device.value if hasattr(section.device, "value") else section.device
+    except Exception:  # pydantic's ValidationError: DeepSpeed stops at start-up
+        want = None
+    view = read_deepspeed_zero(tmp_path, {"stage": 3, key: {"device": device}})
+    named = [e for e in view.errors if e[0] == "offload"]
+    assert (not named) == (want is not None), (device, view.errors)
+    if want is not None:
+        expected = "none" if want == "none" else "optimizer+params" if key == "offload_param" else "optimizer"
+        assert view.fields["offload"] == expected

@@ -173,11 +173,7 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
         view.notes.append(f"pipeline.stages {stages}: DeepSpeed's engine does not read it (the model's PipelineModule "
                           "decides); taken as pp — pass --pp to be explicit")
     mbs, gas, gbs = _ds_triad(doc, dp, hf, global_batch_size, view)
-    off = "none"
-    if _device(zero.get("offload_param")) not in ("none", None):
-        off = "optimizer+params"
-    elif _device(zero.get("offload_optimizer")) not in ("none", None):
-        off = "optimizer"
+    off = ds_offload(zero, view)
     interval = pipe.get("activation_checkpoint_interval", 0)
     rec = "full" if isinstance(interval, int) and interval > 0 and pp > 1 else "none"
     if "recompute" not in over and rec == "none":
@@ -487,8 +483,31 @@ def ds_overlap(zero: dict, stage: int, view: ConfigView) -> None:
                                                        "hidden (the prefetched gathers are)")
 
 
-def _device(section) -> str | None:
-    return section.get("device", "none") if isinstance(section, dict) else None
+DS_OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # runtime/zero/offload_config.py OffloadDeviceEnum
+
+
+def ds_offload(zero: dict, view: ConfigView) -> str:
+    """The offload `zero_optimization.offload_param` / `offload_optimizer` ask for, as DeepSpeed 0.19.8 reads their
+    `device` (OffloadDeviceEnum: none, cpu or nvme, lower case; absent or "auto": none, as is a section set to
+    "auto" or null): "optimizer+params", "optimizer" or "none". A device DeepSpeed refuses at start-up is a
+    violation that names the key (read as none meanwhile)."""
+    devices = {}
+    for key in ("offload_param", "offload_optimizer"):
+        section = zero.get(key)
+        if not isinstance(section, dict):
+            continue
+        device = section.get("device", "none")
+        if device == "auto":
+            device = "none"
+        if device not in DS_OFFLOAD_DEVICES:
+            view.errors.append(("offload", f"zero_optimization.{key}.device: {device!r} -> one of "
+                                           f"{', '.join(DS_OFFLOAD_DEVICES)} (DeepSpeed refuses any other value at "
+                                           "start-up)", "give none, cpu or nvme"))
+            device = "none"
+        devices[key] = device
+    if devices.get("offload_param", "none") != "none":
+        return "optimizer+params"
+    return "optimizer" if devices.get("offload_optimizer", "none") != "none" else "none"
 
 
 def _hf_model_code(view: ConfigView) -> None:
@@ -1255,12 +1274,11 @@ def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str)
 
     doc = parse_json(read_text(path), str(path))
     zero = (doc.get("zero_optimization") or {}) if isinstance(doc, dict) else {}
-    if args.zero_stage is None and isinstance(zero.get("stage"), int):
-        view.fields["zero_stage"] = zero["stage"]
-    if _device(zero.get("offload_param")) not in ("none", None):
-        view.fields["offload"] = "optimizer+params"
-    elif _device(zero.get("offload_optimizer")) not in ("none", None):
-        view.fields["offload"] = "optimizer"
+    if args.zero_stage is None and "stage" in zero:
+        view.fields["zero_stage"] = ds_zero_stage(zero, view)
+    off = ds_offload(zero, view)
+    if off != "none":
+        view.fields["offload"] = off
     ds_overlap(zero, view.fields["zero_stage"], view)
     ds_mics(zero, view)
     view.notes.append(f"read ZeRO settings from {name}")
