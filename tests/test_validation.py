@@ -406,7 +406,7 @@ def test_megatron_deepspeed_runs_below_megatron_lm_on_a100(report):
 
 def test_published_pairs_rank_like_vtrains(report):
     # The tie tolerance comes from vTrain's layout sweeps (planner/decisions/ranking.py: 80% of 1,721 ratio errors
-    # within 24.6%, 20% within 2.3%). A second, independent estimate: pairs of published runs of one model on one
+    # within 23.8%, 20% within 2.2%). A second, independent estimate: pairs of published runs of one model on one
     # cluster (one GPU type and count) from one source, predicted leave-one-source-out (29 groups, 53 pairs today):
     # 80% within 13.7% and 20% within 2.0% on this coarse grid. The grouping left out the GPU type until
     # torchtitan's FP8 rows gathered in FP8 and moved the fit: 40 of its 69 groups were an A100 run and an H100 run
