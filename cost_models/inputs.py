@@ -6,7 +6,7 @@ functions stay pure, cheap to call, and importable without pydantic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from cost_models.nccl import DEFAULT_GROUPS
@@ -179,6 +179,23 @@ class Transformer:
 
 
 @dataclass(frozen=True, slots=True)
+class Zero0Optimizer:
+    """An optimizer a framework runs at ZeRO-0 in place of the plain one (DeepSpeed's BF16_Optimizer, FP16_Optimizer):
+    its (param, grad, optimizer) bytes per parameter; whether it shards the optimizer bytes over DP, and so all-gathers
+    the updated parameters after its step (BF16_Optimizer), or keeps every byte unsharded (FP16_Optimizer); and its
+    gradient-reduce buffers in bytes (None: Knobs.bucket_bytes)."""
+
+    state_bytes: tuple[float, float, float]
+    sharded: bool = True
+    bucket_bytes: float | None = None
+
+    def less_optimizer_bytes(self, saved: float) -> Zero0Optimizer:
+        """The same optimizer with `saved` bytes per parameter off its optimizer bytes (lower-precision states)."""
+        param, grad, optimizer = self.state_bytes
+        return replace(self, state_bytes=(param, grad, optimizer - saved))
+
+
+@dataclass(frozen=True, slots=True)
 class Training:
     """What one optimizer step processes, and the bytes of each kind of state."""
 
@@ -194,15 +211,12 @@ class Training:
     optimizer_state_saved_bytes: float = 0.0
     fp8_recipe: str | None = None  # FP8 GEMMs (cost_models/fp8.py FP8_RECIPES); None: all GEMMs in bf16/fp16
     fp8_param_gather: bool = False  # FP8 primary weights / FP8 parameter all-gather (Megatron --fp8-param-gather)
-    # (param, grad, optimizer) bytes at ZeRO-0 where the framework runs another optimizer there: one that shards its
-    # own optimizer state over DP (DeepSpeed's BF16_Optimizer), or, with zero0_optimizer_sharded False, one that keeps
-    # other bytes unsharded (DeepSpeed's FP16_Optimizer); None: ZeRO-0 keeps the bytes above, unsharded
-    zero0_state_bytes: tuple[float, float, float] | None = None
-    zero0_optimizer_sharded: bool = True
-    # the same where the model is a pipeline (pp > 1) and the framework runs yet another optimizer at ZeRO-0 then,
-    # sharding its optimizer bytes over DP (DeepSpeed's BF16_Optimizer for a bf16 PipelineModule, engine.py
-    # _do_optimizer_sanity_check); None: zero0_state_bytes, as without a pipeline
-    zero0_pipeline_state_bytes: tuple[float, float, float] | None = None
+    # the optimizer the framework runs at ZeRO-0 where it is another one (its optimizer bytes net of
+    # optimizer_state_saved_bytes); None: ZeRO-0 keeps the bytes above, unsharded
+    zero0_optimizer: Zero0Optimizer | None = None
+    # the one it runs at ZeRO-0 when the model is a pipeline (pp > 1), where that is yet another (DeepSpeed's
+    # BF16_Optimizer for a bf16 PipelineModule, engine.py _do_optimizer_sanity_check); None: zero0_optimizer
+    zero0_pipeline_optimizer: Zero0Optimizer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,10 +282,10 @@ class Knobs:
     # the framework's memory recipe for 16-bit training: (param, grad, optimizer) bytes per parameter as step.py
     # places them (param unsharded below ZeRO-3, grad below ZeRO-2, optimizer below ZeRO-1); None: the precision's
     state_bytes_per_param: tuple[float, float, float] | None = None
-    zero0_state_bytes_per_param: tuple[float, float, float] | None = None  # Training.zero0_state_bytes
-    zero0_optimizer_sharded: bool = True  # Training.zero0_optimizer_sharded
-    zero0_pipeline_state_bytes_per_param: tuple[float, float, float] | None = None  # Training.zero0_pipeline_state_bytes
-    zero0_pipeline_bucket_bytes: float | None = None  # the reduce buffers of that optimizer (None: as without a pipeline)
+    # the framework's ZeRO-0 optimizers, without and with a pipeline (Training.zero0_optimizer, zero0_pipeline_optimizer,
+    # which take their optimizer bytes less what lower-precision states save); None: the plain one
+    zero0_optimizer: Zero0Optimizer | None = None
+    zero0_pipeline_optimizer: Zero0Optimizer | None = None
     # what an fp32 master copy of a bf16 parameter costs once the optimizer's states are set below fp32: 4, or 2 where
     # the framework's precision-aware optimizer keeps only the 16 bits the bf16 parameter lacks (Profile.master_remainders)
     precision_aware_master_bytes: float = 4.0
@@ -302,7 +316,6 @@ class Knobs:
     # config. None: bucket_bytes stands at ZeRO-1/2 as the framework's recipe states it
     reduce_bucket_elements: float | None = None
     reduce_bucket_buffers: int = 2
-    zero0_bucket_bytes: float | None = None  # the same at ZeRO-0, where another path reduces (None: bucket_bytes)
     # the pipeline engine keeps each in-flight micro-batch's stage output until its backward (DeepSpeed's pipe engine;
     # Megatron frees it after the send, deallocate_output_tensor): one more layer input per micro-batch in flight
     keeps_stage_output: bool = False

@@ -39,6 +39,7 @@ from cost_models.inputs import (
     Schedule,
     Training,
     Transformer,
+    Zero0Optimizer,
     Zero3Gather,
 )
 from cost_models.memory import (
@@ -444,24 +445,27 @@ def zero3_reduce_bucket_elements(knobs: Knobs, *, zero_stage: int) -> float | No
     return None
 
 
+def zero0_optimizer(training: Training, *, pipeline: bool = False) -> Zero0Optimizer | None:
+    """The optimizer the framework runs at ZeRO-0: the pipeline's where the model is one (pp > 1) and the framework
+    states one (Training.zero0_pipeline_optimizer), else its ZeRO-0 one; None: the plain one, over the training's own
+    bytes."""
+    if pipeline and training.zero0_pipeline_optimizer is not None:
+        return training.zero0_pipeline_optimizer
+    return training.zero0_optimizer
+
+
 def zero0_states(training: Training, *, pipeline: bool = False) -> tuple[float, float, float] | None:
-    """The (param, grad, optimizer) bytes of the optimizer the framework runs at ZeRO-0: the pipeline's where the
-    model is one (pp > 1) and the framework states one (Training.zero0_pipeline_state_bytes), else its ZeRO-0 one;
-    None: the training's own bytes."""
-    if pipeline and training.zero0_pipeline_state_bytes is not None:
-        return training.zero0_pipeline_state_bytes
-    return training.zero0_state_bytes
+    """The (param, grad, optimizer) bytes of the optimizer the framework runs at ZeRO-0 (zero0_optimizer); None: the
+    training's own bytes."""
+    optimizer = zero0_optimizer(training, pipeline=pipeline)
+    return None if optimizer is None else optimizer.state_bytes
 
 
 def zero0_states_sharded(training: Training, *, offload: str = Offload.NONE, pipeline: bool = False) -> bool:
     """Whether the optimizer the framework runs at ZeRO-0 shards its states over DP (DeepSpeed's BF16_Optimizer), so
-    it all-gathers the updated parameters after its step; not under offload, which runs ZeRO-Offload's path. The
-    pipeline's optimizer (zero0_states) always shards."""
-    if offload != _OFFLOAD_NONE:
-        return False
-    if pipeline and training.zero0_pipeline_state_bytes is not None:
-        return True
-    return training.zero0_state_bytes is not None and training.zero0_optimizer_sharded
+    it all-gathers the updated parameters after its step; not under offload, which runs ZeRO-Offload's path."""
+    optimizer = zero0_optimizer(training, pipeline=pipeline)
+    return offload == _OFFLOAD_NONE and optimizer is not None and optimizer.sharded
 
 
 def reduce_buffer_bytes(bucket_elements: float, *, buffers: int) -> float:
@@ -482,10 +486,9 @@ def bucket_bytes(knobs: Knobs, *, zero_stage: int, pipeline: bool = False) -> fl
     are reduced in buckets (zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements
     DeepSpeed's ZeRO-3 keeps for them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the
     bucket."""
-    if zero_stage == 0 and pipeline and knobs.zero0_pipeline_bucket_bytes is not None:
-        return knobs.zero0_pipeline_bucket_bytes  # the pipeline's ZeRO-0 optimizer (zero0_states)
-    if zero_stage == 0 and knobs.zero0_bucket_bytes is not None:
-        return knobs.zero0_bucket_bytes
+    optimizer = knobs.zero0_pipeline_optimizer if pipeline and knobs.zero0_pipeline_optimizer else knobs.zero0_optimizer
+    if zero_stage == 0 and optimizer is not None and optimizer.bucket_bytes is not None:
+        return optimizer.bucket_bytes  # the framework's ZeRO-0 optimizer (zero0_optimizer)
     if zero_stage in (1, 2) and knobs.reduce_bucket_elements is not None:
         return reduce_buffer_bytes(knobs.reduce_bucket_elements, buffers=knobs.reduce_bucket_buffers)
     bucketed = zero3_reduce_bucket_elements(knobs, zero_stage=zero_stage)

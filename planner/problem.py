@@ -56,12 +56,11 @@ class Problem:
         if recipe is None or tr.precision == "fp32" or tr.grad_dtype is not None:
             return replace(cm, optimizer_bytes=cm.optimizer_bytes + cm.optimizer_state_saved_bytes - saved,
                            optimizer_state_saved_bytes=saved)
-        zero0, piped = self.knobs.zero0_state_bytes_per_param, self.knobs.zero0_pipeline_state_bytes_per_param
+        zero0, piped = self.knobs.zero0_optimizer, self.knobs.zero0_pipeline_optimizer
         return replace(cm, param_bytes=recipe[0], grad_bytes=recipe[1], optimizer_bytes=recipe[2] - saved,
                        optimizer_state_saved_bytes=saved,
-                       zero0_state_bytes=None if zero0 is None else (zero0[0], zero0[1], zero0[2] - saved),
-                       zero0_optimizer_sharded=self.knobs.zero0_optimizer_sharded,
-                       zero0_pipeline_state_bytes=None if piped is None else (piped[0], piped[1], piped[2] - saved))
+                       zero0_optimizer=None if zero0 is None else zero0.less_optimizer_bytes(saved),
+                       zero0_pipeline_optimizer=None if piped is None else piped.less_optimizer_bytes(saved))
 
     @cached_property
     def parameter_counts(self) -> dict[str, int]:

@@ -16,8 +16,8 @@ from tests.conftest import read_deepspeed_zero
 
 
 @pytest.mark.parametrize(("zero", "types", "stage", "knobs", "rule"), [
-    ({"stage": 1}, {"grad_accum_dtype": "fp32"}, 0, {"zero0_state_bytes_per_param", "zero0_bucket_bytes"}, None),
-    ({"stage": 1}, {"grad_accum_dtype": "float32"}, 0, {"zero0_state_bytes_per_param", "zero0_bucket_bytes"}, None),
+    ({"stage": 1}, {"grad_accum_dtype": "fp32"}, 0, {"zero0_optimizer"}, None),
+    ({"stage": 1}, {"grad_accum_dtype": "float32"}, 0, {"zero0_optimizer"}, None),
     ({"stage": 1}, {"grad_accum_dtype": "bf16"}, 1, set(), None),  # the model's dtype: the ZeRO optimizer
     ({"stage": 1, "offload_optimizer": {"device": "cpu"}}, {"grad_accum_dtype": "fp32"}, 1, set(), None),
     ({"stage": 2}, {"grad_accum_dtype": "fp32"}, 2, set(), None),  # ZeRO-2: the ZeRO optimizer (a note)
@@ -29,8 +29,8 @@ def test_check_reads_which_optimizer_deepspeed_runs(tmp_path, zero, types, stage
     view = read_deepspeed_zero(tmp_path, zero, **({"data_types": types} if types else {}))
     assert view.fields["zero_stage"] == stage
     assert knobs <= set(view.knobs)
-    assert not ({"zero0_state_bytes_per_param", "zero0_bucket_bytes"} - knobs) & set(view.knobs)
-    assert ("zero0_pipeline_state_bytes_per_param" in view.knobs) == bool(knobs)
+    assert not ({"zero0_optimizer"} - knobs) & set(view.knobs)
+    assert ("zero0_pipeline_optimizer" in view.knobs) == bool(knobs)
     assert [e[0] for e in view.errors] == ([rule] if rule else [])
 
 
@@ -90,7 +90,7 @@ def test_the_reader_agrees_with_deepspeeds_engine(tmp_path, monkeypatch, stage, 
     zero = {"stage": stage} | ({"offload_optimizer": {"device": "cpu"}} if offload else {})
     view = read_deepspeed_zero(tmp_path, zero, pipeline={"stages": pp},
                                **({"data_types": {"grad_accum_dtype": grad_accum}} if grad_accum else {}))
-    assert ("zero0_pipeline_state_bytes_per_param" in view.knobs) == bf16_optimizer
+    assert ("zero0_pipeline_optimizer" in view.knobs) == bf16_optimizer
     assert view.fields["zero_stage"] == (0 if bf16_optimizer else stage)
 
 
@@ -123,8 +123,9 @@ def test_immediate_grad_update_frees_the_bf16_gradients(tmp_path):
     default = read_deepspeed_zero(tmp_path, {"stage": 1}, data_types={"grad_accum_dtype": "fp32"})
     immediate = read_deepspeed_zero(tmp_path, {"stage": 1}, data_types={"grad_accum_dtype": "fp32"},
                                     bf16={"enabled": True, "immediate_grad_update": True})
-    assert default.knobs["zero0_state_bytes_per_param"][0] == (2.0, 6.0, 12.0)
-    assert immediate.knobs["zero0_state_bytes_per_param"][0] == (2.0, 4.0, 12.0)
+    assert default.knobs["zero0_optimizer"][0].state_bytes == (2.0, 6.0, 12.0)
+    assert immediate.knobs["zero0_optimizer"][0].state_bytes == (2.0, 4.0, 12.0)
+    assert default.knobs["zero0_optimizer"][0].bucket_bytes == 3e9
 
 
 def test_deepspeed_refuses_what_the_reader_refuses(tmp_path, monkeypatch):
@@ -156,7 +157,9 @@ def test_the_memory_fix_names_the_key_that_picks_the_optimizer(tmp_path):
 def test_a_bf16_pipeline_without_zero_accumulates_in_bf16():
     """The pipeline's BF16_Optimizer keeps its gradient buffer in the model's bf16 (grad_acc_dtype): 2 + 4 + 12/dp
     (2 + 2 + 12/dp with immediate_grad_update), and flattens 5e8 bf16 gradients with no cast: 1 GB; in fp32 3 GB."""
+    from cost_models.inputs import Zero0Optimizer
     from planner.frameworks.profiles import (
+        deepspeed_bf16_optimizer,
         deepspeed_bf16_optimizer_bucket_bytes,
         deepspeed_bf16_optimizer_states,
     )
@@ -165,6 +168,7 @@ def test_a_bf16_pipeline_without_zero_accumulates_in_bf16():
     assert deepspeed_bf16_optimizer_states(2, immediate_grad_update=True) == (2.0, 2.0, 12.0)
     assert deepspeed_bf16_optimizer_states(4) == (2.0, 6.0, 12.0)
     assert (deepspeed_bf16_optimizer_bucket_bytes(2), deepspeed_bf16_optimizer_bucket_bytes(4)) == (1e9, 3e9)
+    assert deepspeed_bf16_optimizer(2) == Zero0Optimizer((2.0, 4.0, 12.0), sharded=True, bucket_bytes=1e9)
 
 
 def test_under_megatron_deepspeeds_profile_its_own_optimizer_stands(tmp_path):
@@ -183,11 +187,11 @@ def test_under_megatron_deepspeeds_profile_its_own_optimizer_stands(tmp_path):
     for fw in ("deepspeed", "megatron-deepspeed"):
         problem = build_problem("dgx-a100-80gb", 4, "llama2-7b", 64, 2048, "bf16", framework=fw)
         out[fw] = check(read_config(path, gpus=32), problem, overrides={"recompute": "full"}, framework=fw)
-    assert out["deepspeed"].problem.knobs.zero0_pipeline_state_bytes_per_param == (2.0, 4.0, 12.0)
-    assert out["deepspeed"].problem.knobs.zero0_pipeline_bucket_bytes == 1e9
+    piped = out["deepspeed"].problem.knobs.zero0_pipeline_optimizer
+    assert piped is not None and (piped.state_bytes, piped.bucket_bytes) == ((2.0, 4.0, 12.0), 1e9)
     mds = out["megatron-deepspeed"]
-    assert mds.problem.knobs.zero0_state_bytes_per_param == (2, 6, 12)
-    assert mds.problem.knobs.zero0_pipeline_state_bytes_per_param is None
+    assert mds.problem.knobs.zero0_optimizer.state_bytes == (2, 6, 12)
+    assert mds.problem.knobs.zero0_pipeline_optimizer is None
     assert any("BF16_Optimizer) is not read" in n for n in mds.notes)
     assert mds.layout.zero_stage == out["deepspeed"].layout.zero_stage == 0
 
@@ -204,7 +208,8 @@ def test_under_megatron_deepspeed_a_zero1_config_stays_zero1(tmp_path):
     problem = build_problem("dgx-a100-80gb", 1, "llama2-7b", 64, 2048, "bf16", framework="megatron-deepspeed")
     out = check(read_config(path, gpus=8), problem, overrides={"recompute": "full"}, framework="megatron-deepspeed")
     assert out.layout.zero_stage == 1
-    assert out.problem.knobs.zero0_state_bytes_per_param == problem.knobs.zero0_state_bytes_per_param == (2, 6, 12)
+    assert out.problem.knobs.zero0_optimizer == problem.knobs.zero0_optimizer
+    assert problem.knobs.zero0_optimizer.state_bytes == (2, 6, 12)
 
 
 @pytest.mark.parametrize(("precision", "pp", "want"), [

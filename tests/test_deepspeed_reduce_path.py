@@ -102,9 +102,9 @@ def test_bf16_optimizer_at_zero0_gathers_its_parameters_and_fp16_optimizer_does_
     text = "tp=8,pp=4,dp=8,zero=0,mbs=1,recompute=full"
     bf16 = build_problem("dgx-a100-80gb", 32, "llama2-70b", 256, 4096, "bf16", framework="megatron-deepspeed")
     fp16 = build_problem("dgx-a100-80gb", 32, "llama2-70b", 256, 4096, "fp16", framework="megatron-deepspeed")
-    assert bf16.cm_training.zero0_optimizer_sharded and not fp16.cm_training.zero0_optimizer_sharded
+    assert bf16.cm_training.zero0_optimizer.sharded and not fp16.cm_training.zero0_optimizer.sharded
     sharded = _dp_total(bf16, text)
-    unsharded = _dp_total(bf16, text, zero0_optimizer_sharded=False)
+    unsharded = _dp_total(bf16, text, zero0_optimizer=replace(bf16.knobs.zero0_optimizer, sharded=False))
     assert sharded > unsharded
     # fp16: no gather; and the bf16 and fp16 gradient all-reduces move the same 2 B per gradient
     assert _dp_total(fp16, text) == pytest.approx(unsharded, rel=1e-9)

@@ -38,9 +38,10 @@ def test_memory_recipes_bytes_per_param():
     # sharded: 2 + 2 + 4 (per-parameter fp32 grads) + 4 (their flat copy) + 12 (fused_optimizer.py step), and the
     # engine's 1 GB fp16 all-reduce bucket
     assert mds.recipe("fp16").bytes_per_param == 22
-    assert mds.memory.zero0 == (2, 6, 12) and mds.memory.zero0_sharded and mds.memory.zero0_bucket_bytes == 0
-    fp16 = mds.recipe("fp16")
-    assert fp16.zero0 == (2, 10, 12) and not fp16.zero0_sharded and fp16.zero0_bucket_bytes is None
+    from cost_models.inputs import Zero0Optimizer
+
+    assert mds.memory.zero0 == Zero0Optimizer((2, 6, 12), sharded=True, bucket_bytes=0.0)
+    assert mds.recipe("fp16").zero0 == Zero0Optimizer((2, 10, 12), sharded=False, bucket_bytes=None)
 
 
 def test_generic_profile_is_the_knobs_default():

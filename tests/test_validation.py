@@ -492,7 +492,7 @@ def test_deepspeed_bf16_zero0_before_its_sharding_keeps_every_state_whole():
 
     zero0 = _row("bs-prequel-0221-zero0-h14336-pp12-mbs2")
     knobs = build_case(zero0, memory_only=True).knobs
-    assert knobs.state_bytes_per_param == (4, 6, 12) and knobs.zero0_state_bytes_per_param is None
+    assert knobs.state_bytes_per_param == (4, 6, 12) and knobs.zero0_optimizer is None
     assert knobs.bucket_bytes == 5e8 * (4 + 2)  # one 5e8-element bucket flattened in fp32, cast to bf16
     # 22 B/param, none of it over DP: the released BF16_Optimizer holds 8 + 12/d (its fp32 gradient buffer and the
     # all-reduce's bf16 copy of it)
@@ -503,7 +503,7 @@ def test_deepspeed_bf16_zero0_before_its_sharding_keeps_every_state_whole():
     zero1 = _row("bs-prequel-0221-zero1-h14336-pp12-mbs2")
     for row in (after, undated, zero1):
         k = build_case(row, memory_only=True).knobs
-        assert (k.state_bytes_per_param, k.zero0_state_bytes_per_param) == (
+        assert (k.state_bytes_per_param, k.zero0_optimizer) == (
             (released.param_bytes, released.grad_bytes, released.optimizer_bytes), released.zero0), row["id"]
     # the unsharded states are 13.5 B/param more than ZeRO-1's 4 + 18/4 on the same layout: the two rows of that day
     # measured 72 and 37 GB

@@ -20,6 +20,7 @@ from cost_models.inputs import (
     REDUCE_BUCKET_ELEMENTS,
     ZERO3_MAX_REUSE_DISTANCE_ELEMENTS,
     Knobs,
+    Zero0Optimizer,
     Zero3Gather,
 )
 from cost_models.memory import (
@@ -58,18 +59,15 @@ class MemoryRecipe:
     source: str
     bucket_bytes: float = 0.0  # communication buckets allocated on top (DeepSpeed ZeRO-1/2 IPG and all-gather)
     keeps_stage_output: bool = False  # the pipeline engine keeps each in-flight micro-batch's stage output
-    # (param, grad, optimizer) at ZeRO-0 where another optimizer runs there, which shards its optimizer state over DP
-    # unless zero0_sharded is False
-    zero0: tuple[float, float, float] | None = None
-    zero0_sharded: bool = True
-    zero0_bucket_bytes: float | None = None  # the reduce buffers at ZeRO-0 where they differ (None: bucket_bytes)
+    # the optimizer run at ZeRO-0 where it is another one (Knobs.zero0_optimizer); None: the plain one
+    zero0: Zero0Optimizer | None = None
     dynamic_grads: bool = False  # gradients are per-parameter tensors allocated every step (not one persistent buffer)
     # ZeRO-1/2 buffers sized by the reduce bucket: (elements, buffers) (Knobs.reduce_bucket_elements/_buffers; None:
     # bucket_bytes)
     reduce_buffers: tuple[float, int] | None = None
-    # (param, grad, optimizer) and reduce bucket bytes of the optimizer run at ZeRO-0 when the model is a pipeline,
-    # sharding its optimizer bytes (DeepSpeed's BF16_Optimizer for a bf16 PipelineModule); None: as without one
-    zero0_pipeline: tuple[tuple[float, float, float], float] | None = None
+    # the optimizer run at ZeRO-0 when the model is a pipeline (DeepSpeed's BF16_Optimizer for a bf16 PipelineModule;
+    # Knobs.zero0_pipeline_optimizer); None: as without one
+    zero0_pipeline: Zero0Optimizer | None = None
 
     @property
     def bytes_per_param(self) -> float:
@@ -78,13 +76,11 @@ class MemoryRecipe:
     def applied_to(self, knobs: Knobs) -> Knobs:
         """`knobs` with the cost-model knobs this recipe sets (the one place they are written)."""
         return replace(knobs, zero3_gather=Zero3Gather(self.zero3_gather), bucket_bytes=self.bucket_bytes,
-                       keeps_stage_output=self.keeps_stage_output, zero0_state_bytes_per_param=self.zero0,
-                       zero0_optimizer_sharded=self.zero0_sharded, zero0_bucket_bytes=self.zero0_bucket_bytes,
+                       keeps_stage_output=self.keeps_stage_output, zero0_optimizer=self.zero0,
                        dynamic_grads=self.dynamic_grads,
                        reduce_bucket_elements=self.reduce_buffers[0] if self.reduce_buffers else None,
                        reduce_bucket_buffers=self.reduce_buffers[1] if self.reduce_buffers else 2,
-                       zero0_pipeline_state_bytes_per_param=self.zero0_pipeline[0] if self.zero0_pipeline else None,
-                       zero0_pipeline_bucket_bytes=self.zero0_pipeline[1] if self.zero0_pipeline else None,
+                       zero0_pipeline_optimizer=self.zero0_pipeline,
                        state_bytes_per_param=(self.param_bytes, self.grad_bytes, self.optimizer_bytes))
 
 
@@ -393,6 +389,13 @@ def deepspeed_bf16_optimizer_bucket_bytes(accumulate_bytes: int) -> float:
     return DEEPSPEED_BF16_OPTIMIZER_BUCKET_ELEMENTS * (accumulate_bytes + cast)
 
 
+def deepspeed_bf16_optimizer(accumulate_bytes: int, *, immediate_grad_update: bool = False) -> Zero0Optimizer:
+    """DeepSpeed's BF16_Optimizer as the ZeRO-0 optimizer it is read as: its states (deepspeed_bf16_optimizer_states,
+    the optimizer's sharded over DP) and its reduce bucket (deepspeed_bf16_optimizer_bucket_bytes)."""
+    return Zero0Optimizer(deepspeed_bf16_optimizer_states(accumulate_bytes, immediate_grad_update=immediate_grad_update),
+                          sharded=True, bucket_bytes=deepspeed_bf16_optimizer_bucket_bytes(accumulate_bytes))
+
+
 _DEEPSPEED_RECIPE = MemoryRecipe(
     "DeepSpeed ZeRO bf16/fp16", 2, 2, 16, 2, "module",
     "16-bit params 2 + 16-bit grads 2 + fp32 grads 4 + fp32 master 4 + Adam 8 = 20 B/param; the 16 fp32 bytes are "
@@ -407,7 +410,7 @@ _DEEPSPEED_RECIPE = MemoryRecipe(
     "accumulating in bf16, 2 + 4 + 12/d and a 1 GB bucket (engine.py _do_optimizer_sanity_check, DeepSpeed 0.19.8; "
     "deepspeed_bf16_optimizer_states)", 2e9,
     reduce_buffers=(REDUCE_BUCKET_ELEMENTS, 2),
-    zero0_pipeline=(deepspeed_bf16_optimizer_states(2), deepspeed_bf16_optimizer_bucket_bytes(2)))
+    zero0_pipeline=deepspeed_bf16_optimizer(2))
 _DEEPSPEED_FP16_RECIPE = replace(
     _DEEPSPEED_RECIPE, zero0_pipeline=None,
     source=_DEEPSPEED_RECIPE.source + ". In fp16 a pipeline without ZeRO runs FP16_Optimizer, unsharded, as without one "
@@ -436,10 +439,10 @@ _DEEPSPEED_ZERO1_PIPE_RECIPE = MemoryRecipe(
     "and the all-reduce's bf16 copy of that buffer 2: the pipe engine's _bf16_reduce_grads hands the optimizer's one "
     "flat fp32 gradient per group to buffered_allreduce_fallback, whose flatten of a single tensor is a view and "
     "whose allreduce_bucket casts it whole to the bf16 communication dtype (engine.py, v0.6.4 to v0.9.0); no "
-    "bucket besides", 2e9, keeps_stage_output=True, dynamic_grads=True, zero0=(2, 6, 12), zero0_bucket_bytes=0.0)
+    "bucket besides", 2e9, keeps_stage_output=True, dynamic_grads=True, zero0=Zero0Optimizer((2, 6, 12), bucket_bytes=0.0))
 
 _DEEPSPEED_ZERO1_PIPE_FP16_RECIPE = replace(
-    _DEEPSPEED_ZERO1_PIPE_RECIPE, bucket_bytes=1e9, zero0=(2, 10, 12), zero0_sharded=False, zero0_bucket_bytes=None,
+    _DEEPSPEED_ZERO1_PIPE_RECIPE, bucket_bytes=1e9, zero0=Zero0Optimizer((2, 10, 12), sharded=False),
     source="In fp16 the ZeRO-1 optimizer as in bf16 (" + _DEEPSPEED_ZERO1_PIPE_RECIPE.name + "), with a 1 GB reduce "
     "bucket (no cast). At ZeRO-0 fp16 runs DeepSpeed's FP16_Optimizer (runtime/fp16/fused_optimizer.py @8eef742), "
     "nothing sharded: fp16 params 2 + fp16 grads 2 + at step() each grad's fp32 copy 4 (p.grad.to(fp32), freed "

@@ -155,8 +155,7 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
 
 CONFIG_SETTING_KNOBS = frozenset({"zero3_max_reuse_distance", "zero3_reduce_bucket_elements", "reduce_bucket_elements",
                                   "grad_all_reduce_zero_stages", "grad_slice_reduce_zero_stages",
-                                  "zero0_state_bytes_per_param", "zero0_bucket_bytes",
-                                  "zero0_pipeline_state_bytes_per_param", "zero0_pipeline_bucket_bytes"})
+                                  "zero0_optimizer", "zero0_pipeline_optimizer"})
 """Knobs a config sets outright, either way from the profile's value (DeepSpeed's stage3_max_reuse_distance,
 reduce_bucket_size and use_multi_rank_bucket_allreduce; the BF16_Optimizer a data_types.grad_accum_dtype picks),
 where the others only lower a share or a count the profile's flags would give."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
-from cost_models.inputs import REDUCE_BUCKET_ELEMENTS, ZERO3_MAX_REUSE_DISTANCE_ELEMENTS
+from cost_models.inputs import REDUCE_BUCKET_ELEMENTS, ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, Zero0Optimizer
 from cost_models.memory import NORM_FP32_UPCAST_BYTES_PER_ELEMENT
 from cost_models.step import stage_split
 from planner.frameworks import Framework
@@ -32,8 +32,7 @@ from planner.frameworks.megatron_split import (
 )
 from planner.frameworks.profiles import (
     COMPILED_ELEMENTWISE_SHARE,
-    deepspeed_bf16_optimizer_bucket_bytes,
-    deepspeed_bf16_optimizer_states,
+    deepspeed_bf16_optimizer,
 )
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
 
@@ -64,7 +63,7 @@ class ConfigView:
     # knobs the config sets below its framework's profile: communication it leaves exposed that the profile assumes
     # hidden, a compiled model's elementwise traffic: knob -> (value, why); HIDDEN_SQUARED where the value is the
     # model's hidden size squared (the Hugging Face Trainer's "auto" bucket), which check resolves with the model
-    knobs: dict[str, tuple[float | str | tuple[float, ...], str]] = field(default_factory=dict)
+    knobs: dict[str, tuple[float | str | tuple[float, ...] | Zero0Optimizer, str]] = field(default_factory=dict)
     # a memory remedy as the config would say it, where the layout change check tries reads otherwise in it:
     # "zero_stage=1" -> "drop data_types.grad_accum_dtype ..." for a config read as DeepSpeed's BF16_Optimizer (only
     # an engine reading sets them, so check drops them with engine_knobs)
@@ -247,7 +246,7 @@ def ds_grad_accum_dtype(doc: dict, view: ConfigView) -> None:
     (engine.py _do_optimizer_sanity_check, 0.19.8). It runs BF16_Optimizer, not the ZeRO optimizer or none, for a
     bf16 model at ZeRO-1 accumulating in fp32 without CPU offload, and for a bf16 pipeline (pp > 1: a PipelineModule)
     without ZeRO accumulating in bf16: read as ZeRO-0 with BF16_Optimizer's sharded states
-    (profiles.deepspeed_bf16_optimizer_states), whose memory and traffic that path predicts. Without ZeRO a dtype
+    (profiles.deepspeed_bf16_optimizer), whose memory and traffic that path predicts. Without ZeRO a dtype
     other than the model's is refused at start-up ("unsupported mix"); elsewhere another dtype is not followed (a
     note says so)."""
     section = doc.get("data_types")
@@ -287,19 +286,19 @@ def _ds_bf16_optimizer(doc: dict, view: ConfigView, accumulate: str) -> None:
     view.fields["zero_stage"] = 0
     immediate = (doc.get("bf16") or {}).get("immediate_grad_update") is True
     size = 4 if accumulate == "fp32" else 2
-    states = deepspeed_bf16_optimizer_states(size, immediate_grad_update=immediate)
-    bucket = deepspeed_bf16_optimizer_bucket_bytes(size)
+    optimizer = deepspeed_bf16_optimizer(size, immediate_grad_update=immediate)
+    states, bucket = optimizer.state_bytes, optimizer.bucket_bytes or 0.0
     said = ("zero_optimization.stage 1, bf16, data_types.grad_accum_dtype fp32" if stage == 1 else
             f"a bf16 pipeline (pp {view.fields['pp']}) without ZeRO")
     why = (f"{said}: DeepSpeed runs BF16_Optimizer, read as ZeRO-0 with its states: {states[0]:g} + {states[1]:g} + "
            f"{states[2]:g}/dp B/param{' (bf16.immediate_grad_update)' if immediate else ''} and a {bucket / 1e9:g} GB "
            "reduce bucket (engine.py _do_optimizer_sanity_check)")
-    names: tuple[str, ...] = ("zero0_pipeline_state_bytes_per_param", "zero0_pipeline_bucket_bytes")
+    names: tuple[str, ...] = ("zero0_pipeline_optimizer",)
     if stage == 1:
-        names += ("zero0_state_bytes_per_param", "zero0_bucket_bytes")
+        names += ("zero0_optimizer",)
         view.remedy_names["zero_stage=1"] = "drop data_types.grad_accum_dtype (DeepSpeed's ZeRO-1 optimizer)"
     for name in names:
-        view.knobs[name] = (bucket if name.endswith("bucket_bytes") else states, why)
+        view.knobs[name] = (optimizer, why)
     view.engine_knobs.update(names)
 
 
@@ -1184,7 +1183,7 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         if view.precision == "bf16" and view.fields["zero_stage"] == 0:  # the profile's zero0 recipe costs it
             from planner.frameworks.profiles import profile_for
 
-            param, grad, optimizer = profile_for(Framework.MEGATRON_DEEPSPEED).memory.zero0 or (0, 0, 0)
+            param, grad, optimizer = getattr(profile_for(Framework.MEGATRON_DEEPSPEED).memory.zero0, "state_bytes", (0,) * 3)
             view.notes.append("bf16 at ZeRO-0 under DeepSpeed's pipeline engine runs BF16_Optimizer: fp32 master "
                               f"weights and Adam state sharded over data parallel, {param:g} + {grad:g} + "
                               f"{optimizer:g}/d bytes per parameter (the gradients: its fp32 buffer and the "
