@@ -14,7 +14,7 @@ from cost_models.communication import (
     reduce_scatter_seconds,
     slice_reduces_seconds,
 )
-from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, Hardware, Link
+from cost_models.inputs import ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, GradReduce, Hardware, Link
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +63,7 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
                       layers: int, num_micro_batches: int, link: Link, modules_per_layer: int = 1,
                       gathers_per_layer: int | None = None, regathered_share: float = 0.0,
                       regathers: int = 0, reduce_scatters: int | None = None,
-                      grad_all_reduce: bool = False, grad_slice_reduce: bool = False,
-                      zero0_gather: bool = False) -> float:
+                      grad_reduce: GradReduce = GradReduce.REDUCE_SCATTER, zero0_gather: bool = False) -> float:
     """One stage's data-parallel traffic per step (ZeRO paper §7 for the volumes):
 
     ZeRO-0: one all-reduce of the gradients; ZeRO-1: reduce-scatter of the gradients + all-gather of the updated
@@ -76,12 +75,11 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     reduce-scattered every tensor on its own: step.zero3_units_per_layer), more or less latency, the same bandwidth.
     `regathers` more all-gathers per micro-batch move `regathered_share` of the parameters again (DeepSpeed's ZeRO-3
     under full recompute: zero3_regathered_modules). `reduce_scatters` (None: one per unit) says how many the
-    gradients are reduced in instead (DeepSpeed's bucketed reduce today: zero3_reduce_buckets). `grad_all_reduce`:
-    ZeRO-1/2 all-reduce the gradients (each rank keeps its partition of the result) instead of reduce-scattering
-    them (DeepSpeed's DeepSpeedZeroOptimizer; Knobs.grad_all_reduce_zero_stages). `grad_slice_reduce`: ZeRO-1/2
-    reduce each rank's slice to it with a dist.reduce of its own (DeepSpeed with use_multi_rank_bucket_allreduce off,
-    Megatron-DeepSpeed's ZeRO-2; Knobs.grad_slice_reduce_zero_stages): a reduce-scatter's bytes, dp times its
-    latency (communication.slice_reduces_seconds). `zero0_gather`: an optimizer that
+    gradients are reduced in instead (DeepSpeed's bucketed reduce today: zero3_reduce_buckets). `grad_reduce`: how
+    ZeRO-1/2 reduce the gradients (Knobs.grad_reduce): a reduce-scatter; an all-reduce, each rank keeping its
+    partition of the result (DeepSpeed's DeepSpeedZeroOptimizer); or each rank's slice reduced to it with a dist.reduce
+    of its own (DeepSpeed with use_multi_rank_bucket_allreduce off, Megatron-DeepSpeed's ZeRO-2), a reduce-scatter's
+    bytes and dp times its latency (communication.slice_reduces_seconds). `zero0_gather`: an optimizer that
     shards its states at ZeRO-0 all-gathers the updated 16-bit parameters after its step (DeepSpeed's BF16_Optimizer:
     update_lp_params -> all_gather_dp_groups).
     """
@@ -89,8 +87,8 @@ def zero_comm_seconds(*, zero_stage: int, params: float, grad_reduce_bytes: floa
     if zero_stage == 0:
         return (all_reduce_seconds(message_bytes=grad_msg, group_size=dp, link=link)
                 + (all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link) if zero0_gather else 0.0))
-    reduce = (all_reduce_seconds if grad_all_reduce else slice_reduces_seconds if grad_slice_reduce
-              else reduce_scatter_seconds)
+    reduce = {GradReduce.ALL_REDUCE: all_reduce_seconds, GradReduce.SLICE_REDUCES: slice_reduces_seconds}.get(
+        grad_reduce, reduce_scatter_seconds)
     if zero_stage == 1:
         return (reduce(message_bytes=grad_msg, group_size=dp, link=link)
                 + all_gather_seconds(message_bytes=param_msg, group_size=dp, link=link))

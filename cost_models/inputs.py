@@ -63,6 +63,18 @@ class Zero3Gather(StrEnum):
     PARAMETER = "parameter"
 
 
+class GradReduce(StrEnum):
+    """How ZeRO-1/2 reduce the gradients (Knobs.grad_reduce, data_parallel.zero_comm_seconds)."""
+
+    REDUCE_SCATTER = "reduce_scatter"  # the ZeRO paper's: each rank receives its partition, reduced
+    # an all-reduce of each whole bucket, every rank then keeping its partition (DeepSpeed's DeepSpeedZeroOptimizer):
+    # twice the bytes
+    ALL_REDUCE = "all_reduce"
+    # each rank's slice reduced to it by a dist.reduce of its own, one after another (DeepSpeed with
+    # use_multi_rank_bucket_allreduce off; Megatron-DeepSpeed's ZeRO-2): a reduce-scatter's bytes, dp times its latency
+    SLICE_REDUCES = "slice_reduces"
+
+
 ZERO3_MAX_REUSE_DISTANCE_ELEMENTS = 1e9
 """DeepSpeed's stage3_max_reuse_distance default: 'Do not release a parameter if it will be reused within this
 threshold of parameters' (DeepSpeed config docs; runtime/zero/config.py; 1e9 in v0.3.13's stage3.py as well)."""
@@ -333,11 +345,9 @@ class Knobs:
     # hybrid sharding: the replicas all-reduce the gradient shards once a step, at the accumulation boundary
     # (DeepSpeed's MiCS), not after every micro-batch under ZeRO-2/3 (torch FSDP2's HSDP)
     hsdp_replica_reduce_once: bool = False
-    # ZeRO stages whose gradient reduce is an all-reduce of whole buckets, each rank then keeping its partition
-    # (DeepSpeed's DeepSpeedZeroOptimizer: planner/frameworks/profiles.py), not a reduce-scatter: twice the bytes
+    # ZeRO stages whose gradient reduce is GradReduce.ALL_REDUCE (DeepSpeed's DeepSpeedZeroOptimizer:
+    # planner/frameworks/profiles.py), and those whose is GradReduce.SLICE_REDUCES; the rest reduce-scatter (grad_reduce)
     grad_all_reduce_zero_stages: tuple[int, ...] = ()
-    # ZeRO stages whose gradient reduce is one dist.reduce per rank's slice, issued one after another (DeepSpeed with
-    # use_multi_rank_bucket_allreduce off; Megatron-DeepSpeed's ZeRO-2): a reduce-scatter's bytes, dp times its latency
     grad_slice_reduce_zero_stages: tuple[int, ...] = ()
     tp_layer_overhead_seconds: float = 0.0  # per layer and micro-batch (fwd+bwd) under TP: framework dispatch
     # Megatron-LM's async tensor-parallel all-reduce (on by default since 2021-09, commit 3f65246911; off with
@@ -392,3 +402,12 @@ class Knobs:
     def compiled(self) -> bool:
         """A compiled step (torch.compile, XLA): its elementwise chains fused (compiled_elementwise_share below 1)."""
         return self.compiled_elementwise_share < 1.0
+
+    def grad_reduce(self, zero_stage: int) -> GradReduce:
+        """How ZeRO-`zero_stage` reduces the gradients: an all-reduce where grad_all_reduce_zero_stages names the stage,
+        else slice reduces where grad_slice_reduce_zero_stages does, else a reduce-scatter."""
+        if zero_stage in self.grad_all_reduce_zero_stages:
+            return GradReduce.ALL_REDUCE
+        if zero_stage in self.grad_slice_reduce_zero_stages:
+            return GradReduce.SLICE_REDUCES
+        return GradReduce.REDUCE_SCATTER

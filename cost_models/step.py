@@ -266,8 +266,7 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                                  modules_per_layer=units[1], gathers_per_layer=units[0],
                                  regathered_share=recomputed * regather[0] / params if params > 0 else 0.0,
                                  regathers=recomputed * regather[1], reduce_scatters=reduce_scatters,
-                                 grad_all_reduce=lay.zero_stage in knobs.grad_all_reduce_zero_stages,
-                                 grad_slice_reduce=lay.zero_stage in knobs.grad_slice_reduce_zero_stages,
+                                 grad_reduce=knobs.grad_reduce(lay.zero_stage),
                                  zero0_gather=zero0_states_sharded(training, offload=lay.offload,
                                                                    pipeline=lay.pp > 1))
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,

@@ -19,6 +19,7 @@ from cost_models.communication import (
     slice_reduces_seconds,
 )
 from cost_models.data_parallel import zero_comm_seconds
+from cost_models.inputs import GradReduce
 
 
 def _link(nodes=8, ranks=64, stride=1):
@@ -41,7 +42,7 @@ def test_an_all_reduced_gradient_costs_one_all_gather_more_per_reduce(stage, m):
     assert one == pytest.approx(reduce_scatter_seconds(message_bytes=grads, group_size=64, link=link)
                                 + all_gather_seconds(message_bytes=grads, group_size=64, link=link), rel=1e-12)
     reduces = m if stage == 2 else 1
-    extra = zero_comm_seconds(**args, grad_all_reduce=True) - zero_comm_seconds(**args)
+    extra = zero_comm_seconds(**args, grad_reduce=GradReduce.ALL_REDUCE) - zero_comm_seconds(**args)
     assert extra == pytest.approx(reduces * all_gather_seconds(message_bytes=grads, group_size=64, link=link),
                                   rel=1e-9)
 
@@ -232,7 +233,7 @@ def test_slice_reduces_cost_a_reduce_scatter_plus_latency_that_grows_with_dp():
         link = _link(nodes=nodes, ranks=ranks)
         args = dict(zero_stage=2, params=1e9, grad_reduce_bytes=2, param_bytes=2, dp=ranks, layers=32,
                     num_micro_batches=4, link=link)
-        gap = zero_comm_seconds(**args, grad_slice_reduce=True) - zero_comm_seconds(**args)
+        gap = zero_comm_seconds(**args, grad_reduce=GradReduce.SLICE_REDUCES) - zero_comm_seconds(**args)
         want = 4 * ((ranks - 1) ** 2 * link.latency_seconds + 2e9 / ranks / link.bandwidth_bytes_per_second)
         assert gap == pytest.approx(want, rel=1e-9)
         gaps.append(gap)
