@@ -174,3 +174,15 @@ def test_the_offload_device_is_deepspeeds(tmp_path, key, device):
     if want is not None:
         expected = "none" if want == "none" else "optimizer+params" if key == "offload_param" else "optimizer"
         assert view.fields["offload"] == expected
+
+
+@pytest.mark.parametrize(("stage", "want"), [(3, "optimizer+params"), (2, "optimizer"), (1, "optimizer"), (0, "none")])
+def test_an_offload_section_below_the_stage_that_reads_it_is_ignored_with_a_note(tmp_path, stage, want):
+    """DeepSpeed's engine hands offload_param to the ZeRO-3 optimizer only and offload_optimizer to a ZeRO optimizer
+    only (engine.py _configure_zero_optimizer: ZeRO-1/2 take offload_optimizer_config alone; ZeRO-0 builds none), so a
+    config that sets them lower runs without them: no violation (it was 'offload needs zero_stage 3'), a note."""
+    both = {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
+    view = read_deepspeed_zero(tmp_path, {"stage": stage, **both})
+    assert view.errors == [] and view.fields["offload"] == want
+    ignored = [n for n in view.notes if "so nothing is offloaded by it" in n]
+    assert len(ignored) == (stage < 3) + (stage < 1)

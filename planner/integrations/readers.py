@@ -172,14 +172,15 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
         view.notes.append(f"pipeline.stages {stages}: DeepSpeed's engine does not read it (the model's PipelineModule "
                           "decides); taken as pp — pass --pp to be explicit")
     mbs, gas, gbs = _ds_triad(doc, dp, hf, global_batch_size, view)
-    off = ds_offload(zero, view)
+    stage = ds_zero_stage(zero, view)
+    off = ds_offload(zero, stage, view)
     interval = pipe.get("activation_checkpoint_interval", 0)
     rec = "full" if isinstance(interval, int) and interval > 0 and pp > 1 else "none"
     if "recompute" not in over and rec == "none":
         view.notes.append("activation checkpointing: the DeepSpeed JSON does not say which layers model code "
                           "checkpoints (frameworks.md §3.4); checked with recompute=none — pass --fix recompute=full "
                           "if the model checkpoints its layers")
-    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": ds_zero_stage(zero, view),
+    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": stage,
                    "offload": off, "micro_batch_size": mbs, "num_micro_batches": gas, "recompute": rec,
                    "sequence_parallel": False}
     _cp_ep(view, cp=sp_degree, cp_comm="a2a")
@@ -485,11 +486,13 @@ def ds_overlap(zero: dict, stage: int, view: ConfigView) -> None:
 DS_OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # runtime/zero/offload_config.py OffloadDeviceEnum
 
 
-def ds_offload(zero: dict, view: ConfigView) -> str:
-    """The offload `zero_optimization.offload_param` / `offload_optimizer` ask for, as DeepSpeed 0.19.8 reads their
-    `device` (OffloadDeviceEnum: none, cpu or nvme, lower case; absent or "auto": none, as is a section set to
-    "auto" or null): "optimizer+params", "optimizer" or "none". A device DeepSpeed refuses at start-up is a
-    violation that names the key (read as none meanwhile)."""
+def ds_offload(zero: dict, stage: int, view: ConfigView) -> str:
+    """The offload `zero_optimization.offload_param` / `offload_optimizer` ask for at ZeRO-`stage`, as DeepSpeed
+    0.19.8 reads their `device` (OffloadDeviceEnum: none, cpu or nvme, lower case; absent or "auto": none, as is a
+    section set to "auto" or null): "optimizer+params", "optimizer" or "none". A device DeepSpeed refuses at start-up
+    is a violation that names the key (read as none meanwhile). DeepSpeed's engine hands offload_param to the ZeRO-3
+    optimizer only and offload_optimizer to a ZeRO optimizer only (engine.py _configure_zero_optimizer: ZeRO-1/2 take
+    offload_optimizer_config alone, ZeRO-0 builds none): below those stages the section is ignored, with a note."""
     devices = {}
     for key in ("offload_param", "offload_optimizer"):
         section = zero.get(key)
@@ -504,6 +507,11 @@ def ds_offload(zero: dict, view: ConfigView) -> str:
                                            "start-up)", "give none, cpu or nvme"))
             device = "none"
         devices[key] = device
+    for key, least in (("offload_param", 3), ("offload_optimizer", 1)):
+        if stage < least and devices.get(key, "none") != "none":
+            view.notes.append(f"zero_optimization.{key} at ZeRO-{stage}: DeepSpeed's engine reads it only from "
+                              f"ZeRO-{least} on, so nothing is offloaded by it; checked without it")
+            devices[key] = "none"
     if devices.get("offload_param", "none") != "none":
         return "optimizer+params"
     return "optimizer" if devices.get("offload_optimizer", "none") != "none" else "none"
@@ -1275,7 +1283,7 @@ def _megatron_ds_config(args: argparse.Namespace, view: ConfigView, source: str)
     zero = (doc.get("zero_optimization") or {}) if isinstance(doc, dict) else {}
     if args.zero_stage is None and "stage" in zero:
         view.fields["zero_stage"] = ds_zero_stage(zero, view)
-    off = ds_offload(zero, view)
+    off = ds_offload(zero, view.fields["zero_stage"], view)
     if off != "none":
         view.fields["offload"] = off
     ds_overlap(zero, view.fields["zero_stage"], view)
