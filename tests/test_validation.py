@@ -408,7 +408,7 @@ def test_published_pairs_rank_like_vtrains(report):
     # The tie tolerance comes from vTrain's layout sweeps (planner/decisions/ranking.py: 80% of 1,721 ratio errors
     # within 23.8%, 20% within 2.2%). A second, independent estimate: pairs of published runs of one model on one
     # cluster (one GPU type and count) from one source, predicted leave-one-source-out (29 groups, 53 pairs today):
-    # 80% within 13.7% and 20% within 2.0% on this coarse grid. The grouping left out the GPU type until
+    # 80% within 13.7% and 20% within 1.7% on this coarse grid (2.0% at the fit before Grand Teton's H100 had its 2.4 TB/s). The grouping left out the GPU type until
     # torchtitan's FP8 rows gathered in FP8 and moved the fit: 40 of its 69 groups were an A100 run and an H100 run
     # of one llm-foundry shape, whose ratio error is the A100/H100 offset, not a ranking error (25.8% at the 80%
     # point with them; 14.5% / 1.7% before, when the llm-foundry fold's FSDP/Hopper factor happened to cancel that
