@@ -445,20 +445,14 @@ def zero3_reduce_bucket_elements(knobs: Knobs, *, zero_stage: int) -> float | No
     return None
 
 
-def zero0_optimizer(training: Training, *, pipeline: bool = False) -> Zero0Optimizer | None:
+def zero0_optimizer(holder: Training | Knobs, *, pipeline: bool = False) -> Zero0Optimizer | None:
     """The optimizer the framework runs at ZeRO-0: the pipeline's where the model is one (pp > 1) and the framework
-    states one (Training.zero0_pipeline_optimizer), else its ZeRO-0 one; None: the plain one, over the training's own
-    bytes."""
-    if pipeline and training.zero0_pipeline_optimizer is not None:
-        return training.zero0_pipeline_optimizer
-    return training.zero0_optimizer
-
-
-def zero0_states(training: Training, *, pipeline: bool = False) -> tuple[float, float, float] | None:
-    """The (param, grad, optimizer) bytes of the optimizer the framework runs at ZeRO-0 (zero0_optimizer); None: the
-    training's own bytes."""
-    optimizer = zero0_optimizer(training, pipeline=pipeline)
-    return None if optimizer is None else optimizer.state_bytes
+    states one (zero0_pipeline_optimizer), else its ZeRO-0 one; None: the plain one, over the training's own bytes.
+    Read from the Training (states net of what lower-precision optimizer states save) or from the Knobs (the
+    reduce buffers: bucket_bytes), which hold the same records."""
+    if pipeline and holder.zero0_pipeline_optimizer is not None:
+        return holder.zero0_pipeline_optimizer
+    return holder.zero0_optimizer
 
 
 def zero0_states_sharded(training: Training, *, offload: str = Offload.NONE, pipeline: bool = False) -> bool:
@@ -486,7 +480,7 @@ def bucket_bytes(knobs: Knobs, *, zero_stage: int, pipeline: bool = False) -> fl
     are reduced in buckets (zero3_reduce_bucket_elements), the one flat 16-bit buffer of that many elements
     DeepSpeed's ZeRO-3 keeps for them (stage3.py __ipg_bucket_flat_buffer, contiguous_gradients on); else the
     bucket."""
-    optimizer = knobs.zero0_pipeline_optimizer if pipeline and knobs.zero0_pipeline_optimizer else knobs.zero0_optimizer
+    optimizer = zero0_optimizer(knobs, pipeline=pipeline)
     if zero_stage == 0 and optimizer is not None and optimizer.bucket_bytes is not None:
         return optimizer.bucket_bytes  # the framework's ZeRO-0 optimizer (zero0_optimizer)
     if zero_stage in (1, 2) and knobs.reduce_bucket_elements is not None:
@@ -504,14 +498,13 @@ def state_bytes_per_param(training: Training, *, zero_stage: int, dp: int, offlo
     ZeRO paper §5, Table 1: stage 1 shards the optimizer state over dp, stage 2 the gradients too, stage 3 the
     parameters too. Offload keeps gradients and optimizer state on the host (ZeRO-Offload) and, with
     optimizer+params, the parameters too (ZeRO-Infinity). At ZeRO-0 the optimizer the framework runs there
-    (zero0_states; `pipeline`: the model is one, pp > 1).
+    (zero0_optimizer; `pipeline`: the model is one, pp > 1).
     """
     offloaded = offload != _OFFLOAD_NONE
-    states = zero0_states(training, pipeline=pipeline) if zero_stage == 0 and not offloaded else None
-    if states is not None:
-        param, grad, optimizer = states
-        sharded = zero0_states_sharded(training, offload=offload, pipeline=pipeline)
-        return param, grad, optimizer / dp if sharded else optimizer
+    zero0 = zero0_optimizer(training, pipeline=pipeline) if zero_stage == 0 and not offloaded else None
+    if zero0 is not None:
+        param, grad, optimizer = zero0.state_bytes
+        return param, grad, optimizer / dp if zero0.sharded else optimizer
     weights = 0.0 if offload == _OFFLOAD_PARAMS else training.param_bytes / (dp if zero_stage >= 3 else 1)
     grads = 0.0 if offloaded else training.grad_bytes / (dp if zero_stage >= 2 else 1)
     optim = 0.0 if offloaded else training.optimizer_bytes / (dp if zero_stage >= 1 else 1)

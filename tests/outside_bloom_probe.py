@@ -18,7 +18,8 @@ A line per row: measured and predicted step time, the error and the shipped band
 from __future__ import annotations
 
 from planner.bands import load_table
-from planner.validation import band_text, build_case, case_knobs, evaluate
+from planner.validation import band_text, case_knobs
+from tests.outside_probe import predicted
 
 SOURCE = "bigscience-workshop/bigscience train/tr11-176B-ml README.md, chronicles.md (commit 39ed811)"
 ROWS = [  # id, date, iteration time (s), where it is printed
@@ -47,14 +48,10 @@ def main() -> None:
     print(f"{'row':26} {'layout':62} {'step s meas/pred':>18} {'err':>7} {'band (shipped)':>15}")
     for spec in ROWS:
         r = row(*spec)
-        case = build_case(r)
-        if isinstance(case, str):
-            print(f"{r['id']:26} skipped: {case}")
+        out = predicted(r, lambda case: case_knobs(case, fitted), width=26)
+        if out is None:
             continue
-        res = evaluate(case, case_knobs(case, fitted))
-        if res.predicted_step_seconds is None:
-            print(f"{r['id']:26} not estimated: {res.note}")
-            continue
+        case, res = out
         print(f"{r['id']:26} {res.layout.short():62} {case.measured_step_seconds:8.2f}/{res.predicted_step_seconds:<8.2f} "
               f"{res.error:+7.1%} {band_text(table, res):>15}{'' if res.fits else '  (judged OOM)'}")
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.bands import load_table
-from planner.validation import band_text, build_case, case_knobs, evaluate
+from planner.validation import band_text, case_knobs
+from tests.outside_probe import predicted
 
 SOURCE = "pytorch/torchtitan docs/performance.md (commit eaea6f6a, 2025-02-02)"
 LLAMA3 = {  # Llama 3.1 (HF configs): layers, hidden, heads, KV heads, FFN
@@ -71,19 +72,16 @@ def main() -> None:
     print(f"{'row':34} {'step s meas/pred':>18} {'err':>7} {'band (shipped)':>15} {'GiB meas/pred':>15} {'err':>7}")
     for spec in ROWS:
         r = row(*spec)
-        case = build_case(r)
-        if isinstance(case, str):
-            print(f"{r['id']:34} skipped: {case}")
+        out = predicted(r, lambda case: replace(case_knobs(case, fitted), norm_fp32_upcast=True),  # 'rmsnorm'
+                        width=34)
+        if out is None:
             continue
-        res = evaluate(case, replace(case_knobs(case, fitted), norm_fp32_upcast=True))  # norm_type 'rmsnorm
-        if res.predicted_step_seconds is None:
-            print(f"{r['id']:34} not estimated: {res.note}")
-            continue
+        case, res = out
         gib = spec[9]
-        predicted = res.predicted_memory_on(case.memory_basis)  # reserved: what torchtitan prints
-        mem_err = (predicted - gib) / gib
+        predicted_gib = res.predicted_memory_on(case.memory_basis)  # reserved: what torchtitan prints
+        mem_err = (predicted_gib - gib) / gib
         print(f"{r['id']:34} {case.measured_step_seconds:8.2f}/{res.predicted_step_seconds:<8.2f} {res.error:+7.1%} "
-              f"{band_text(table, res):>15} {gib:6.1f}/{predicted:<7.1f} {mem_err:+7.1%}"
+              f"{band_text(table, res):>15} {gib:6.1f}/{predicted_gib:<7.1f} {mem_err:+7.1%}"
               f"{'' if res.fits else '  (judged OOM)'}")
 
 

@@ -212,18 +212,18 @@ def _estimate(problem, layout: LayoutSpec, violations: list[dict]):
     return other.estimate(layout), other
 
 
-def _memory(problem, layout: LayoutSpec, est, violations: list[dict], names: dict[str, str] | None = None) -> None:
+def _memory(problem, layout: LayoutSpec, est, violations: list[dict], names: dict[str, str]) -> None:
     headroom = problem.knobs.memory_headroom_bytes
     if est.peak_memory_bytes + headroom > est.gpu_memory_bytes or not est.fits:
         violations.append({
             "rule": "memory",
             "message": f"memory: {est.peak_memory_bytes / GIB:.1f} GiB peak on stage {est.peak_stage} + "
                        f"{headroom / GIB:.1f} GiB headroom -> exceeds the GPU's {est.gpu_memory_bytes / GIB:.1f} GiB",
-            "hint": _memory_hint(problem, layout, names or {}),
+            "hint": _memory_hint(problem, layout, names),
         })
 
 
-def _memory_hint(problem, layout: LayoutSpec, names: dict[str, str] | None = None) -> str:
+def _memory_hint(problem, layout: LayoutSpec, names: dict[str, str]) -> str:
     """Try the usual remedies and name the first ones that fit, with their predicted memory (each once), each as
     `names` says it where the config would say it otherwise (ConfigView.remedy_names)."""
     tries = []
@@ -243,7 +243,7 @@ def _memory_hint(problem, layout: LayoutSpec, names: dict[str, str] | None = Non
             continue
         est = problem.estimate(t)
         diff = _diff(layout, t)
-        diff = (names or {}).get(diff, diff)
+        diff = names.get(diff, diff)
         if diff not in found and est.fits and est.peak_memory_bytes + problem.knobs.memory_headroom_bytes <= \
                 est.gpu_memory_bytes:
             found[diff] = f"{diff} fits at {est.peak_memory_bytes / GIB:.1f} GiB, {est.step_seconds:.3g} s/step"

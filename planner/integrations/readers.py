@@ -401,9 +401,10 @@ def _ds_elements(zero: dict, view: ConfigView, key: str, what: str, default: flo
     given = zero[key]
     try:
         count = ds_config_int(given)
+        refused = count is not None and count < least
     except ValueError:
-        count = least - 1
-    if count is not None and count < least:
+        count, refused = None, True
+    if refused:
         view.errors.append((key, f"zero_optimization.{key}: {given!r} -> a whole number of {what} elements >= "
                                  f"{least} (DeepSpeed refuses any other value at start-up)",
                             f"give a number (DeepSpeed's default is {default:g}), or drop the key"))
