@@ -487,3 +487,20 @@ def test_deepspeed_reduces_bf16_gradients_in_16_bits():
     ds = build_problem(*args, framework="deepspeed")
     fp32 = type(ds)(ds.model, ds.training.model_copy(update={"grad_reduce_dtype": "fp32"}), ds.cluster, ds.knobs)
     assert fp32.cm_training.grad_reduce_bytes == 4
+
+
+@pytest.mark.parametrize("framework", list(Framework))
+def test_an_assumptions_short_reason_never_cuts_a_word(framework):
+    """The reason an assumption line quotes from its source is cut at a word boundary, with an ellipsis where text
+    was dropped: torchtitan's FSDP overlap once read 'overlap compute, backward_prefetc' (the 90-character cut)."""
+    from planner.frameworks.profiles import FLAG_CHARS, _flag_of
+
+    for _knob, _statement, source in profile_for(framework).assumptions():
+        short = _flag_of(source)
+        assert len(short) <= FLAG_CHARS
+        if short.endswith("…"):
+            kept = short[:-1]
+            assert source.startswith(kept)
+            assert source[len(kept)] in " ,;:-"  # the cut falls between words
+        else:
+            assert source.startswith(short) and (len(short) == len(source) or source[len(short)] in " (;")

@@ -778,7 +778,17 @@ def ranked_assumptions(estimate_with, knobs: Knobs, framework: Framework | str |
     return sorted(out, key=lambda a: -a.effect)[:limit]
 
 
+FLAG_CHARS = 90
+"""The longest short reason `_flag_of` gives (an assumption line must fit a terminal line or two)."""
+
+
 def _flag_of(source: str) -> str:
-    """The short reason of a source: the text before its first parenthesis or semicolon."""
+    """The short reason of a source: the text before its first parenthesis or semicolon, cut at a word boundary to
+    at most FLAG_CHARS characters, an ellipsis marking the cut (never a word cut in two)."""
     cut = min((i for i in (source.find(" ("), source.find(";")) if i > 0), default=len(source))
-    return source[:cut][:90]
+    text = source[:cut]
+    if len(text) <= FLAG_CHARS:
+        return text
+    head = text[:FLAG_CHARS]
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head[:FLAG_CHARS - 1]).rstrip(" ,;:-") + "…"
