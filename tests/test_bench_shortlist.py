@@ -6,12 +6,14 @@ from planner.bench.shortlist import DEFAULT_BAND, calibration_document, decide, 
 
 
 def _plan(pick_t, alts, band=None):
+    """A plan document; `band` (low, high) relative errors becomes its predicted.step_time_seconds_range, the band
+    every plan writes (planner/contract.py Predicted)."""
     lay = {"dp": 8, "tp": 1, "pp": 1}
     doc = {"layout": lay, "predicted": {"step_time_seconds": pick_t},
            "alternatives": [{"layout": {"dp": 8 // t, "tp": t, "pp": 1}, "predicted": {"step_time_seconds": s}}
                             for t, s in alts]}
     if band is not None:
-        doc["predicted"]["step_time_band"] = band
+        doc["predicted"]["step_time_seconds_range"] = [pick_t * (1 + band[0]), pick_t * (1 + band[1])]
     return doc
 
 
@@ -27,7 +29,7 @@ def test_runners_up_are_those_within_the_band_fastest_first():
 
 def test_the_plans_own_band_wins_and_k_caps_the_list():
     doc = _plan(1.0, [(2, 1.12), (4, 1.05), (8, 1.5)], band=[-0.15, 0.2])
-    assert plan_band(doc) == (0.2, "the plan's error band")
+    assert plan_band(doc) == (pytest.approx(0.2), "the plan's error band (predicted.step_time_seconds_range)")
     entries, _ = shortlist(doc, 5)
     assert [e["predicted_step_seconds"] for e in entries] == [1.0, 1.05, 1.12]
     entries, _ = shortlist(doc, 2)
@@ -98,3 +100,68 @@ def test_the_plans_tie_tolerance_wins_over_its_error_band():
     doc["sensitivity"] = {"tie_tolerance": 0.1}
     assert plan_band(doc)[0] == 0.1
     assert [e["predicted_step_seconds"] for e in shortlist(doc, 5)[0]] == [1.0, 1.05]
+
+
+def test_a_real_plans_band_sets_the_short_list_not_the_default(tmp_path):
+    """The band a plan writes (predicted.step_time_seconds_range) is the one bench reads: it once looked only for
+    fields no plan writes and said 'the plan states no error band' with the default 10%."""
+    import json
+
+    from planner.cli import main
+
+    out = tmp_path / "plan.json"
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "-c", "dgx-a100-80gb", "-n", "2", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "--json",
+              "-o", str(out), "--no-schedule", "--no-solver"])
+    assert done.value.code == 0
+    doc = json.loads(out.read_text())
+    low, high = doc["predicted"]["step_time_seconds_range"]
+    t = doc["predicted"]["step_time_seconds"]
+    width, source = plan_band(doc)
+    assert width == pytest.approx(max(1 - low / t, high / t - 1)) and width != DEFAULT_BAND
+    assert "step_time_seconds_range" in source
+
+
+@pytest.mark.parametrize("rng", [None, [1.2, 0.9], [0.9, float("nan")], ["0.9", 1.1], [0.9], [True, 1.1]])
+def test_a_band_that_is_no_interval_around_the_step_falls_back_to_the_default(rng):
+    doc = _plan(1.0, [(2, 1.05)])
+    doc["predicted"]["step_time_seconds_range"] = rng
+    assert plan_band(doc)[0] == DEFAULT_BAND
+
+
+@pytest.mark.parametrize("planned, scaled_split", [
+    # a runner-up of `plan` (Megatron-Core's account-for split of 40 layers over 2 stages x 7 chunks) benched with
+    # --layers-per-stage 1: 14 layers, 7 a stage; it was refused ('layers_per_stage: [20, 20] -> ... summing to 14')
+    ({"tp": 2, "pp": 2, "dp": 32, "schedule": "interleaved_1f1b", "virtual_stages": 7,
+      "layers_per_stage": [20, 20]}, [7, 7]),
+    ({"tp": 1, "pp": 4, "dp": 2, "layers_per_stage": [9, 11, 11, 9]}, [1, 1, 1, 1]),
+])
+def test_a_plans_own_stage_split_follows_the_model_the_benchmark_scales(planned, scaled_split):
+    pytest.importorskip("torch")
+    from planner.bench.session import bench_layout, scale_model
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.rules import validate_layout
+
+    model = load_model("llama2-13b")  # 40 layers
+    layout = LayoutSpec(**planned, zero_stage=1, micro_batch_size=1, num_micro_batches=8)
+    scaled = scale_model(model, layout, layers_per_stage=1, hidden_size=None, vocab_size=None)
+    bench = bench_layout(layout, scaled, planned_layers=model.num_layers)
+    assert bench.layers_per_stage == scaled_split and sum(bench.layers_per_stage) == scaled.num_layers
+    training = TrainingSpec(global_batch_size=8 * layout.dp, seq_length=128)
+    validate_layout(bench, scaled, training)  # the split, degrees and chunks add up (no cluster: scaled to any)
+    assert bench_layout(layout, model, planned_layers=model.num_layers).layers_per_stage == planned["layers_per_stage"]
+
+
+def test_a_plans_recomputed_layer_counts_keep_their_share_of_the_scaled_stage():
+    pytest.importorskip("torch")
+    from planner.bench.session import bench_layout, scale_model
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec
+
+    model = load_model("llama2-13b")
+    layout = LayoutSpec(tp=1, pp=2, dp=4, zero_stage=1, micro_batch_size=1, num_micro_batches=4,
+                        layers_per_stage=[20, 20], recompute_layers_per_stage=[10, 0])
+    scaled = scale_model(model, layout, layers_per_stage=4, hidden_size=None, vocab_size=None)
+    bench = bench_layout(layout, scaled, planned_layers=model.num_layers)
+    assert bench.layers_per_stage == [4, 4] and bench.recompute_layers_per_stage == [2, 0]

@@ -190,3 +190,29 @@ def test_check_of_a_deepspeed_json_with_a_scalar_section_is_bad_input(capsys, tm
                          "-s", "4096", "--json")
     assert code == errors.EXIT_INPUT
     assert section in json.loads(out)["error"] and "please report" not in err
+
+
+@pytest.mark.parametrize("gpu, says", [
+    ("H100-SXM", "this machine's ranks would run on CPU"),  # CI has no CUDA device
+    ("H999", "unknown GPU 'H999'"),
+])
+def test_calibrate_refuses_a_catalog_gpu_it_cannot_measure_before_measuring(capsys, tmp_path, monkeypatch, gpu, says):
+    """`calibrate --gpu NAME` keeps NAME's datasheet peak and scales it by what it measured: on CPU ranks that wrote
+    the CPU's figures under an H100's name (a plan on it predicted 1.5e5 s steps, without a word). It is refused,
+    as is an unknown name, before any rank starts, and no file is written."""
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU case needs a machine without CUDA")
+    from planner.bench import runner
+
+    def no_ranks(*_a, **_k):
+        raise AssertionError("ranks started before the --gpu check")
+
+    monkeypatch.setattr(runner, "run_ranks", no_ranks)
+    out_file = tmp_path / "node.yaml"
+    code, _, err = cli(capsys, "calibrate", "--nproc", "2", "--gpu", gpu, "-o", str(out_file))
+    assert code == errors.ExitCode.INPUT
+    assert says in err
+    assert not out_file.exists()

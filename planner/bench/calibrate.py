@@ -481,7 +481,17 @@ def calibrate(*, nproc: int, gemms: list[tuple[int, int, int]] | None = None, me
 
 def calibrate_machine(*, nproc: int, model: str | None, seq_len: int, micro_batch_size: int, tp: int,
                       gpu_name: str | None, repeats: int, max_message_mib: float) -> dict:
-    """`planner calibrate`: the standard GEMM sweep plus the model's shapes, collectives up to max_message_mib."""
+    """`planner calibrate`: the standard GEMM sweep plus the model's shapes, collectives up to max_message_mib.
+    A catalog GPU (`gpu_name`) is checked before anything is measured: it must exist, and the ranks must run on a
+    GPU, since the file keeps that GPU's datasheet peak and scales it by what was measured here."""
+    if gpu_name:
+        from cluster_specs import SpecError, load_gpu
+
+        load_gpu(gpu_name)  # an unknown name is refused here, not after minutes of measuring
+        if not torch.cuda.is_available():
+            raise SpecError(f"--gpu: {gpu_name} -> this machine's ranks would run on CPU (torch sees no CUDA "
+                            "device), so the figures would be the CPU's under the GPU's name: run calibrate on a "
+                            "node of the target cluster, or leave --gpu out to describe this machine as it is")
     extra = None
     if model:
         from planner.inputs.models import load_model

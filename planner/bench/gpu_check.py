@@ -120,9 +120,10 @@ def predict_only(case: tuple, cal: Path, smoke: bool) -> dict | None:
         fields.setdefault("num_micro_batches", 1)
         md = load_model(model)
         lay = complete_layout(fields, md, TrainingSpec(global_batch_size=1, seq_length=seq), cl)
-        md = scale_model(md, lay, layers_per_stage=lps, hidden_size=64 if smoke else None,
-                         vocab_size=128 if smoke else None)
-        lay = bench_layout(lay, md)
+        scaled = scale_model(md, lay, layers_per_stage=lps, hidden_size=64 if smoke else None,
+                             vocab_size=128 if smoke else None)
+        lay = bench_layout(lay, scaled, planned_layers=md.num_layers)
+        md = scaled
         knobs = bench_knobs(calibration_knobs(cl), framework[0] if framework else None)
         est = bench_problem(md, lay, seq, cl, _dtype(smoke), knobs).estimate(lay)
         st = est.stages[0]

@@ -45,9 +45,20 @@ def scale_model(model: ModelSpec, layout: LayoutSpec, *, layers_per_stage: int |
     return model.model_copy(update=upd) if upd else model
 
 
-def bench_layout(layout: LayoutSpec, model: ModelSpec) -> LayoutSpec:
+def bench_layout(layout: LayoutSpec, model: ModelSpec, *, planned_layers: int | None = None) -> LayoutSpec:
     """The layout with its stage split written out: the split the estimate uses (cost_models.stage.stage_split), so
-    the benchmark builds the very stages whose memory it compares."""
+    the benchmark builds the very stages whose memory it compares. Where scale_model changed the layer count (from
+    `planned_layers`), the plan's own split no longer adds up: the scaled model's layers go evenly to the stages
+    (scale_model gave every stage, and every virtual chunk, the same count), and a per-stage count of fully
+    recomputed layers keeps its share of its stage."""
+    if planned_layers is not None and planned_layers != model.num_layers and layout.layers_per_stage is not None:
+        per_stage = model.num_layers // layout.pp
+        update: dict = {"layers_per_stage": [per_stage] * layout.pp}
+        if layout.recompute_layers_per_stage is not None:
+            update["recompute_layers_per_stage"] = [
+                min(per_stage, round(r * per_stage / n)) if n else 0
+                for r, n in zip(layout.recompute_layers_per_stage, layout.layers_per_stage, strict=True)]
+        return layout.model_copy(update=update)
     if layout.pp > 1 and layout.layers_per_stage is None and layout.schedule != "interleaved_1f1b":
         from cost_models.stage import stage_split
 
@@ -345,7 +356,7 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
 
     md = scale_model(model, layout, layers_per_stage=opts.layers_per_stage, hidden_size=opts.hidden_size,
                      vocab_size=opts.vocab_size)
-    lay = bench_layout(layout, md)
+    lay = bench_layout(layout, md, planned_layers=model.num_layers)
     knobs = bench_knobs(knobs_kw, opts.framework)
     moments = bench_moments(opts.optimizer_states, opts.optimizer)
     problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer, moments)

@@ -3,6 +3,7 @@ which to launch, and turn the measurements into a calibration the next `plan --c
 
 from __future__ import annotations
 
+import math
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
@@ -10,11 +11,17 @@ from pathlib import Path
 DEFAULT_BAND = 0.10  # runners-up within 10% of the pick's predicted step time (when the plan carries no band)
 
 
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def plan_band(doc: dict) -> tuple[float, str]:
     """The relative error band of the plan's step-time prediction: the tie tolerance of its sensitivity report
-    when it has one (the ranking band, which named the short list); else the plan's own band when it states one (an
-    `error_band` of measured/predicted factors {lower_factor, upper_factor}, at the top or under `predicted` or
-    `training_run`; or `predicted.step_time_band` as [low, high] relative errors), else DEFAULT_BAND; and its source."""
+    when it has one (the ranking band, which named the short list); else the plan's own band: its
+    `predicted.step_time_seconds_range` [low, high] (every plan of planner 1.x writes it when its regime has published
+    runs), or an `error_band` of measured/predicted factors {lower_factor, upper_factor} (at the top, under
+    `predicted` or under `training_run`); else DEFAULT_BAND. The width is the band's larger side, relative to the
+    predicted step; returned with its source."""
     pred = doc.get("predicted") or {}
     tie = (doc.get("sensitivity") or {}).get("tie_tolerance")
     if isinstance(tie, int | float) and tie >= 0:  # `plan --sensitivity`: the ranking band its short list used
@@ -23,9 +30,10 @@ def plan_band(doc: dict) -> tuple[float, str]:
         if isinstance(band, dict) and {"lower_factor", "upper_factor"} <= set(band):
             width = max(abs(1 - band["lower_factor"]), abs(band["upper_factor"] - 1))
             return width, f"the plan's error band ({band.get('source', 'no source given')})"
-    band = pred.get("step_time_band")
-    if isinstance(band, list | tuple) and len(band) == 2 and all(isinstance(x, int | float) for x in band):
-        return max(abs(band[0]), abs(band[1])), "the plan's error band"
+    rng, t = pred.get("step_time_seconds_range"), pred.get("step_time_seconds")
+    if (isinstance(rng, list | tuple) and len(rng) == 2 and all(_finite(x) for x in rng) and _finite(t) and t > 0
+            and rng[0] <= t <= rng[1]):
+        return max(1 - rng[0] / t, rng[1] / t - 1), "the plan's error band (predicted.step_time_seconds_range)"
     return DEFAULT_BAND, f"a default tolerance of {DEFAULT_BAND:.0%} (the plan states no error band)"
 
 
