@@ -631,6 +631,8 @@ class ComparedCluster(_Strict):
     pick: CandidateReport | None
     training_run: TrainingRun | None
     per_million_tokens: dict[str, float | None] = Field(description="gpu_hours, cost and gpu_energy_kwh per 1e6 tokens")
+    memory_margin_relaxed: bool = Field(description="nothing fitted under memory_margin, so the pick was chosen at "
+                                                    "the point estimate (its fit is 'tight': it may run out of memory)")
 
 
 class CompareDocument(_Strict):
@@ -641,6 +643,8 @@ class CompareDocument(_Strict):
     kind: Literal["compare"] = "compare"
     inputs: dict[str, ModelSpec | TrainingSpec]
     framework: str | None = Field(description="--framework: only layouts it runs were planned (null: any)")
+    memory_margin: str = Field(description="--memory-margin: the fit rule each cluster was planned under, as in "
+                                           "`plan` (band-high or estimate)")
     tokens: float = Field(description="the token budget (1e12 when --tokens is not given)")
     tokens_given: bool
     priced: bool = Field(description="every feasible cluster has a price: cost ranking, else GPU-hours")
@@ -663,6 +667,8 @@ class ScalingPoint(_Strict):
     pipeline_bubble_share: float | None
     scaling_efficiency: float | None = Field(description="tokens/s per GPU / that of base_nodes")
     time_to_train_days: float | None
+    memory_margin_relaxed: bool = Field(description="nothing fitted under memory_margin at this point, so its pick "
+                                                    "was chosen at the point estimate (it may run out of memory)")
 
 
 class ScalingCurve(_Strict):
@@ -681,6 +687,8 @@ class ScalingDocument(_Strict):
     inputs: dict[str, ClusterSpec | ModelSpec | TrainingSpec | int] = Field(
         description="cluster, model, seq_length, and training (precision, fp8_recipe; its batch is the first curve's)")
     framework: str | None = Field(description="--framework: only layouts it runs were planned (null: any)")
+    memory_margin: str = Field(description="--memory-margin: the fit rule each point was planned under, as in "
+                                           "`plan` (band-high or estimate)")
     tokens: float
     tokens_given: bool
     stop_efficiency: float

@@ -99,6 +99,8 @@ class PlanResult:
     reasons: dict[int, str]  # id(candidate) -> one-line reason
     stats: SearchStats
     compared: list[Candidate] = field(default_factory=list)  # layouts the user asked to see beside the pick
+    # planned at the point estimate because nothing fitted at the memory band's high end (plan_within_memory_margin)
+    memory_margin_relaxed: bool = False
 
 
 def divisors(n: int) -> list[int]:
@@ -550,7 +552,7 @@ def plan_within_memory_margin(problem: Problem, opts: PlanOptions) -> tuple[Prob
         if problem.knobs.memory_high_fraction <= 0:
             raise
         relaxed = replace(problem, knobs=replace(problem.knobs, memory_high_fraction=0.0))
-        return relaxed, plan(relaxed, opts), True
+        return relaxed, replace(plan(relaxed, opts), memory_margin_relaxed=True), True
 
 
 MARGIN_COST_MIN = 0.005

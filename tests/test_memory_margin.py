@@ -121,3 +121,46 @@ def test_cli_rejects_an_unknown_margin():
                          capture_output=True, text=True)
     assert out.returncode == 3
     assert "--memory-margin: 'p95' -> allowed: band-high, estimate" in out.stderr
+
+
+def _json_of(capsys, *args) -> dict:
+    from planner.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--no-solver", "--json"])
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("margin", ["band-high", "estimate"])
+def test_compare_and_scaling_pick_what_plan_picks_under_the_same_margin(capsys, margin):
+    """compare and scaling once planned at the point estimate whatever `plan` did: their row for Llama 3.1 405B on
+    2,048 DGX H100 nodes was the layout `plan` turns down for its memory margin (8% faster, 78.6 GiB at the band's
+    high end). Here the margin binds too (Gemma 2 9B on one DGX A100: the fastest layout is 'tight')."""
+    shape = ["-m", "gemma2-9b", "-b", "64", "-s", "4096", "--memory-margin", margin]
+    planned = _json_of(capsys, "plan", "-c", "dgx-a100-80gb", "-n", "1", *shape)
+    compared = _json_of(capsys, "compare", "--clusters", "dgx-a100-80gb:1", *shape)
+    scaled = _json_of(capsys, "scaling", "-c", "dgx-a100-80gb", "--node-counts", "1", *shape)
+    entry, point = compared["clusters"][0], scaled["curves"][0]["points"][0]
+    assert entry["pick"]["layout"] == planned["layout"] == point["layout"]
+    assert entry["pick"]["predicted"]["fit"] == planned["predicted"]["fit"] == ("fits" if margin == "band-high"
+                                                                                else "tight")
+    assert compared["memory_margin"] == scaled["memory_margin"] == margin
+    assert not entry["memory_margin_relaxed"] and not point["memory_margin_relaxed"]
+
+
+def test_compare_and_scaling_say_when_nothing_fitted_under_the_margin(one_node_near_full):
+    from planner.decisions import compare, scaling
+    from planner.decisions.report import MARGIN_RELAXED
+
+    impossible = replace(one_node_near_full, knobs=replace(one_node_near_full.knobs, memory_high_fraction=100.0))
+    cmp = compare.compare([compare.ClusterChoice("dgx-a100-80gb", 1, None)], lambda _c, _n: impossible, OPTS)
+    assert cmp.entries[0].feasible and compare.as_json(cmp)["clusters"][0]["memory_margin_relaxed"]
+    lines = compare.render_lines(cmp, "t")
+    assert MARGIN_RELAXED in " ".join(" ".join(lines).split()) and max(map(len, lines)) <= 80
+    curves = scaling.scaling_curves(lambda _n, _b: impossible, OPTS, [1], [64])
+    assert scaling.point_json(curves[0].points[0], 1e12)["memory_margin_relaxed"]
+    lines = scaling.render_lines(curves, 1e12, False, "t")
+    assert " !" in "\n".join(lines) and "fits only at the point estimate" in "\n".join(lines)
+    assert max(map(len, lines)) <= 80

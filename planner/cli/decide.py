@@ -17,6 +17,7 @@ from planner.cli.options import (
     FrameworkOpt,
     HeadroomOpt,
     JsonOpt,
+    MemoryMarginOpt,
     ModelOpt,
     OptimizerStatesOpt,
     PrecisionOpt,
@@ -44,7 +45,7 @@ def compare(
     gpu_hour_price: Annotated[float | None, typer.Option("--gpu-hour-price", help="Price per GPU-hour for entries "
                                                                                   "without @PRICE.")] = None,
     pue: Annotated[float | None, typer.Option("--pue", help="Power usage effectiveness (facility energy).")] = None,
-    no_solver: NoSolverOpt = False,
+    no_solver: NoSolverOpt = False, memory_margin: MemoryMarginOpt = "band-high",
     figure: Annotated[Path | None, _figure_opt("comparison")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -53,7 +54,7 @@ def compare(
 
     answer(compare_report(CompareRequest(
         clusters, model, global_batch_size, seq_len, precision, headroom_gib, tokens, gpu_hour_price, pue,
-        not no_solver, figure, framework, fp8_recipe, optimizer_states, compile_model)), figure, as_json)
+        not no_solver, figure, framework, fp8_recipe, optimizer_states, compile_model, memory_margin)), figure, as_json)
 
 
 @app.command()
@@ -66,7 +67,7 @@ def scaling(
     precision: PrecisionOpt = None, fp8_recipe: Fp8RecipeOpt = None, framework: FrameworkOpt = None,
     optimizer_states: OptimizerStatesOpt = None, compile_model: CompileOpt = False,
     headroom_gib: HeadroomOpt = DEFAULT_HEADROOM, tokens: TokensOpt = None,
-    no_solver: NoSolverOpt = False,
+    no_solver: NoSolverOpt = False, memory_margin: MemoryMarginOpt = "band-high",
     figure: Annotated[Path | None, _figure_opt("curve")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -75,4 +76,5 @@ def scaling(
 
     answer(scaling_report(ScalingRequest(
         cluster, model, global_batch_size, seq_len, nodes, node_counts, batch_sizes, precision, headroom_gib, tokens,
-        not no_solver, figure, framework, fp8_recipe, optimizer_states, compile_model)), figure, as_json)
+        not no_solver, figure, framework, fp8_recipe, optimizer_states, compile_model, memory_margin)), figure,
+           as_json)

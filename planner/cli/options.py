@@ -46,6 +46,9 @@ FrameworkOpt = Annotated[str | None, typer.Option(
     "--framework", help="megatron, nemo, torchtitan, deepspeed, megatron-deepspeed or generic: only what it can run "
                         "(default: plan/estimate generic; export the plan's; check the config's).")]
 FixOpt = Annotated[list[str] | None, typer.Option("--fix", help="Pin layout keys, e.g. tp=8 or 'pp=4,zero=1' (repeatable).")]
+MemoryMarginOpt = Annotated[str, typer.Option(
+    "--memory-margin", help="band-high (default): a layout fits when its predicted peak raised to the memory band's "
+                            "high end still fits; estimate: the point estimate only (may run out of memory).")]
 SchedulesOpt = Annotated[str | None, typer.Option("--schedules", help="Allowed pipeline schedules, e.g. 1f1b,interleaved_1f1b.")]
 DEFAULT_HEADROOM = DEFAULT_HEADROOM_GIB  # the one default (planner.estimate), shown by --help
 

@@ -20,6 +20,7 @@ from planner.cli.options import (
     FrameworkOpt,
     HeadroomOpt,
     JsonOpt,
+    MemoryMarginOpt,
     ModelOpt,
     NodesOpt,
     OptimizerStatesOpt,
@@ -91,10 +92,7 @@ def plan(
                                                                                   "cost (with --tokens).")] = None,
     pue: Annotated[float | None, typer.Option("--pue", help="Power usage effectiveness, to add facility energy "
                                                             "(with --tokens).")] = None,
-    memory_margin: Annotated[str, typer.Option("--memory-margin", help="band-high (default): a layout fits when its "
-                                                                      "predicted peak raised to the memory band's high "
-                                                                      "end still fits; estimate: the point estimate "
-                                                                      "only (may run out of memory).")] = "band-high",
+    memory_margin: MemoryMarginOpt = "band-high",
     as_json: JsonOpt = False,
 ) -> None:
     """Choose the layout to run: search, solve, explain."""

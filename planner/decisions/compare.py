@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.decisions.parallel import CANNOT_RUN
-from planner.decisions.report import DecisionReport, Planned
+from planner.decisions.report import MARGIN_RELAXED, DecisionReport, Planned
 from planner.decisions.train import StepTimeBand, TrainingRun, for_problem
 from planner.defaults import DEFAULT_HEADROOM_GIB
 
@@ -159,12 +159,13 @@ def as_json(cmp: Comparison) -> dict[str, Any]:
         doc: dict[str, Any] = {"cluster": e.choice.cluster, "nodes": e.choice.nodes, "label": e.choice.label,
                "num_gpus": e.problem.cluster.num_gpus, "gpu": e.problem.hardware.gpu_name,
                "price_per_gpu_hour": e.choice.price_per_gpu_hour, "feasible": e.feasible, "infeasible_reason": e.error,
-               "pick": None, "training_run": None, "per_million_tokens": e.per_million_tokens()}
+               "pick": None, "training_run": None, "per_million_tokens": e.per_million_tokens(),
+               "memory_margin_relaxed": e.result is not None and e.result.memory_margin_relaxed}
         if e.result is not None:
             pick = e.result.pick
             doc["pick"] = CandidateReport.from_estimate(
                 pick.layout, pick.estimate, headroom_bytes=e.problem.knobs.memory_headroom_bytes, origin=pick.origin,
-                reason=e.result.reasons.get(id(pick))).model_dump(mode="json")
+                reason=e.result.reasons.get(id(pick)), problem=e.problem).model_dump(mode="json")  # with its band
             doc["training_run"] = e.training.as_json()
         return doc
 
@@ -197,6 +198,8 @@ def render_lines(cmp: Comparison, title: str) -> list[str]:
         lines.append(f"{e.choice.label[:19]:<20}{e.problem.cluster.num_gpus:>7,}{est.tokens_per_second_per_gpu:>10,.0f}"
                      f"{est.mfu:>7.1%}{e.training.wall_days:>9,.1f}{m:>11.3g}{kwh:>10}")
         lines.append(f"  {e.pick.layout.short()}")  # whole, to copy into --layout
+        if e.result is not None and e.result.memory_margin_relaxed:
+            lines += textwrap.wrap(f"! {MARGIN_RELAXED}", 80, initial_indent="  ", subsequent_indent="    ")
     lines.append("")
     names = {"time_to_train": "time to train", "tokens_per_second_per_gpu": "tokens/s per GPU",
              "cost_per_million_tokens": "cost per million tokens" if cmp.priced
@@ -231,6 +234,7 @@ class CompareRequest:
     fp8_recipe: str | None = None  # with precision fp8; validated per framework as in `plan`
     optimizer_states: str | None = None  # --optimizer-states, as in `plan`
     compile_model: bool = False  # --compile, as in `plan`
+    memory_margin: str = "band-high"  # --memory-margin, as in `plan` (planner.search.MEMORY_MARGINS)
 
 
 def compare_report(req: CompareRequest) -> DecisionReport:
@@ -240,7 +244,7 @@ def compare_report(req: CompareRequest) -> DecisionReport:
     from planner.decisions.train import check_run_options
     from planner.estimate import build_problem
     from planner.inputs.layout_string import parse_optimizer_states
-    from planner.search import PlanOptions
+    from planner.search import PlanOptions, with_memory_margin
 
     check_run_options(req.tokens if req.tokens is not None else DEFAULT_TOKENS, req.gpu_hour_price, req.pue)
     choices = parse_clusters(req.clusters, req.gpu_hour_price)
@@ -248,10 +252,11 @@ def compare_report(req: CompareRequest) -> DecisionReport:
 
     states = parse_optimizer_states(req.optimizer_states)
 
-    def make(cluster: str, nodes: int) -> Any:
-        return build_problem(cluster, nodes, req.model, req.global_batch_size, req.seq_len, req.precision,
-                             req.headroom_gib, framework=req.framework, fp8_recipe=req.fp8_recipe,
-                             optimizer_states=states, compile_model=req.compile_model)
+    def make(cluster: str, nodes: int) -> Any:  # the problem `plan` would solve, its memory margin included
+        return with_memory_margin(build_problem(
+            cluster, nodes, req.model, req.global_batch_size, req.seq_len, req.precision, req.headroom_gib,
+            framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states,
+            compile_model=req.compile_model), req.memory_margin)
 
     opts = PlanOptions(use_solver=req.use_solver, restriction=framework_restriction(
         req.framework, req.model, make(choices[0].cluster, choices[0].nodes).training))
@@ -261,7 +266,8 @@ def compare_report(req: CompareRequest) -> DecisionReport:
              f"{len(result.entries)} clusters")
     doc = {**header("compare"), "inputs": {"model": first.model.model_dump(mode="json"),
                                            "training": first.training.model_dump(mode="json")},
-           "framework": opts.restriction.caps.framework.value if opts.restriction else None, **as_json(result)}
+           "framework": opts.restriction.caps.framework.value if opts.restriction else None,
+           "memory_margin": req.memory_margin, **as_json(result)}
 
     def draw(path: Path) -> None:
         from planner.explain.figures import comparison_figure

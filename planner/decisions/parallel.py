@@ -41,10 +41,10 @@ CANNOT_RUN = "cannot run: "
 
 def plan_one(problem: Problem, opts: PlanOptions) -> PlanResult | str:
     from planner.errors import InfeasibleError, SetupError
-    from planner.search import plan
+    from planner.search import plan_within_memory_margin
 
-    try:
-        return plan(problem, replace(opts, progress=False))
+    try:  # the fit rule of `plan`: the problem's memory margin, relaxed to the estimate when nothing else fits
+        return plan_within_memory_margin(problem, replace(opts, progress=False))[1]
     except SetupError as exc:  # the cluster's GPU cannot run the setup (FP8), whatever the layout
         return f"{CANNOT_RUN}{exc}"
     except InfeasibleError as exc:

@@ -63,6 +63,12 @@ def parse_counts(text: str | None, option: str, limit: int = 1_000_000) -> list[
     return values
 
 
+MARGIN_RELAXED = ("fits only at the point estimate, not at the memory band's high end (nothing else fitted): may "
+                  "run out of memory")
+"""What a compare entry or scaling point says when its plan relaxed the memory margin (search.plan_within_memory_margin,
+as `plan` does and says)."""
+
+
 class Planned:
     """A plan that may have found no layout (a compare entry, a scaling point): `result` is None when none fits.
     Subclasses say what they are in `label`."""

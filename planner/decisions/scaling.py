@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planner.decisions.report import DecisionReport, Planned
+from planner.decisions.report import MARGIN_RELAXED, DecisionReport, Planned
 from planner.defaults import DEFAULT_HEADROOM_GIB
 
 if TYPE_CHECKING:
@@ -102,7 +102,8 @@ def point_json(p: Point, tokens: float) -> dict[str, Any]:
     doc: dict[str, Any] = {"nodes": p.nodes, "num_gpus": p.num_gpus, "global_batch_size": p.global_batch_size, "feasible": p.feasible,
            "infeasible_reason": p.error, "layout": None, "step_time_seconds": None, "tokens_per_second": None,
            "tokens_per_second_per_gpu": None, "mfu": None, "pipeline_bubble_share": None,
-           "scaling_efficiency": p.efficiency, "time_to_train_days": None}
+           "scaling_efficiency": p.efficiency, "time_to_train_days": None,
+           "memory_margin_relaxed": p.result is not None and p.result.memory_margin_relaxed}
     if p.feasible:
         est = p.pick.estimate
         doc.update(layout=p.pick.layout.model_dump(mode="json"), step_time_seconds=est.step_seconds,
@@ -132,8 +133,8 @@ def render_lines(curves: list[Curve], tokens: float, tokens_given: bool, title: 
     lines = [*textwrap.wrap(title, 80), *textwrap.wrap(head, 80)]
     for c in curves:
         lines += ["", f"global batch {c.global_batch_size:,} sequences",
-                  f"{'nodes':>6}{'GPUs':>8}{'tokens/s':>11}{'/GPU':>7}{'MFU':>7}{'eff.':>6}{'days':>9}  tp x pp x dp"
-                  f"{'bubble':>8}"]
+                  f"{'nodes':>6}{'GPUs':>8}{'tokens/s':>11}{'/GPU':>7}{'MFU':>7}{'eff.':>6}{'days':>9}  "
+                  f"{'tp x pp x dp':<12}{'bubble':>8}"]
         stop = c.stops_paying
         for p in c.points:
             mark = " <" if p is stop else ""
@@ -142,10 +143,13 @@ def render_lines(curves: list[Curve], tokens: float, tokens_given: bool, title: 
                 continue
             est, lay = p.pick.estimate, p.pick.layout
             share = est.time.pipeline_bubble_seconds / est.step_seconds
-            degrees = f"{lay.tp}x{lay.pp}x{lay.dp}"
+            degrees = f"{lay.tp}x{lay.pp}x{lay.dp}" + (f" cp{lay.cp}" if lay.cp > 1 else "")
+            tight = " !" if p.result is not None and p.result.memory_margin_relaxed else ""
             lines.append(f"{p.nodes:>6,}{p.num_gpus:>8,}{count(est.tokens_per_second):>11}"
                          f"{est.tokens_per_second_per_gpu:>7,.0f}{est.mfu:>7.1%}{p.efficiency:>6.0%}"
-                         f"{tokens / est.tokens_per_second / 86_400:>9,.1f}  {degrees:<12}{share:>8.1%}{mark}")
+                         f"{tokens / est.tokens_per_second / 86_400:>9,.1f}  {degrees:<12}{share:>8.1%}{mark}{tight}")
+        if any(p.result is not None and p.result.memory_margin_relaxed for p in c.points):
+            lines += wrap("!", MARGIN_RELAXED)
         if c.base is None:
             lines += wrap("note", "no node count of the sweep fits this model")
         elif stop is None:
@@ -178,6 +182,7 @@ class ScalingRequest:
     fp8_recipe: str | None = None  # with precision fp8; validated per framework as in `plan`
     optimizer_states: str | None = None  # --optimizer-states, as in `plan`
     compile_model: bool = False  # --compile, as in `plan`
+    memory_margin: str = "band-high"  # --memory-margin, as in `plan` (planner.search.MEMORY_MARGINS)
 
 
 def scaling_report(req: ScalingRequest) -> DecisionReport:
@@ -188,7 +193,7 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
     from planner.estimate import build_problem
     from planner.inputs.layout_string import parse_optimizer_states
     from planner.rules import refuse_unrunnable_setup
-    from planner.search import PlanOptions
+    from planner.search import PlanOptions, with_memory_margin
 
     budget = req.tokens if req.tokens is not None else 1e12
     check_run_options(budget, None, None)
@@ -199,10 +204,11 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
 
     states = parse_optimizer_states(req.optimizer_states)
 
-    def make(nodes: int, batch: int) -> Any:
-        return build_problem(req.cluster, nodes, req.model, batch, req.seq_len, req.precision, req.headroom_gib,
-                             framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states,
-                             compile_model=req.compile_model)
+    def make(nodes: int, batch: int) -> Any:  # the problem `plan` would solve, its memory margin included
+        return with_memory_margin(build_problem(
+            req.cluster, nodes, req.model, batch, req.seq_len, req.precision, req.headroom_gib,
+            framework=req.framework, fp8_recipe=req.fp8_recipe, optimizer_states=states,
+            compile_model=req.compile_model), req.memory_margin)
 
     base = make(counts[0], batches[0])
     refuse_unrunnable_setup(base.training, base.cluster)  # one GPU type: no point of the sweep could run it
@@ -216,7 +222,7 @@ def scaling_report(req: ScalingRequest) -> DecisionReport:
                                            "model": first.model.model_dump(mode="json"), "seq_length": req.seq_len,
                                            "training": first.training.model_dump(mode="json")},
            "framework": opts.restriction.caps.framework.value if opts.restriction else None,
-           **as_json(curves, budget, req.tokens is not None)}
+           "memory_margin": req.memory_margin, **as_json(curves, budget, req.tokens is not None)}
 
     def draw(path: Path) -> None:
         from planner.explain.figures import scaling_figure
