@@ -17,6 +17,8 @@ so more bytes (#986)]. Which groups a framework's training step touches is its p
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Sequence
 from enum import StrEnum
 
@@ -47,6 +49,7 @@ DEFAULT_GROUPS: tuple[str, ...] = (Group.WORLD, Group.TP, Group.DP, Group.CP, Gr
 neighbouring stage and the embedding group (the Megatron-LM/Core profiles and the generic one, Knobs' default)."""
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and called per stage of every candidate the search estimates
 def communicator_group_sizes(groups: Sequence[str], *, tp: int, dp: int, pp: int, stage: int, cp: int = 1,
                              ep: int = 1, tied_embeddings: bool = False, dp_replicas: int = 1) -> tuple[int, ...]:
     """The size of each communicator a GPU of pipeline stage `stage` holds, for the groups a framework's step uses.
