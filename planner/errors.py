@@ -45,12 +45,12 @@ EXIT_CODES: dict[ExitCode, tuple[str, str]] = {
     ExitCode.OK: ("ok", "success"),
     ExitCode.CHECK_FAILED: ("violation", "check: the config violates a rule (one line per violation)"),
     ExitCode.USAGE: ("usage", "usage error: unknown command or flag, missing option"),
-    ExitCode.INPUT: ("invalid_input", "invalid input: bad file, unknown name, value out of range"),
+    ExitCode.INPUT: ("invalid_input", "invalid input: missing or bad file, unknown name, bad value"),
     ExitCode.INFEASIBLE: ("infeasible", "no feasible layout (the binding limit and what would help)"),
     ExitCode.SOLVER: ("solver_failed", "the ILP solver failed"),
     ExitCode.MISSING_DEPENDENCY: ("missing_dependency", "optional dependency missing (torch: bench, calibrate)"),
     ExitCode.BENCH_FAILED: ("benchmark_failed", "the benchmark failed at run time (a rank died or timed out)"),
-    ExitCode.IO: ("io_error", "I/O error: a file could not be read or written"),
+    ExitCode.IO: ("io_error", "I/O error: an output not written, or an existing input not read"),
     ExitCode.INTERNAL: ("internal_error", "internal error, a bug: please report it (--debug: traceback)"),
 }
 

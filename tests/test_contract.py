@@ -163,3 +163,18 @@ def test_estimate_json_is_the_model(estimate_doc):
     _, expected = estimate_doc
     assert doc.predicted == expected.predicted and doc.layout == expected.layout
     assert doc.kind == "estimate" and not math.isnan(doc.predicted.mfu)
+
+
+def test_the_schema_help_names_every_document():
+    """`planner schema --help` and README list the documents SCHEMAS defines (the help once left out three)."""
+    import re
+
+    from planner.contract import SCHEMAS
+
+    help_text = subprocess.run([sys.executable, "-m", "planner.cli", "schema", "--help"], capture_output=True,
+                               text=True).stdout
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if "planner schema plan" in x)
+    for name in SCHEMAS:
+        assert re.search(rf"\b{re.escape(name)}\b", " ".join(help_text.split())), name
+        assert re.search(rf"\b{re.escape(name)}\b", line), name
