@@ -18,7 +18,6 @@ so more bytes (#986)]. Which groups a framework's training step touches is its p
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Sequence
 from enum import StrEnum
 

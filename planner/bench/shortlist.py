@@ -7,11 +7,12 @@ import math
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeGuard
 
 DEFAULT_BAND = 0.10  # runners-up within 10% of the pick's predicted step time (when the plan carries no band)
 
 
-def _finite(x: object) -> bool:
+def _finite(x: object) -> TypeGuard[float]:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
