@@ -165,3 +165,59 @@ def test_a_plans_recomputed_layer_counts_keep_their_share_of_the_scaled_stage():
     scaled = scale_model(model, layout, layers_per_stage=4, hidden_size=None, vocab_size=None)
     bench = bench_layout(layout, scaled, planned_layers=model.num_layers)
     assert bench.layers_per_stage == [4, 4] and bench.recompute_layers_per_stage == [2, 0]
+
+
+def _readme_command(start: str) -> list[str]:
+    """The README command that starts with `start` (continuation lines joined), as argv after `planner`."""
+    import shlex
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith(start))
+    text = lines[i]
+    while text.endswith("\\"):
+        i += 1
+        text = text[:-1] + lines[i]
+    return shlex.split(text.split("#")[0])[1:]
+
+
+def test_the_readme_bench_examples_prepare_every_layout_they_would_run(tmp_path, monkeypatch):
+    """README's local bench examples run as written on the plan the README makes just before them: the single
+    layout fits --nproc with its --dp, and every layout of the --top short list is prepared (scaled model, stage
+    split, degrees) before any rank would start. Both once failed: '--dp 4' after the plan's pick moved to tp 2, and
+    a runner-up's [20, 20] split under --layers-per-stage 1."""
+    pytest.importorskip("torch")
+    from planner.bench.session import BenchOptions, bench_config, bench_target, fit_layout, fit_shortlist
+    from planner.bench.session import prepared_shortlist
+    from planner.calibration import calibrated
+    from planner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = _readme_command(".venv/bin/planner plan -c dgx-a100-80gb -n 16 -m llama2-13b -b 512 -s 4096 --json")
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0 and (tmp_path / "plan.json").exists()
+
+    def options(argv: list[str]) -> BenchOptions:
+        value = {k: argv[argv.index(k) + 1] for k in argv if k.startswith("--") and argv.index(k) + 1 < len(argv)}
+        num = {k: int(value[k]) for k in ("--nproc", "--dp", "--micro-batches", "--layers-per-stage",
+                                           "--hidden-size", "--vocab-size") if k in value}
+        return BenchOptions(nproc=num.get("--nproc"), dp=num.get("--dp"), micro_batches=num.get("--micro-batches"),
+                            layers_per_stage=num.get("--layers-per-stage"), hidden_size=num.get("--hidden-size"),
+                            vocab_size=num.get("--vocab-size"))
+
+    single = _readme_command(".venv/bin/planner bench plan.json --nproc")
+    top = _readme_command(".venv/bin/planner bench plan.json --top")
+    for argv in (single, top):
+        opts = options(argv)
+        seq = int(argv[argv.index("--seq-len") + 1])
+        doc, md, cl, lay, _ = bench_target(plan_file=tmp_path / "plan.json", cluster=None, model=None, layout=None,
+                                           nodes=None, seq_len=seq, dp=opts.dp, micro_batches=opts.micro_batches)
+        cl, knobs_kw = calibrated(cl, None)
+        if argv is single:
+            bench_config(md, fit_layout(lay, opts), seq, cl, knobs_kw, opts)
+            continue
+        entries, _ = shortlist(doc, int(argv[argv.index("--top") + 1]))
+        kept, layouts, skipped = fit_shortlist(entries, opts)
+        kept, prepared, more = prepared_shortlist(kept, layouts, md, seq, cl, knobs_kw, opts)
+        assert len(prepared) == len(entries) and not skipped and not more, skipped + more

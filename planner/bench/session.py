@@ -326,6 +326,26 @@ def fit_shortlist(entries: list[dict], opts: BenchOptions) -> tuple[list[dict], 
     return kept, layouts, skipped
 
 
+def prepared_shortlist(entries: list[dict], layouts: list[LayoutSpec], model: ModelSpec, seq_length: int, cluster,
+                       knobs_kw: dict, opts: BenchOptions) -> tuple[list[dict], list[tuple], list[str]]:
+    """bench_config of every fitted layout of the short list, before any runs: (the entries kept, their prepared
+    (problem, layout, config), why a runner-up was skipped). A runner-up the scaled model cannot take is skipped
+    with the reason; the pick must be prepared."""
+    from cluster_specs import SpecError
+
+    kept, prepared, skipped = [], [], []
+    for e, lay in zip(entries, layouts, strict=True):
+        try:
+            prepared.append(bench_config(model, lay, seq_length, cluster, knobs_kw, opts))
+        except SpecError as exc:
+            if e["role"] == "pick":
+                raise
+            skipped.append(f"{lay.short()}: {exc}")
+            continue
+        kept.append(e)
+    return kept, prepared, skipped
+
+
 def bench_knobs(knobs_kw: dict, framework: str | None = None):
     """The knobs the benchmark is predicted with: a calibration's (`knobs_kw`) and what the benchmark runs. It runs
     torch's DTensor sequence parallelism, which saves the gathered QKV/FC1 inputs; torch.distributed.pipelining,
@@ -345,11 +365,12 @@ def bench_knobs(knobs_kw: dict, framework: str | None = None):
                     "selective_op_sac": profile_for(framework).selective_op_sac is not None})
 
 
-def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, knobs_kw: dict,
-              opts: BenchOptions) -> dict | None:
-    """Scale, predict, run and compare one layout; the report document (None on ranks other than 0 of torchrun)."""
-    import os
-
+def bench_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, knobs_kw: dict,
+                 opts: BenchOptions) -> tuple[Problem, LayoutSpec, BenchConfig]:
+    """What one layout's benchmark runs and is predicted as, checked, before any rank starts: (the problem it is
+    predicted with, the layout with its stage split, the ranks' configuration). The model is scaled as asked and
+    the layout's own stage split follows it (bench_layout); a layout the scaled model cannot take is refused here
+    (exit 3, the field and the value)."""
     from cost_models import op_sac
     from planner.bench.recompute import selective_kind
     from planner.rules import validate_layout
@@ -365,6 +386,19 @@ def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, kn
                       timeout_seconds=opts.timeout_seconds, optimizer=opts.optimizer,
                       selective=selective_kind(op_sac.in_effect(problem.cm_model, knobs.selective_op_sac)),
                       moments=moments)
+    return problem, lay, cfg
+
+
+def bench_one(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster, knobs_kw: dict,
+              opts: BenchOptions) -> dict | None:
+    """Scale, predict, run and compare one layout; the report document (None on ranks other than 0 of torchrun)."""
+    return bench_run(*bench_config(model, layout, seq_length, cluster, knobs_kw, opts), opts)
+
+
+def bench_run(problem: Problem, lay: LayoutSpec, cfg: BenchConfig, opts: BenchOptions) -> dict | None:
+    """Run what bench_config prepared and compare with its prediction (None on ranks other than 0 of torchrun)."""
+    import os
+
     reports = run(cfg, nproc=opts.nproc)
     if int(os.environ.get("RANK", "0")) != 0:
         return None

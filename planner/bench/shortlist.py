@@ -101,14 +101,16 @@ def run_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opts,
     Returns the summary document (None on ranks other than 0 of a torchrun job)."""
     import yaml
 
-    from planner.bench.session import bench_one, fit_shortlist
+    from planner.bench.session import bench_run, fit_shortlist, prepared_shortlist
     from planner.fileio import write_atomically
     from planner.inputs.specs import LayoutSpec
 
     entries, rule = shortlist(plan, top)
     entries, layouts, skipped = fit_shortlist(entries, opts)  # refuse or skip before running anything
-    docs = [d for d in (bench_one(md, lay, seq, cl, knobs_kw, opts) for lay in layouts) if d is not None]
-    if len(docs) < len(layouts):  # ranks other than 0 of torchrun report nothing
+    entries, prepared, more = prepared_shortlist(entries, layouts, md, seq, cl, knobs_kw, opts)
+    skipped += more
+    docs = [d for d in (bench_run(*p, opts) for p in prepared) if d is not None]
+    if len(docs) < len(prepared):  # ranks other than 0 of torchrun report nothing
         return None
     results = [{"layout_short": LayoutSpec.model_validate(e["layout"]).short(), "role": e["role"],
                 "plan_predicted_step_seconds": e["predicted_step_seconds"],
