@@ -187,8 +187,14 @@ def test_the_readme_bench_examples_prepare_every_layout_they_would_run(tmp_path,
     split, degrees) before any rank would start. Both once failed: '--dp 4' after the plan's pick moved to tp 2, and
     a runner-up's [20, 20] split under --layers-per-stage 1."""
     pytest.importorskip("torch")
-    from planner.bench.session import BenchOptions, bench_config, bench_target, fit_layout, fit_shortlist
-    from planner.bench.session import prepared_shortlist
+    from planner.bench.session import (
+        BenchOptions,
+        bench_config,
+        bench_target,
+        fit_layout,
+        fit_shortlist,
+        prepared_shortlist,
+    )
     from planner.calibration import calibrated
     from planner.cli import main
 
