@@ -327,13 +327,16 @@ def fit_shortlist(entries: list[dict], opts: BenchOptions) -> tuple[list[dict], 
 
 
 def prepared_shortlist(entries: list[dict], layouts: list[LayoutSpec], model: ModelSpec, seq_length: int, cluster,
-                       knobs_kw: dict, opts: BenchOptions) -> tuple[list[dict], list[tuple], list[str]]:
+                       knobs_kw: dict, opts: BenchOptions
+                       ) -> tuple[list[dict], list[tuple[Problem, LayoutSpec, BenchConfig]], list[str]]:
     """bench_config of every fitted layout of the short list, before any runs: (the entries kept, their prepared
     (problem, layout, config), why a runner-up was skipped). A runner-up the scaled model cannot take is skipped
     with the reason; the pick must be prepared."""
     from cluster_specs import SpecError
 
-    kept, prepared, skipped = [], [], []
+    kept: list[dict] = []
+    prepared: list[tuple[Problem, LayoutSpec, BenchConfig]] = []
+    skipped: list[str] = []
     for e, lay in zip(entries, layouts, strict=True):
         try:
             prepared.append(bench_config(model, lay, seq_length, cluster, knobs_kw, opts))
