@@ -552,7 +552,9 @@ def plan_within_memory_margin(problem: Problem, opts: PlanOptions) -> tuple[Prob
         if problem.knobs.memory_high_fraction <= 0:
             raise
         relaxed = replace(problem, knobs=replace(problem.knobs, memory_high_fraction=0.0))
-        return relaxed, replace(plan(relaxed, opts), memory_margin_relaxed=True), True
+        result = plan(relaxed, opts)
+        result.memory_margin_relaxed = True  # a fresh result: compare and scaling read the flag from it
+        return relaxed, result, True
 
 
 MARGIN_COST_MIN = 0.005

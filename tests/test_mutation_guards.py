@@ -1168,8 +1168,9 @@ def test_plan_within_memory_margin_relaxes_only_when_nothing_fits(monkeypatch):
     used, _, relaxed = search.plan_within_memory_margin(p, search.PlanOptions())
     assert used is p and relaxed is False
     monkeypatch.setattr(search, "plan", _FakePlan(fail_above_fraction=0.0))
-    used, _, relaxed = search.plan_within_memory_margin(p, search.PlanOptions())
+    used, result, relaxed = search.plan_within_memory_margin(p, search.PlanOptions())
     assert relaxed is True and used.knobs.memory_high_fraction == 0.0 and used.model is p.model
+    assert result.memory_margin_relaxed is True  # what compare and scaling read
     monkeypatch.setattr(search, "plan", _FakePlan(fail_above_fraction=-1.0))
     with pytest.raises(InfeasibleError):  # already at the estimate: nothing to relax
         search.plan_within_memory_margin(search.with_memory_margin(p, "estimate"), search.PlanOptions())
@@ -2574,7 +2575,7 @@ def _entries():
     h100 = _search_problem(nodes=1)
     est = SimpleNamespace(tokens_per_second_per_gpu=16384.0, mfu=0.42)
     pick = SimpleNamespace(estimate=est, layout=SimpleNamespace(short=lambda: "tp=1,pp=1,dp=8"))
-    ok = Entry(ClusterChoice("dgx-h100", 1, 2.0), h100, SimpleNamespace(pick=pick),
+    ok = Entry(ClusterChoice("dgx-h100", 1, 2.0), h100, SimpleNamespace(pick=pick, memory_margin_relaxed=False),
                for_problem(h100, 2.0, tokens=1e12, price_per_gpu_hour=2.0), None)
     a100 = _search_problem(nodes=1, cluster="dgx-a100-80gb")
     bad = Entry(ClusterChoice("dgx-a100-80gb", 1), a100, None, None, "nothing fits\nsecond line")
@@ -2626,7 +2627,8 @@ def test_compare_rankings_follow_their_metrics():
         run = training_run(tokens=1e9, global_batch_size=1, seq_length=1000, step_seconds=step, num_gpus=gpus,
                            power=Power(None, "-"), price_per_gpu_hour=price)
         pick = SimpleNamespace(estimate=SimpleNamespace(tokens_per_second_per_gpu=per_gpu))
-        return Entry(ClusterChoice(name, 1, price), None, SimpleNamespace(pick=pick), run, None)
+        return Entry(ClusterChoice(name, 1, price), None, SimpleNamespace(pick=pick, memory_margin_relaxed=False), run,
+                     None)
 
     # a: fastest wall clock; b: most tokens/s per GPU; c: cheapest per million tokens (cost = GPUs x wall x price)
     a, b, c = entry("a", 1.0, 100.0, 4.0, gpus=16), entry("b", 2.0, 300.0, 2.0), entry("c", 3.0, 200.0, 0.5)
@@ -2659,7 +2661,7 @@ def test_compare_plans_each_cluster_and_keeps_the_infeasible(monkeypatch):
 
     def fake_plan_all(problems, opts):
         seen.append(([p.cluster.num_nodes for p in problems], opts))
-        return [SimpleNamespace(pick=pick), "nothing fits"][:len(problems)]
+        return [SimpleNamespace(pick=pick, memory_margin_relaxed=False), "nothing fits"][:len(problems)]
 
     monkeypatch.setattr(parallel, "plan_all", fake_plan_all)
     band = StepTimeBand(0.9, 1.1, "b")
@@ -2705,7 +2707,8 @@ def test_compare_document_and_report(monkeypatch):
     assert second == {"cluster": "dgx-a100-80gb", "nodes": 1, "label": "dgx-a100-80gb:1", "num_gpus": 8,
                       "gpu": bad.problem.hardware.gpu_name, "price_per_gpu_hour": None, "feasible": False,
                       "infeasible_reason": "nothing fits\nsecond line", "pick": None, "training_run": None,
-                      "per_million_tokens": {"gpu_hours": None, "cost": None, "gpu_energy_kwh": None}}
+                      "per_million_tokens": {"gpu_hours": None, "cost": None, "gpu_energy_kwh": None},
+                      "memory_margin_relaxed": False}
     calls = []
 
     def fake_compare(choices, make, opts, *, tokens=None, pue=None, band_for=None):
@@ -2762,7 +2765,8 @@ def _scaling_points(problem_for=None):
     def res(gpus, per_gpu, mfu, tp, pp, dp, bubble):
         est = SimpleNamespace(tokens_per_second=per_gpu * gpus, tokens_per_second_per_gpu=per_gpu, mfu=mfu,
                               step_seconds=1.0, time=SimpleNamespace(pipeline_bubble_seconds=bubble))
-        return SimpleNamespace(pick=SimpleNamespace(estimate=est, layout=LayoutSpec(tp=tp, pp=pp, dp=dp)))
+        return SimpleNamespace(pick=SimpleNamespace(estimate=est, layout=LayoutSpec(tp=tp, pp=pp, dp=dp)),
+                               memory_margin_relaxed=False)
 
     problem_for = problem_for or (lambda n: None)
     return [Point(1, 8, 64, problem_for(1), None, "nothing fits"),
@@ -2801,7 +2805,8 @@ def test_scaling_curves_plan_every_count_and_batch(monkeypatch):
         return _search_problem(nodes=nodes, batch=batch)
 
     def est(per_gpu):
-        return SimpleNamespace(pick=SimpleNamespace(estimate=SimpleNamespace(tokens_per_second_per_gpu=per_gpu)))
+        return SimpleNamespace(pick=SimpleNamespace(estimate=SimpleNamespace(tokens_per_second_per_gpu=per_gpu)),
+                               memory_margin_relaxed=False)
 
     def fake_plan_all(problems, opts):
         seen.append(opts)
@@ -2835,13 +2840,14 @@ def test_scaling_document_and_lines():
     assert c["points"][0] == {"nodes": 1, "num_gpus": 8, "global_batch_size": 64, "feasible": False,
                               "infeasible_reason": "nothing fits", "layout": None, "step_time_seconds": None,
                               "tokens_per_second": None, "tokens_per_second_per_gpu": None, "mfu": None,
-                              "pipeline_bubble_share": None, "scaling_efficiency": None, "time_to_train_days": None}
+                              "pipeline_bubble_share": None, "scaling_efficiency": None, "time_to_train_days": None,
+                              "memory_margin_relaxed": False}
     p = curve.points[2]
     assert point_json(p, 2e12) == {
         "nodes": 4, "num_gpus": 32, "global_batch_size": 64, "feasible": True, "infeasible_reason": None,
         "layout": p.pick.layout.model_dump(mode="json"), "step_time_seconds": 1.0, "tokens_per_second": 25600.0,
         "tokens_per_second_per_gpu": 800.0, "mfu": 0.4, "pipeline_bubble_share": 0.1, "scaling_efficiency": 0.8,
-        "time_to_train_days": pytest.approx(2e12 / 25600 / 86400)}
+        "time_to_train_days": pytest.approx(2e12 / 25600 / 86400), "memory_margin_relaxed": False}
     empty = _curve(128, [curve.points[0]])
     assert as_json([empty], 1e9, True)["curves"][0]["base_nodes"] is None
     title = "Scaling: llama3-8b, 4096-token sequences, on dgx-h100 (8 x H100-SXM per node)"
@@ -3098,7 +3104,10 @@ def test_parallel_plan_one_pack_and_plan_all(monkeypatch):
             raise InfeasibleError("nothing fits")
         return replace(full) if problem == "ok" else full
 
-    monkeypatch.setattr(search, "plan", fake_plan)
+    def fake_within_margin(problem, opts):  # plan_one plans as `plan` does, under the problem's memory margin
+        return problem, fake_plan(problem, opts), False
+
+    monkeypatch.setattr(search, "plan_within_memory_margin", fake_within_margin)
     opts = PlanOptions(progress=True, top_k=2)
     assert parallel.plan_one("bad", opts) == "nothing fits"
     assert seen[-1][1] == replace(opts, progress=False)
