@@ -2153,6 +2153,11 @@ def test_sensitivity_original_pick_under_a_perturbed_problem():
     assert s._original_under(big, across, True) == (big.estimate(across).step_seconds, "")  # TP across nodes allowed
     assert s._original_under(p, LayoutSpec(tp=1, pp=1, dp=8, zero_stage=0, num_micro_batches=8), False) == (
         None, "the pick no longer fits in memory")  # 8B x 18 B of states on one 80 GB GPU
+    from dataclasses import replace
+
+    margin = replace(p, knobs=replace(p.knobs, memory_high_fraction=100.0))  # the perturbed plan's own fit rule
+    assert s._original_under(margin, ok, False) == (
+        None, "the pick no longer fits in memory at the memory band's high end")
 
 
 def test_sensitivity_verdicts(monkeypatch):

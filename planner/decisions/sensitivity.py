@@ -142,8 +142,10 @@ def _original_under(problem: Problem, layout: LayoutSpec, allow_tp_across_nodes:
     if bad:
         return None, str(bad[0])
     est = problem.estimate(layout)
-    if not fits_in_memory(est, problem.knobs.memory_headroom_bytes):
-        return None, "the pick no longer fits in memory"
+    # the fit rule the perturbed plan was made under: its memory margin included, so the two picks are judged alike
+    if not fits_in_memory(est, problem.knobs.memory_headroom_bytes, problem.knobs.memory_high_fraction):
+        return None, "the pick no longer fits in memory" + (" at the memory band's high end"
+                                                            if problem.knobs.memory_high_fraction > 0 else "")
     return est.step_seconds, ""
 
 
