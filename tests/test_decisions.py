@@ -295,7 +295,8 @@ def test_wasteful_pick_says_what_would_help():
     target = 0.9 * doc["predicted"]["tokens_per_second"]
     assert u["min_gpus_command"].endswith(f"--objective min-gpus --target-tokens-per-second {target:.0f}")
     text = run(*args, "--no-schedule").stdout
-    assert "The pick wastes the cluster" in text and u["min_gpus_command"] in text
+    flat = " ".join(text.replace("\\\n", " ").split())  # the wrapped command read back as one line
+    assert "The pick wastes the cluster" in text and u["min_gpus_command"] in flat
 
 
 def test_a_well_fed_pick_is_not_called_wasteful():
@@ -381,8 +382,14 @@ def test_plan_sensitivity_cli():
     text = run(*args, "--no-schedule").stdout
     assert "Sensitivity" in text and "regret" in text
     if len(sens["tied"]) > 1:  # the hint writes a plan that carries the short list's tolerance for bench
-        assert "--sensitivity -o plan.json" in text and f"--top {sens['short_list_size']}" in text
-    assert max(len(line) for line in text.split("Sensitivity")[1].splitlines() if not line.startswith("  ")) <= 80
+        flat = " ".join(text.replace("\\\n", " ").split())  # the wrapped command read back as one line
+        assert "--sensitivity -o plan.json" in flat and f"--top {sens['short_list_size']}" in flat
+    body = text.split("Sensitivity")[1].splitlines()
+    assert max(len(line) for line in body if not line.startswith("  ")) <= 80
+    start = next((i for i, line in enumerate(body) if line.lstrip().startswith("planner plan")), None)
+    if start is not None:  # the command to copy, wrapped with backslashes
+        end = next(i for i in range(start, len(body)) if not body[i].endswith("\\"))
+        assert max(len(line) for line in body[start:end + 1]) <= 80
 
 
 def test_ranking_band_of_a_hand_pair():

@@ -1944,8 +1944,8 @@ def test_waste_utilisation_of_a_wasteful_pick(monkeypatch):
         "  2 nodes     30% of the tokens/s on 25% of the GPUs (MFU 12.0%; GPU-hours to",
         "              train -17%)",
         "  min-gpus    the fewest nodes for 90% of the tokens/s:",
-        "    planner plan -c dgx-h100 -n 8 -m llama3-8b -b 64 -s 4096 --objective min-gpus "
-        "--target-tokens-per-second 900",
+        "    planner plan -c dgx-h100 -n 8 -m llama3-8b -b 64 -s 4096 \\",
+        "        --objective min-gpus --target-tokens-per-second 900",
         "  batch x2    128 sequences: 1.50K tokens/s (+50%), MFU 60.0%, 10% wasted",
         "              a larger batch changes the optimisation (fewer updates per token):",
         "              check it with your training recipe",

@@ -108,3 +108,22 @@ def test_clusters_list_keeps_full_names(capsys):
     text = buf.getvalue()
     for name in cluster_names():
         assert f" {name} " in text
+
+
+@pytest.mark.parametrize("command", [
+    "planner plan -c dgx-a100-80gb -n 280 -m mt-nlg-530b -b 1920 -s 2048 --sensitivity -o plan.json",
+    "planner plan -c 'my cluster.yaml' -n 2048 -m llama3-405b -b 2048 -s 8192 --objective min-gpus "
+    "--target-tokens-per-second 2257211 --fix 'pp=4,zero=1'",
+    "planner plan -c dgx-h100",
+])
+def test_a_printed_command_fits_80_columns_and_runs_as_given(command):
+    """The commands plan prints to copy (the short list's, min-gpus's) once ran to 123 columns in an 80-column log.
+    Wrapped with backslashes, they split back into the same arguments."""
+    import shlex
+
+    from planner.explain.report import command_lines
+
+    lines = command_lines(command, "    ")
+    assert all(len(line) <= 80 for line in lines)
+    assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
+    assert shlex.split(" ".join(line.removesuffix("\\") for line in lines)) == shlex.split(command)

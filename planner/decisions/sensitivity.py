@@ -248,6 +248,8 @@ def _scenario_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def _tie_lines(doc: dict[str, Any], plan_command: str) -> list[str]:
+    from planner.explain.report import command_lines
+
     n, k, tol = len(doc["tied"]), doc["short_list_size"], doc["tie_tolerance"]
     if n == 1:
         return [f"No other layout lies within {tol:.1%} of the pick's step time."]
@@ -263,7 +265,7 @@ def _tie_lines(doc: dict[str, Any], plan_command: str) -> list[str]:
                                f"of the pick ({doc['recommended_step_time_vs_pick']:+.1%} step time):", 80)
         lines.append(f"  {doc['recommended']}")
     lines += textwrap.wrap(f"Measure the short list ({k} layouts) before launching:", 80)
-    return lines + [f"  {plan_command} -o plan.json", f"  planner bench plan.json --top {k}"]
+    return lines + command_lines(f"{plan_command} -o plan.json") + [f"  planner bench plan.json --top {k}"]
 
 
 def render_lines(doc: dict[str, Any], plan_command: str) -> list[str]:

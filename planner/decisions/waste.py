@@ -118,7 +118,7 @@ def utilisation(problem: Problem, result: PlanResult, opts: PlanOptions) -> dict
 
 def render_lines(doc: dict[str, Any], problem: Problem) -> list[str]:
     from planner.decisions.train import wrap
-    from planner.explain.report import count
+    from planner.explain.report import command_lines, count
 
     if not doc["wasteful"]:
         return []
@@ -134,7 +134,7 @@ def render_lines(doc: dict[str, Any], problem: Problem) -> list[str]:
                                                 f"{f['num_gpus'] / problem.cluster.num_gpus:.0%} of the GPUs (MFU "
                                                 f"{f['mfu']:.1%}; GPU-hours to train {f['gpu_hours_change']:+.0%})")
     lines += wrap("min-gpus", f"the fewest nodes for {NEARLY_SAME:.0%} of the tokens/s:")
-    lines.append(f"    {doc['min_gpus_command']}")  # whole, to copy
+    lines += command_lines(doc["min_gpus_command"], "    ")  # whole, to copy
     for b in doc["larger_batches"]:
         lines += wrap(f"batch x{b['global_batch_size'] // problem.training.global_batch_size}",
                       f"{b['global_batch_size']:,} sequences: {count(b['tokens_per_second'])} tokens/s "

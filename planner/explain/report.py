@@ -147,6 +147,29 @@ def wrap_at_commas(text: str, width: int, indent: str) -> list[str]:
     return [*lines, line]
 
 
+def command_lines(command: str, indent: str = "  ", width: int = 80) -> list[str]:
+    """A shell command in lines of at most `width` columns (where no option with its value is longer), continued
+    with backslashes, each argument whole and quoted as the shell needs it, an option beside its value: copied as
+    printed, it runs as given."""
+    import shlex
+
+    words = [shlex.quote(w) for w in shlex.split(command)]
+    units: list[str] = []  # an option stays on the line of its value
+    for w in words:
+        if units and units[-1].startswith("-") and " " not in units[-1] and not w.startswith("-"):
+            units[-1] += " " + w
+        else:
+            units.append(w)
+    lines, line = [], indent + (units[0] if units else "")
+    for w in units[1:]:
+        if len(line) + 1 + len(w) + 2 > width:  # room for " \\"
+            lines.append(line + " \\")
+            line = indent + "    " + w
+        else:
+            line += " " + w
+    return [*lines, line]
+
+
 def render_plan(console: Console, doc, *, show_schedule: bool = True, full_schedule: bool = False) -> None:
     """The plan from the contract's PlanDocument, laid out for 80 columns."""
     cl = doc.inputs.cluster
