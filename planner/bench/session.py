@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -301,29 +302,38 @@ def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
     return lay
 
 
+def _runnable(entries: list[dict], items: list, attempt: Callable[[Any], Any]) -> tuple[list[dict], list, list[str]]:
+    """(the entries kept, attempt(item) of each, why a runner-up was skipped) over the short list's entries and their
+    items (a layout each): a runner-up whose attempt is refused (SpecError) is skipped with the reason; the pick's
+    refusal stands."""
+    from cluster_specs import SpecError
+
+    kept: list[dict] = []
+    done: list = []
+    skipped: list[str] = []
+    for e, item in zip(entries, items, strict=True):
+        try:
+            done.append(attempt(item))
+        except SpecError as exc:
+            if e["role"] == "pick":
+                raise
+            skipped.append(f"{item.short()}: {exc}")
+            continue
+        kept.append(e)
+    return kept, done, skipped
+
+
 def fit_shortlist(entries: list[dict], opts: BenchOptions) -> tuple[list[dict], list[LayoutSpec], list[str]]:
     """The short list's layouts fitted to the machine: each keeps its TP x PP and, without --dp, takes
     dp = nproc / (tp pp). A runner-up that cannot run here is skipped, with why; the pick must run."""
     from dataclasses import replace
 
-    from cluster_specs import SpecError
-
-    kept, layouts, skipped = [], [], []
-    for e in entries:
-        lay = LayoutSpec.model_validate(e["layout"])
-        o = opts
+    def fit(lay: LayoutSpec) -> LayoutSpec:
         if opts.nproc and not opts.dp and opts.nproc % (lay.tp * lay.pp) == 0:
-            o = replace(opts, dp=opts.nproc // (lay.tp * lay.pp))
-        try:
-            fitted = fit_layout(lay, o)
-        except SpecError as exc:
-            if e["role"] == "pick":
-                raise
-            skipped.append(f"{lay.short()}: {exc}")
-            continue
-        kept.append(e)
-        layouts.append(fitted)
-    return kept, layouts, skipped
+            return fit_layout(lay, replace(opts, dp=opts.nproc // (lay.tp * lay.pp)))
+        return fit_layout(lay, opts)
+
+    return _runnable(entries, [LayoutSpec.model_validate(e["layout"]) for e in entries], fit)
 
 
 def prepared_shortlist(entries: list[dict], layouts: list[LayoutSpec], model: ModelSpec, seq_length: int, cluster,
@@ -332,21 +342,7 @@ def prepared_shortlist(entries: list[dict], layouts: list[LayoutSpec], model: Mo
     """bench_config of every fitted layout of the short list, before any runs: (the entries kept, their prepared
     (problem, layout, config), why a runner-up was skipped). A runner-up the scaled model cannot take is skipped
     with the reason; the pick must be prepared."""
-    from cluster_specs import SpecError
-
-    kept: list[dict] = []
-    prepared: list[tuple[Problem, LayoutSpec, BenchConfig]] = []
-    skipped: list[str] = []
-    for e, lay in zip(entries, layouts, strict=True):
-        try:
-            prepared.append(bench_config(model, lay, seq_length, cluster, knobs_kw, opts))
-        except SpecError as exc:
-            if e["role"] == "pick":
-                raise
-            skipped.append(f"{lay.short()}: {exc}")
-            continue
-        kept.append(e)
-    return kept, prepared, skipped
+    return _runnable(entries, layouts, lambda lay: bench_config(model, lay, seq_length, cluster, knobs_kw, opts))
 
 
 def bench_knobs(knobs_kw: dict, framework: str | None = None):
