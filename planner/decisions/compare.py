@@ -160,7 +160,7 @@ def as_json(cmp: Comparison) -> dict[str, Any]:
                "num_gpus": e.problem.cluster.num_gpus, "gpu": e.problem.hardware.gpu_name,
                "price_per_gpu_hour": e.choice.price_per_gpu_hour, "feasible": e.feasible, "infeasible_reason": e.error,
                "pick": None, "training_run": None, "per_million_tokens": e.per_million_tokens(),
-               "memory_margin_relaxed": e.result is not None and e.result.memory_margin_relaxed}
+               "memory_margin_relaxed": e.margin_relaxed}
         if e.result is not None:
             pick = e.result.pick
             doc["pick"] = CandidateReport.from_estimate(
@@ -198,7 +198,7 @@ def render_lines(cmp: Comparison, title: str) -> list[str]:
         lines.append(f"{e.choice.label[:19]:<20}{e.problem.cluster.num_gpus:>7,}{est.tokens_per_second_per_gpu:>10,.0f}"
                      f"{est.mfu:>7.1%}{e.training.wall_days:>9,.1f}{m:>11.3g}{kwh:>10}")
         lines.append(f"  {e.pick.layout.short()}")  # whole, to copy into --layout
-        if e.result is not None and e.result.memory_margin_relaxed:
+        if e.margin_relaxed:
             lines += textwrap.wrap(f"! {MARGIN_RELAXED}", 80, initial_indent="  ", subsequent_indent="    ")
     lines.append("")
     names = {"time_to_train": "time to train", "tokens_per_second_per_gpu": "tokens/s per GPU",

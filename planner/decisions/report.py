@@ -84,6 +84,11 @@ class Planned:
         return self.result is not None
 
     @property
+    def margin_relaxed(self) -> bool:
+        """Nothing fitted under the memory margin, so the pick was chosen at the point estimate (MARGIN_RELAXED)."""
+        return self.result is not None and self.result.memory_margin_relaxed
+
+    @property
     def pick(self) -> Candidate:
         """The plan's pick (only when feasible)."""
         if self.result is None:

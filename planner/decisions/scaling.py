@@ -103,7 +103,7 @@ def point_json(p: Point, tokens: float) -> dict[str, Any]:
            "infeasible_reason": p.error, "layout": None, "step_time_seconds": None, "tokens_per_second": None,
            "tokens_per_second_per_gpu": None, "mfu": None, "pipeline_bubble_share": None,
            "scaling_efficiency": p.efficiency, "time_to_train_days": None,
-           "memory_margin_relaxed": p.result is not None and p.result.memory_margin_relaxed}
+           "memory_margin_relaxed": p.margin_relaxed}
     if p.feasible:
         est = p.pick.estimate
         doc.update(layout=p.pick.layout.model_dump(mode="json"), step_time_seconds=est.step_seconds,
@@ -144,11 +144,11 @@ def render_lines(curves: list[Curve], tokens: float, tokens_given: bool, title: 
             est, lay = p.pick.estimate, p.pick.layout
             share = est.time.pipeline_bubble_seconds / est.step_seconds
             degrees = f"{lay.tp}x{lay.pp}x{lay.dp}" + (f" cp{lay.cp}" if lay.cp > 1 else "")
-            tight = " !" if p.result is not None and p.result.memory_margin_relaxed else ""
+            tight = " !" if p.margin_relaxed else ""
             lines.append(f"{p.nodes:>6,}{p.num_gpus:>8,}{count(est.tokens_per_second):>11}"
                          f"{est.tokens_per_second_per_gpu:>7,.0f}{est.mfu:>7.1%}{p.efficiency:>6.0%}"
                          f"{tokens / est.tokens_per_second / 86_400:>9,.1f}  {degrees:<12}{share:>8.1%}{mark}{tight}")
-        if any(p.result is not None and p.result.memory_margin_relaxed for p in c.points):
+        if any(p.margin_relaxed for p in c.points):
             lines += wrap("!", MARGIN_RELAXED)
         if c.base is None:
             lines += wrap("note", "no node count of the sweep fits this model")
