@@ -50,6 +50,14 @@ PLANS = {
     "zero1-offload-optimizer": dict(tp=8, pp=1, dp=8, zero_stage=1, offload="optimizer", micro_batch_size=1,
                                     num_micro_batches=32, recompute="full", layers_per_stage=None,
                                     recompute_layers_per_stage=None),
+    # context parallelism with no data-parallel degree: torchtitan still runs FSDP, over dp_shard x cp
+    # (ParallelDims.fsdp_enabled), which check once read as ZeRO-0 (a 64 GiB plan checked at 156 GiB, FAIL)
+    "cp-only-zero2": dict(tp=8, pp=1, dp=1, cp=8, zero_stage=2, micro_batch_size=1, num_micro_batches=256,
+                          recompute="full", sequence_parallel=True, layers_per_stage=None,
+                          recompute_layers_per_stage=None),
+    "cp-pipeline-zero1": dict(tp=4, pp=4, dp=1, cp=4, zero_stage=1, micro_batch_size=1, num_micro_batches=256,
+                              recompute="full", sequence_parallel=True, layers_per_stage=None,
+                              recompute_layers_per_stage=None),
 }
 TARGETS = ["megatron", "nemo", "megatron-deepspeed", "deepspeed", "torchtitan", "torchtitan-toml"]
 SUFFIX = {"megatron": ".sh", "nemo": ".txt", "megatron-deepspeed": ".sh", "deepspeed": ".json", "torchtitan": ".py",

@@ -758,7 +758,9 @@ def _torchtitan_degrees(par: dict, gpus: int) -> tuple[int, int, int, int, int |
     dp = rep * shard
     hsdp = shard if rep > 1 and shard > 1 else None  # FSDP over the shard group, the replicas all-reduce its shards
     reshard = par.get("fsdp_reshard_after_forward", "default")
-    if shard == 1:
+    # torchtitan applies FSDP over dp_shard x cp (ParallelDims.fsdp_enabled: dp_shard > 1 or cp > 1; the mesh
+    # 'dp_shard_cp', torchtitan/distributed/parallel_dims.py), so CP alone shards the states too
+    if shard * cp == 1:
         zero = 0
     elif pp > 1:
         zero = 1  # FSDP keeps parameters unsharded under PP (§1.6): optimizer and gradients sharded
