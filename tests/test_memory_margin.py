@@ -164,3 +164,25 @@ def test_compare_and_scaling_say_when_nothing_fitted_under_the_margin(one_node_n
     lines = scaling.render_lines(curves, 1e12, False, "t")
     assert " !" in "\n".join(lines) and "fits only at the point estimate" in "\n".join(lines)
     assert max(map(len, lines)) <= 80
+
+
+def test_tight_says_which_tight_and_check_says_it_too(capsys, tmp_path):
+    """'tight' covers two cases, and the text says which (it once said 'fits at the estimate' of a layout at 81.96
+    of 80 GiB); check printed PASS with no word of the 'tight' its JSON carried."""
+    from planner.cli import main
+    from planner.explain.report import TIGHT_AT_ESTIMATE, TIGHT_LIVE_ONLY, fit_text
+
+    assert TIGHT_AT_ESTIMATE in fit_text("tight", True) and TIGHT_LIVE_ONLY in fit_text("tight", False)
+    shape = ["-c", "dgx-a100-80gb", "-n", "1", "-m", "gemma2-9b", "-b", "64", "-s", "4096"]
+    with pytest.raises(SystemExit):
+        main(["estimate", *shape, "--layout", "tp=2,pp=1,dp=4,zero=1,mbs=2,recompute=none,sp=0", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["predicted"]["fit"] == "tight" and doc["predicted"]["fits"] is False  # over the GPU at the estimate
+    planned = tmp_path / "plan.json"
+    with pytest.raises(SystemExit):
+        main(["plan", *shape, "--memory-margin", "estimate", "--no-solver", "--json", "-o", str(planned)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["check", str(planned), *shape])
+    out = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0 and "PASS" in out and f"memory: tight ({TIGHT_AT_ESTIMATE})" in out

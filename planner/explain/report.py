@@ -53,11 +53,24 @@ def _band_text(p) -> str:
     return f" ({lo}–{hi})"
 
 
+TIGHT_AT_ESTIMATE = "fits at the estimate, not at the band's high end"
+TIGHT_LIVE_ONLY = ("the live tensors fit, not the estimate with the allocator's cache: the allocator frees its cache "
+                   "and retries (slower steps), or runs out of memory")
+"""What 'tight' means (planner.bands.fit_verdict): the estimate fits (GPU minus headroom) but its band's high end
+does not; or only the live tensors and the memory outside the allocator do."""
+
+
+def fit_text(fit: str | None, fits: bool) -> str:
+    """The fit verdict as the terminal shows it (rich markup), from `predicted.fit` and `predicted.fits`."""
+    if fit is None:
+        return "yes" if fits else "[red]NO[/red]"
+    if fit == "tight":
+        return f"[yellow]tight[/yellow] ({TIGHT_AT_ESTIMATE if fits else TIGHT_LIVE_ONLY})"
+    return {"fits": "yes", "does not fit": "[red]NO[/red]"}[fit]
+
+
 def _fit_text(p) -> str:
-    if p.fit is None:
-        return "yes" if p.fits else "[red]NO[/red]"
-    return {"fits": "yes", "tight": "[yellow]tight[/yellow] (fits at the estimate, not at the band's high end)",
-            "does not fit": "[red]NO[/red]"}[p.fit]
+    return fit_text(p.fit, p.fits)
 
 
 def render_estimate(console: Console, *, title: str, layout, predicted, memory, time) -> None:
@@ -217,20 +230,6 @@ def _render_others(console: Console, doc) -> None:
         for line in wrap_at_commas(layout_arg(c.layout), width, "    "):
             console.print(line, highlight=False, markup=False, soft_wrap=True)
         console.print(f"    {c.reason}", highlight=False, markup=False)
-
-
-def render_check(console: Console, report) -> None:
-    """`check`: one FAIL line per violation with its fix, the notes, the prediction, PASS or the count."""
-    for v in report.violations:
-        console.print(f"[red]FAIL[/red] {v.message}\n     fix: {v.hint}", highlight=False)
-    for n in report.notes:
-        console.print(f"[dim]note: {n}[/dim]")
-    p = report.predicted
-    if p is not None:
-        console.print(f"predicted: {p.step_time_seconds:.3g} s/step, {p.tokens_per_second:,.0f} tokens/s, MFU "
-                      f"{p.mfu:.1%}, peak {p.peak_memory_bytes_per_gpu / GIB:.1f} of {p.gpu_memory_bytes / GIB:.1f} "
-                      f"GiB per GPU (stage {p.peak_memory_stage})", highlight=False)
-    console.print("[green]PASS[/green]" if report.passed else f"[red]{len(report.violations)} violation(s)[/red]")
 
 
 def render_bench(console: Console, doc: dict) -> None:

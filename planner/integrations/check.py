@@ -325,6 +325,10 @@ def render_report(out, r: dict, *, several: bool) -> None:
         out.print(f"predicted: {p['step_time_seconds']:.3g} s/step, {p['tokens_per_second']:,.0f} tokens/s, {mfu}"
                   f"peak {p['peak_memory_bytes_per_gpu'] / GIB:.1f} of {p['gpu_memory_bytes'] / GIB:.1f} GiB per GPU "
                   f"(stage {p['peak_memory_stage']})", highlight=False)
+        if p.get("fit") == "tight":  # passed or not, what the band says, as plan and estimate show it
+            from planner.explain.report import fit_text
+
+            out.print(f"memory: {fit_text('tight', p['fits'])}", highlight=False)
     out.print("[green]PASS[/green]" if r["passed"] else f"[red]{len(r['violations'])} violation(s)[/red]")
 
 
