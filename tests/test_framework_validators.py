@@ -221,8 +221,8 @@ def test_megatron_core_accepts_every_exported_megatron_config():
         assert (res["vpp"] or 1) == (lay.virtual_stages if lay.schedule == "interleaved_1f1b" else 1), name
         assert res["sp"] == (lay.sequence_parallel and lay.tp > 1), name
         # the overlap the Megatron profile predicts with is switched on (Megatron-LM's defaults are off)
-        assert res["overlap_grad_reduce"] == (lay.dp > 1), name
-        assert res["overlap_param_gather"] == (lay.dp > 1 and lay.zero_stage >= 1), name
+        assert res["overlap_grad_reduce"] == (lay.dp * lay.cp > 1), name  # Megatron reduces over DP x CP
+        assert res["overlap_param_gather"] == (lay.dp * lay.cp > 1 and lay.zero_stage >= 1), name
         assert res["tp_comm_overlap"] == (lay.tp > 1 and lay.sequence_parallel), name
         # hybrid sharding: the partial distributed optimizer's instances (hsdp-zero1; hsdp-zero3 exports unsharded)
         assert res["instances"] == (lay.dp // lay.dp_shard if lay.hybrid_sharded else 1), name
@@ -545,7 +545,7 @@ def test_torchtitan_trainer_config_validation_accepts_every_exported_recipe():
     results = doc["results"]
     for (name, lay), res in zip(layouts, results, strict=False):
         assert res["ok"], (name, res)
-        assert res["world"] == lay.tp * lay.pp * lay.dp
+        assert res["world"] == lay.tp * lay.pp * lay.dp * lay.cp
         assert res["ac"] == {"none": "NoneType", "selective": "SelectiveAC.Config", "full": "FullAC.Config"}[
             lay.recompute.value if hasattr(lay.recompute, "value") else lay.recompute], name
         if lay.pp > 1:
