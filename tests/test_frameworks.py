@@ -274,3 +274,18 @@ def test_the_compiled_share_gives_torchtitans_published_compile_speedup():
             case = build_case(row(*spec[rid]))
             steps.append(evaluate(case, case_knobs(case, fitted)).predicted_step_seconds)
         assert steps[1] / steps[0] == pytest.approx(published, abs=0.01)
+
+
+@pytest.mark.parametrize("framework", ["megatron", "nemo"])
+def test_optimizer_offload_is_planned_only_where_the_export_runs_it(framework, capsys):
+    """Megatron's --optimizer-cpu-offload runs with the distributed optimizer (ZeRO-1): plan, estimate, compare and
+    scaling once picked tp 4 x dp 2 at ZeRO-3 with the optimizer offloaded for Llama 3 70B on one DGX H100, which
+    export then refused. One rule (Capabilities.optimizer_offload_zero_stages) now holds for all of them."""
+    from planner.frameworks import Framework
+    from planner.frameworks.capabilities import capabilities
+
+    caps = capabilities(Framework(framework))
+    assert caps.optimizer_offload_zero_stages == (1,)
+    why = caps.refusal({"tp": 4, "pp": 1, "dp": 2, "zero_stage": 3, "offload": "optimizer"})
+    assert why is not None and "offload optimizer with zero_stage 3" in why
+    assert caps.refusal({"tp": 4, "pp": 1, "dp": 2, "zero_stage": 1, "offload": "optimizer"}) is None

@@ -32,6 +32,7 @@ class Capabilities:
     zero_stages_with_pp: tuple[int, ...]
     offload: tuple[str, ...]
     recompute: tuple[str, ...]
+    optimizer_offload_zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages its optimizer-only offload runs at
     tensor_parallel_zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # ZeRO stages that combine with tp > 1
     tensor_parallel_with_pp: bool = True
     sequence_parallel: bool = True  # Megatron-style SP on the TP group
@@ -125,6 +126,9 @@ class Capabilities:
         off = f.get("offload", "none")
         if off not in self.offload:
             return f"offload {off} -> allowed: {', '.join(self.offload)} ({self.sources.get('offload', '')})"
+        if off == "optimizer" and zero not in self.optimizer_offload_zero_stages:
+            return (f"offload optimizer with zero_stage {zero} -> at ZeRO {self.optimizer_offload_zero_stages} only "
+                    f"({self.sources.get('offload', '')})")
         rec = f.get("recompute")
         if rec is not None and rec not in self.recompute:
             return f"recompute {rec} -> allowed: {', '.join(self.recompute)} ({self.sources.get('recompute', '')})"
@@ -225,7 +229,8 @@ _MEGATRON_SOURCES = {
     "schedules": "frameworks.md §2.3: upstream Megatron-LM has 1F1B and interleaved 1F1B, no zero-bubble",
     "zero": "frameworks.md §2.5/§2.7: distributed optimizer = ZeRO-1; Megatron-FSDP optim_grads = ZeRO-2, "
             "optim_grads_params = ZeRO-3; FSDP needs pp = 1",
-    "offload": "--optimizer-cpu-offload moves only the optimizer (frameworks.md §2.4, §2.5)",
+    "offload": "--optimizer-cpu-offload moves only the optimizer, and runs with the distributed optimizer (ZeRO-1) "
+               "(frameworks.md §2.4, §2.5)",
     "recompute": "frameworks.md §2.4: --recompute-method block --recompute-num-layers N is one count per model chunk",
     "split": "frameworks.md §2.3: --decoder-first/last-pipeline-num-layers with an even middle, "
              "--account-for-embedding/loss-in-pipeline-split, or a --pipeline-model-parallel-layout string (a layer "
@@ -247,7 +252,8 @@ MEGATRON_STATE_DTYPES = {"master_dtype": ("fp16",), "exp_avg_dtype": ("fp16", "b
 
 MEGATRON = Capabilities(
     Framework.MEGATRON, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
-    offload=("none", "optimizer"), recompute=("none", "selective", "full"), sp_needs_tp="warn",
+    offload=("none", "optimizer"), recompute=("none", "selective", "full"), optimizer_offload_zero_stages=(1,),
+    sp_needs_tp="warn",
     uneven_split="megatron", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron pads the vocabulary to a multiple of 128 x tp",
     fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="delayed",
@@ -256,7 +262,8 @@ MEGATRON = Capabilities(
 
 NEMO = Capabilities(
     Framework.NEMO, schedules=("1f1b", "interleaved_1f1b"), zero_stages=(0, 1, 2, 3), zero_stages_with_pp=(0, 1),
-    offload=("none", "optimizer"), recompute=("none", "selective", "full"), sp_needs_tp="error",
+    offload=("none", "optimizer"), recompute=("none", "selective", "full"), optimizer_offload_zero_stages=(1,),
+    sp_needs_tp="error",
     uneven_split="megatron", per_stage_recompute="same_count", max_virtual_stages=64, pads_vocab=True,
     vocab_rule="Megatron-Core pads the vocabulary to a multiple of 128 x tp",
     fp8_recipes=("delayed", "tensorwise", "blockwise", "mxfp8"), default_fp8_recipe="tensorwise",

@@ -181,9 +181,10 @@ def _fix_sharding(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutS
     if lay.offload not in caps.offload:
         raise SpecError(f"offload: {lay.offload} -> {fw.value} offloads {', '.join(caps.offload)} only "
                         f"({caps.sources['offload']}); plan with --framework {fw.value}")
-    if fw in (Framework.MEGATRON, Framework.NEMO) and lay.offload == "optimizer" and lay.zero_stage != 1:
-        raise SpecError(f"offload: optimizer with zero_stage {lay.zero_stage} -> Megatron's --optimizer-cpu-offload "
-                        "runs with the distributed optimizer (ZeRO-1); plan with --framework megatron")
+    if lay.offload == "optimizer" and lay.zero_stage not in caps.optimizer_offload_zero_stages:  # the plan's own rule
+        raise SpecError(f"offload: optimizer with zero_stage {lay.zero_stage} -> {fw.value} runs it at ZeRO "
+                        f"{caps.optimizer_offload_zero_stages} only ({caps.sources['offload']}); plan with --framework "
+                        f"{fw.value}")
     if lay.sequence_parallel and (not caps.sequence_parallel or lay.schedule in caps.no_sp_schedules):
         changes.append(f"sequence_parallel -> off ({caps.sources['sp']})")
         lay = with_fields(lay, {"sequence_parallel": False})
