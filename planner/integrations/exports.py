@@ -46,15 +46,15 @@ class PlanParts:
     framework: str
     predicted: dict
 
-    def problem(self):
-        """The plan's problem again: its framework's execution profile (as `plan --framework` used it), then what
-        the cluster's calibration measured, so a nearest layout is predicted as the plan was."""
+    def problem(self, framework: str | None = None):
+        """The plan's problem again, under `framework`'s execution profile (default: the plan's, as `plan
+        --framework` used it), then what the cluster's calibration measured."""
         from planner.calibration import calibration_knobs
         from planner.estimate import Problem, problem_knobs
 
         if self.cluster is None:
             raise SpecError("plan JSON: inputs.cluster missing -> needed to predict the nearest expressible layout")
-        knobs = problem_knobs(self.cluster, self.training, self.framework, self.headroom_bytes,
+        knobs = problem_knobs(self.cluster, self.training, framework or self.framework, self.headroom_bytes,
                               calibration_knobs(self.cluster))
         return Problem(self.model, self.training, self.cluster, knobs)
 
@@ -228,7 +228,7 @@ def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dic
     from planner.contract import Predicted
     from planner.rules import layout_violations
 
-    problem = parts.problem()
+    problem = parts.problem(fw.value)  # the nearest layout runs in the target framework: predicted as `check` reads it
     problems = layout_violations(lay, model, parts.training, parts.cluster, allow_tp_across_nodes=True)
     if problems:
         raise SpecError(f"{fw.value}: the nearest expressible layout {lay.short()} breaks a rule: {problems[0]}")
