@@ -501,10 +501,11 @@ def _memory_margin_notes(pick: CandidateReport, headroom_bytes: float, relaxed: 
     gib = 2**30
     why = ("no layout fits at the memory band's high end, so the plan was made at the estimate"
            if relaxed else "planned with --memory-margin estimate")
+    remedy = "add GPUs" if relaxed else "add GPUs or keep the default --memory-margin band-high"
     return [f"memory: the pick fits only at the estimate: {p.peak_memory_bytes_per_gpu / gib:.1f} GiB predicted, "
             f"{p.peak_memory_bytes_per_gpu_high / gib:.1f} GiB at the band's high end, against "
             f"{(p.gpu_memory_bytes - headroom_bytes) / gib:.1f} GiB (GPU minus headroom); {why}. It may run out of "
-            "memory: add GPUs or keep the default --memory-margin band-high."]
+            f"memory: {remedy}."]
 
 
 # ---- check -----------------------------------------------------------------------------------------------

@@ -433,7 +433,7 @@ def reason(problem: Problem, c: Candidate, pick: Candidate | None = None) -> str
     if facts:
         parts.append(facts[0][1])
     mem = est.peak_memory_bytes / GIB
-    parts.append(f"{mem:.1f}/{est.gpu_memory_bytes / GIB:.0f} GiB on stage {est.peak_stage}")
+    parts.append(f"{mem:.1f}/{est.gpu_memory_bytes / GIB:.1f} GiB on stage {est.peak_stage}")
     if c.origin not in ("search", "compared") and lay.layers_per_stage:
         parts.append(f"layers per stage {lay.layers_per_stage} from the {c.origin}")
     return "; ".join(parts)

@@ -754,7 +754,7 @@ def test_reason_names_the_largest_cost_beyond_compute(layout, times, want):
     from planner.search import reason
 
     problem = _search_problem()  # 8 GPUs per node
-    assert reason(problem, _fake_candidate(layout, times)) == f"{want}; 40.0/80 GiB on stage 2"
+    assert reason(problem, _fake_candidate(layout, times)) == f"{want}; 40.0/80.0 GiB on stage 2"
 
 
 def test_reason_without_facts_with_the_pick_and_the_refined_split():
@@ -762,14 +762,14 @@ def test_reason_without_facts_with_the_pick_and_the_refined_split():
 
     problem = _search_problem()
     alone = _fake_candidate({}, {"tp_comm": 0.5, "pipeline_bubble": 0.5, "dp_comm": 0.5, "optimizer": 0.5})
-    assert reason(problem, alone) == "40.0/80 GiB on stage 2"  # tp = pp = dp = 1, no recompute, GPU optimizer
+    assert reason(problem, alone) == "40.0/80.0 GiB on stage 2"  # tp = pp = dp = 1, no recompute, GPU optimizer
     pick = _fake_candidate({}, step=0.8)
     split = _fake_candidate({"pp": 4, "layers_per_stage": (7, 9, 9, 7)}, {"pipeline_bubble": 0.1}, origin="split",
                             peak_gib=12.25, stage=0)
     assert reason(problem, split, pick) == ("+25.0% step time vs the pick; pp=4: bubble 10.0% with 1 micro-batches; "
-                                            "m < 4p (1 < 16) leaves a large bubble; 12.2/80 GiB on stage 0; "
+                                            "m < 4p (1 < 16) leaves a large bubble; 12.2/80.0 GiB on stage 0; "
                                             "layers per stage [7, 9, 9, 7] from the split")
-    assert reason(problem, pick, pick) == "40.0/80 GiB on stage 2"  # the pick is not compared with itself
+    assert reason(problem, pick, pick) == "40.0/80.0 GiB on stage 2"  # the pick is not compared with itself
     compared = _fake_candidate({"pp": 4, "layers_per_stage": (7, 9, 9, 7)}, origin="compared")
     assert reason(problem, compared).endswith("GiB on stage 2")
 
@@ -1310,7 +1310,7 @@ def test_add_compared_estimates_beside_the_pick(monkeypatch):
     (cand,) = result.compared
     assert calls == [(lay, True)] and cand.layout is lay and cand.origin == "compared"
     assert result.reasons == {id(cand): "+100.0% step time vs the pick; pp=2: bubble 50.0% with 1 micro-batches; "
-                                        "m < 4p (1 < 8) leaves a large bubble; 40.0/80 GiB on stage 2"}
+                                        "m < 4p (1 < 8) leaves a large bubble; 40.0/80.0 GiB on stage 2"}
 
 
 def test_search_counts_and_keeps_what_a_brute_force_ladder_keeps():

@@ -341,3 +341,15 @@ def test_a_nearest_layout_is_predicted_as_the_target_framework_runs_it(tmp_path,
     got = json.loads(capsys.readouterr().out)["predicted"]
     assert got["step_time_seconds"] == pytest.approx(exp.predicted["step_time_seconds"], rel=1e-9)
     assert got["peak_memory_bytes_per_gpu"] == pytest.approx(exp.predicted["peak_memory_bytes_per_gpu"], rel=1e-9)
+
+
+def test_check_refuses_the_torchrun_launch_of_the_benchmark(tmp_path):
+    """`export --to torchrun` writes a launch of planner.bench; check once read it as Megatron arguments (batch 16
+    instead of the plan's, FAIL at 204.5 GiB). It is refused with what to check instead (exit 3)."""
+    from cluster_specs import SpecError
+
+    doc = _plan("zero2")
+    path = tmp_path / "launch.sh"
+    path.write_text(export(doc, "torchrun").text)
+    with pytest.raises(SpecError, match="torchrun launch of `planner.bench`"):
+        read_config(path, gpus=64)

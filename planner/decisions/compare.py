@@ -190,7 +190,7 @@ def render_lines(cmp: Comparison, title: str) -> list[str]:
             verdict = "cannot run" if why.startswith(CANNOT_RUN) else "no layout fits"
             why = why.removeprefix(CANNOT_RUN)
             lines.append(f"{e.choice.label:<20}{e.problem.cluster.num_gpus:>7,}  {verdict}")
-            lines.append(f"  {why.splitlines()[0][:76] if why else ''}")
+            lines += textwrap.wrap(why.splitlines()[0], 80, initial_indent="  ", subsequent_indent="  ") if why else [""]
             continue
         est, pm = e.pick.estimate, e.per_million_tokens()
         m = pm["cost"] if cmp.priced else pm["gpu_hours"]

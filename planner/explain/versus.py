@@ -43,5 +43,5 @@ def versus(pick, other) -> str:
     if sign * diff > 1e-3 * pick.predicted.step_time_seconds:
         text += f", mostly {what} ({diff:+.3g} s)"
     p = other.predicted
-    text += f"; {p.peak_memory_bytes_per_gpu / GIB:.1f}/{p.gpu_memory_bytes / GIB:.0f} GiB on stage {p.peak_memory_stage}"
+    text += f"; {p.peak_memory_bytes_per_gpu / GIB:.1f}/{p.gpu_memory_bytes / GIB:.1f} GiB on stage {p.peak_memory_stage}"
     return text + ("" if p.fits else " (does not fit)")

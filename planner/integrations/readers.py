@@ -98,6 +98,9 @@ def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_
                         "'train_batch_size' or 'train_micro_batch_size_per_gpu')", source=str(path))
     if _looks_like_overrides(text):
         return _nemo(text, gpus)
+    if re.search(r"(?m)^[^#\n]*-m\s+planner\.bench\b", text):  # `export --to torchrun`: a launch of the benchmark
+        raise SpecError("a torchrun launch of `planner.bench` (export --to torchrun), not a framework's config: check "
+                        "the plan JSON it runs, or the config exported for the framework", source=str(path))
     return _megatron(text, gpus, str(path))
 
 
