@@ -186,6 +186,10 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": stage,
                    "offload": off, "micro_batch_size": mbs, "num_micro_batches": gas, "recompute": rec,
                    "sequence_parallel": False}
+    if tp > 1 and "sequence_parallel" not in over:  # Megatron's --sequence-parallel lives on the command line
+        view.notes.append("sequence parallelism: the DeepSpeed JSON does not say (Megatron-DeepSpeed's "
+                          "--sequence-parallel is a launch argument); checked off — pass --fix sp=1 if the launch "
+                          "sets it")
     _cp_ep(view, cp=sp_degree, cp_comm="a2a")
     view.global_batch_size = gbs
     view.precision = _ds_precision(doc, view)
