@@ -292,7 +292,8 @@ def search(problem: Problem, opts: PlanOptions, stats: SearchStats, *, offload: 
                 least_peak = min(least_peak, est.peak_memory_bytes)
                 if _fits(problem, est):
                     fitting.append(Candidate(layout, est))
-                    break  # the rest of the ladder is slower
+                    if opts.objective != "memory":
+                        break  # the rest of the ladder is slower (under the memory objective it holds less)
     finally:
         if progress is not None:
             progress.stop()

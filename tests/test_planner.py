@@ -178,6 +178,15 @@ def test_objectives():
     small = plan(pr, PlanOptions(objective="memory", use_solver=False))
     assert small.pick.estimate.peak_memory_bytes <= fast.pick.estimate.peak_memory_bytes
     assert fast.pick.step_seconds <= small.pick.step_seconds
+    # the memory objective tries every recompute policy of a layout, not only the fastest that fits (it once picked
+    # recompute=none at 10.3 GiB where full recompute of the same degrees holds 6.5 GiB: README's --objective memory)
+    from planner.search import TIE_RELATIVE
+
+    for rec in ("none", "selective", "full"):
+        other = small.pick.layout.model_copy(update={"recompute": rec, "recompute_layers_per_stage": None})
+        est = pr.estimate(other)
+        if est.fits:
+            assert small.pick.estimate.peak_memory_bytes <= est.peak_memory_bytes * (1 + TIE_RELATIVE), rec
     from planner.search import plan_min_gpus
 
     target = fast.pick.estimate.tokens_per_second * 0.4
