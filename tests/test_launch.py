@@ -322,3 +322,26 @@ def test_check_matrix(fmt, rule, tmp_path):
     else:
         assert proc.returncode == errors.EXIT_CHECK_FAILED
         assert rule in {v["rule"] for v in report["violations"]}, report["violations"]
+
+
+def test_the_torchtitan_format_follows_the_output_name(tmp_path, capsys):
+    """`export --to torchtitan -o job.toml` once wrote a Python recipe into job.toml, which torchtitan and `check`
+    then read as TOML (a parse error). The format now follows the name, and a contradiction is refused (exit 3)."""
+    import json as _json
+
+    from planner.cli import main
+
+    plan = tmp_path / "plan.json"
+    with pytest.raises(SystemExit):
+        main(["plan", "-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-b", "16", "-s", "4096", "--framework",
+              "torchtitan", "--no-solver", "--json", "-o", str(plan)])
+    assert _json.loads(plan.read_text())["layout"]
+    for name, head in (("job.toml", "[model]"), ("job.py", "from ")):
+        with pytest.raises(SystemExit) as done:
+            main(["export", str(plan), "--to", "torchtitan", "-o", str(tmp_path / name)])
+        assert done.value.code == 0
+        assert any(line.startswith(head) for line in (tmp_path / name).read_text().splitlines()), name
+    with pytest.raises(SystemExit) as done:
+        main(["export", str(plan), "--to", "torchtitan", "--torchtitan-format", "python", "-o",
+              str(tmp_path / "other.toml")])
+    assert done.value.code == 3 and not (tmp_path / "other.toml").exists()

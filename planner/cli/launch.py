@@ -34,8 +34,9 @@ def export(
     to: Annotated[str | None, typer.Option("--to", help="megatron, nemo, megatron-deepspeed, deepspeed, torchtitan or "
                                                         "torchrun (default: the plan's --framework)")] = None,
     framework: FrameworkOpt = None,
-    torchtitan_format: Annotated[str, typer.Option("--torchtitan-format", help="python (torchtitan 0.3 recipe "
-                                                   "module) or toml (torchtitan <= 0.2)")] = "python",
+    torchtitan_format: Annotated[str | None, typer.Option(
+        "--torchtitan-format", help="python (torchtitan 0.3 recipe module) or toml (torchtitan <= 0.2); default: "
+                                    "toml when -o names a .toml file, else python")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (atomically) instead of stdout.")] = None,
     program: Annotated[str | None, typer.Option(help="torchrun: the program to launch (default: the planner's "
                                                      "benchmark, given the plan path).")] = None,
@@ -45,8 +46,15 @@ def export(
     from cluster_specs import SpecError, read_structured_file
     from planner.integrations.exports import export as make_export
 
+    suffix = output.suffix.lower() if output is not None else ""
+    if torchtitan_format is None:  # the file's name says which (check reads a file by its suffix too)
+        torchtitan_format = "toml" if suffix == ".toml" else "python"
     if torchtitan_format not in ("python", "toml"):
         raise SpecError(f"--torchtitan-format: {torchtitan_format!r} -> allowed: python, toml")
+    if {"python": ".toml", "toml": ".py"}[torchtitan_format] == suffix:
+        raise SpecError(f"--torchtitan-format: {torchtitan_format} with -o {output} -> a {suffix} file is read as "
+                        f"{'TOML' if suffix == '.toml' else 'Python'} (by torchtitan and by `planner check`): name it "
+                        f"{'.py' if torchtitan_format == 'python' else '.toml'}")
     doc = read_structured_file(plan_file)
     if not isinstance(doc, dict):
         raise SpecError("expected a plan JSON object", source=str(plan_file))
