@@ -8,6 +8,7 @@ gigabytes enumerating divisors, or a cost model would overflow, for a request no
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 from cluster_specs.errors import SpecError
 
@@ -46,6 +47,11 @@ REASONS = {
 
 def reason_for(field: str) -> str | None:
     return REASONS.get(field)
+
+
+def is_finite_number(x: object) -> TypeGuard[float]:
+    """A JSON number that is a real value: an int or float, not a bool, not nan or infinite."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def finite_option(name: str, value: float, *, low: float = 0.0, low_inclusive: bool = True,

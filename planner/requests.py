@@ -153,7 +153,8 @@ def plan_document(req: ProblemRequest, plan: PlanRequest, *, progress: bool = Fa
         problem, note = plan_min_gpus(problem, opts, plan.target_tokens_per_second)
         notes.append(note)
     compared = [layout_from_arg(text, problem, "--compare") for text in plan.compare]
-    problem, result, relaxed = plan_within_memory_margin(problem, opts)
+    problem, result = plan_within_memory_margin(problem, opts)
+    relaxed = result.memory_margin_relaxed
     cost = margin_cost(problem, result, opts) if plan.objective == "throughput" else None
     result = add_compared(problem, result, compared)
     doc = PlanDocument.from_result(problem, result, objective=plan.objective, framework=restriction.caps.framework,

@@ -543,19 +543,19 @@ def with_memory_margin(problem: Problem, margin: str) -> Problem:
     return replace(problem, knobs=replace(problem.knobs, memory_high_fraction=fraction))
 
 
-def plan_within_memory_margin(problem: Problem, opts: PlanOptions) -> tuple[Problem, PlanResult, bool]:
+def plan_within_memory_margin(problem: Problem, opts: PlanOptions) -> tuple[Problem, PlanResult]:
     """`plan` under the problem's memory margin; when nothing fits at the band's high end but something fits at
     the point estimate, that plan (the pick may run out of memory: the plan output says so). Returns (the problem
-    the plan was made under, the plan, whether the margin was relaxed to the estimate)."""
+    the plan was made under, the plan); the plan's memory_margin_relaxed says whether the margin was relaxed."""
     try:
-        return problem, plan(problem, opts), False
+        return problem, plan(problem, opts)
     except InfeasibleError:
         if problem.knobs.memory_high_fraction <= 0:
             raise
         relaxed = replace(problem, knobs=replace(problem.knobs, memory_high_fraction=0.0))
         result = plan(relaxed, opts)
-        result.memory_margin_relaxed = True  # a fresh result: compare and scaling read the flag from it
-        return relaxed, result, True
+        result.memory_margin_relaxed = True  # a fresh result: plan, compare and scaling read the flag from it
+        return relaxed, result
 
 
 MARGIN_COST_MIN = 0.005

@@ -109,7 +109,8 @@ def test_nothing_fits_at_the_high_end_falls_back_to_the_estimate_and_says_so(one
     impossible = replace(one_node_near_full, knobs=replace(one_node_near_full.knobs, memory_high_fraction=100.0))
     with pytest.raises(InfeasibleError):
         plan(impossible, OPTS)
-    used, result, relaxed = plan_within_memory_margin(impossible, OPTS)
+    used, result = plan_within_memory_margin(impossible, OPTS)
+    relaxed = result.memory_margin_relaxed
     assert relaxed and used.knobs.memory_high_fraction == 0.0
     doc = PlanDocument.from_result(used, result, objective="throughput", memory_margin_relaxed=relaxed)
     assert doc.memory_margin_relaxed and doc.memory_margin == "estimate"

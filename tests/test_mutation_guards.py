@@ -1142,7 +1142,8 @@ class _FakePlan:
         if self.fail_above_fraction is not None and problem.knobs.memory_high_fraction > self.fail_above_fraction:
             raise InfeasibleError("nothing fits")
         rate = 1000.0 * problem.cluster.num_nodes
-        return SimpleNamespace(pick=SimpleNamespace(estimate=SimpleNamespace(tokens_per_second=rate)))
+        return SimpleNamespace(pick=SimpleNamespace(estimate=SimpleNamespace(tokens_per_second=rate)),
+                               memory_margin_relaxed=False)
 
 
 def test_with_memory_margin_sets_the_band_fraction_or_zero():
@@ -1165,10 +1166,12 @@ def test_plan_within_memory_margin_relaxes_only_when_nothing_fits(monkeypatch):
 
     p = search.with_memory_margin(_search_problem(), "band-high")
     monkeypatch.setattr(search, "plan", _FakePlan())
-    used, _, relaxed = search.plan_within_memory_margin(p, search.PlanOptions())
+    used, result = search.plan_within_memory_margin(p, search.PlanOptions())
+    relaxed = result.memory_margin_relaxed
     assert used is p and relaxed is False
     monkeypatch.setattr(search, "plan", _FakePlan(fail_above_fraction=0.0))
-    used, result, relaxed = search.plan_within_memory_margin(p, search.PlanOptions())
+    used, result = search.plan_within_memory_margin(p, search.PlanOptions())
+    relaxed = result.memory_margin_relaxed
     assert relaxed is True and used.knobs.memory_high_fraction == 0.0 and used.model is p.model
     assert result.memory_margin_relaxed is True  # what compare and scaling read
     monkeypatch.setattr(search, "plan", _FakePlan(fail_above_fraction=-1.0))
@@ -3110,7 +3113,7 @@ def test_parallel_plan_one_pack_and_plan_all(monkeypatch):
         return replace(full) if problem == "ok" else full
 
     def fake_within_margin(problem, opts):  # plan_one plans as `plan` does, under the problem's memory margin
-        return problem, fake_plan(problem, opts), False
+        return problem, fake_plan(problem, opts)
 
     monkeypatch.setattr(search, "plan_within_memory_margin", fake_within_margin)
     opts = PlanOptions(progress=True, top_k=2)

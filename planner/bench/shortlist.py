@@ -3,17 +3,13 @@ which to launch, and turn the measurements into a calibration the next `plan --c
 
 from __future__ import annotations
 
-import math
 import statistics
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeGuard
+
+from cluster_specs.limits import is_finite_number
 
 DEFAULT_BAND = 0.10  # runners-up within 10% of the pick's predicted step time (when the plan carries no band)
-
-
-def _finite(x: object) -> TypeGuard[float]:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def plan_band(doc: dict) -> tuple[float, str]:
@@ -32,7 +28,7 @@ def plan_band(doc: dict) -> tuple[float, str]:
             width = max(abs(1 - band["lower_factor"]), abs(band["upper_factor"] - 1))
             return width, f"the plan's error band ({band.get('source', 'no source given')})"
     rng, t = pred.get("step_time_seconds_range"), pred.get("step_time_seconds")
-    if (isinstance(rng, list | tuple) and len(rng) == 2 and all(_finite(x) for x in rng) and _finite(t) and t > 0
+    if (isinstance(rng, list | tuple) and len(rng) == 2 and all(is_finite_number(x) for x in rng) and is_finite_number(t) and t > 0
             and rng[0] <= t <= rng[1]):
         return max(1 - rng[0] / t, rng[1] / t - 1), "the plan's error band (predicted.step_time_seconds_range)"
     return DEFAULT_BAND, f"a default tolerance of {DEFAULT_BAND:.0%} (the plan states no error band)"

@@ -44,7 +44,7 @@ def plan_one(problem: Problem, opts: PlanOptions) -> PlanResult | str:
     from planner.search import plan_within_memory_margin
 
     try:  # the fit rule of `plan`: the problem's memory margin, relaxed to the estimate when nothing else fits
-        return plan_within_memory_margin(problem, replace(opts, progress=False))[1]
+        return plan_within_memory_margin(problem, replace(opts, progress=False))[1]  # (problem, plan)
     except SetupError as exc:  # the cluster's GPU cannot run the setup (FP8), whatever the layout
         return f"{CANNOT_RUN}{exc}"
     except InfeasibleError as exc:

@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from cluster_specs import ClusterSpec, SpecError
+from cluster_specs.limits import is_finite_number
 from cost_models.step import stage_split
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import TORCHTITAN_COMPILE_SECTION, capabilities
@@ -79,7 +80,7 @@ compares with the nearest layout's)."""
 
 
 def _finite_non_negative(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < float("inf")
+    return is_finite_number(x) and x >= 0
 
 
 def plan_parts(plan: dict, source: str = "plan JSON") -> PlanParts:
