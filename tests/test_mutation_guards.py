@@ -1953,7 +1953,8 @@ def test_waste_utilisation_of_a_wasteful_pick(monkeypatch):
         "              a larger batch changes the optimisation (fewer updates per token):",
         "              check it with your training recipe",
         "  curve       tokens/s, MFU and days over node counts and batch sizes:",
-        "    planner scaling -c dgx-h100 -n 8 -m llama3-8b -b 64 -s 4096 --batch-sizes 64,128,256"]
+        "    planner scaling -c dgx-h100 -n 8 -m llama3-8b -b 64 -s 4096 \\",
+        "        --batch-sizes 64,128,256"]
 
 
 def test_waste_stops_at_the_first_infeasible_smaller_cluster_and_skips_infeasible_batches(monkeypatch):
@@ -1978,7 +1979,7 @@ def test_waste_stops_at_the_first_infeasible_smaller_cluster_and_skips_infeasibl
     assert doc["wasteful"] is True and doc["wasted_share"] == pytest.approx(0.3)
     assert doc["larger_batches"][0]["relative_throughput"] == 2.0
     lines = waste.render_lines({**doc, "larger_batches": []}, p)
-    assert not any("a larger batch" in line for line in lines) and lines[-2].startswith("  curve")
+    assert not any("a larger batch" in line for line in lines) and lines[-3].startswith("  curve")
     calm = SimpleNamespace(pick=_pick(_est(bubble=0.5, tp=0.09)))  # 29.5%: not wasteful, nothing planned
     fake.seen.clear()
     assert waste.utilisation(p, calm, PlanOptions()) == {

@@ -127,3 +127,21 @@ def test_a_printed_command_fits_80_columns_and_runs_as_given(command):
     assert all(len(line) <= 80 for line in lines)
     assert all(line.endswith(" \\") for line in lines[:-1]) and not lines[-1].endswith("\\")
     assert shlex.split(" ".join(line.removesuffix("\\") for line in lines)) == shlex.split(command)
+
+
+def test_whole_plan_output_fits_80_columns_with_the_waste_advice():
+    """`planner plan` end to end in an 80-column terminal, on a pick that wastes the cluster (Llama 2 13B on 64 DGX
+    A100 nodes at batch 64: the waste section with its min-gpus and scaling commands). Every line but the pick's
+    layout fits; the scaling command once ran to 93 columns."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "plan", "-c", "dgx-a100-80gb", "-n", "64", "-m",
+                           "llama2-13b", "-b", "64", "-s", "4096"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "  curve       tokens/s, MFU and days over node counts and batch sizes:" in lines
+    layout = lines[lines.index("layout (for --layout):") + 1]
+    assert [line for line in lines if len(line) > 80 and line != layout] == []

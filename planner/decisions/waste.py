@@ -144,5 +144,5 @@ def render_lines(doc: dict[str, Any], problem: Problem) -> list[str]:
         lines += wrap("", "a larger batch changes the optimisation (fewer updates per token): check it with your "
                           "training recipe")
     lines += wrap("curve", "tokens/s, MFU and days over node counts and batch sizes:")
-    lines.append(f"    {doc['scaling_command']}")
+    lines += command_lines(doc["scaling_command"], "    ")  # whole, to copy
     return lines
