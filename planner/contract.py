@@ -288,17 +288,18 @@ class Decision(_Strict):
 
 
 class SearchStats(BaseModel):
-    """What the search did (filled in as it runs)."""
+    """What the search did (filled in as it runs). The three *_seconds fields are this run's wall clock and differ
+    between identical runs; every other field of a plan document is the same for the same inputs."""
 
     model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
 
-    candidates_considered: int = 0
-    candidates_evaluated: int = 0
-    solver_runs: int = 0
-    solver_seconds: float = 0.0
-    solver_statuses: list[str] = Field(default_factory=list)
-    search_seconds: float = 0.0
-    total_seconds: float = 0.0
+    candidates_considered: int = Field(default=0, description="Layouts enumerated (before pruning).")
+    candidates_evaluated: int = Field(default=0, description="Layouts estimated in full.")
+    solver_runs: int = Field(default=0, description="ILP solves (0 with --no-solver).")
+    solver_seconds: float = Field(default=0.0, description="Wall clock in the solver, this run (varies run to run).")
+    solver_statuses: list[str] = Field(default_factory=list, description="Each solve's status, as the solver says it.")
+    search_seconds: float = Field(default=0.0, description="Wall clock of the search, this run (varies run to run).")
+    total_seconds: float = Field(default=0.0, description="Wall clock of planning, this run (varies run to run).")
 
 
 class Bounded(_Strict):
@@ -360,7 +361,7 @@ class LargerBatch(_Strict):
 class Utilisation(_Strict):
     """Whether the pick wastes the cluster and what would help (planner/decisions/waste.py)."""
 
-    wasted_share: float = Field(description="(bubble + exposed TP/DP/PP communication) / step time")
+    wasted_share: float = Field(description="(bubble + exposed TP/DP/PP/CP/EP communication) / step time")
     parts: dict[str, float]
     threshold: float = Field(description="wasteful at or above this share")
     wasteful: bool
@@ -545,7 +546,8 @@ class CheckReport(_Strict):
 
 
 class CheckBatch(_Strict):
-    """`check` with several configs: one document; exit_code 3 if any could not be checked, else 1 if any failed."""
+    """`check` with several configs: one document; exit_code 8 if the operating system would not read one, else 3 if
+    any could not be checked, else 1 if any failed."""
 
     schema_version: str
     tool_version: str

@@ -58,6 +58,9 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
                           compile=compile_model, **(optimizer_states or {}))
     except ValidationError as exc:
         raise from_pydantic(exc, source="training setup") from None
+    why = md.sequence_problem(tr.seq_length)
+    if why:
+        raise SpecError(f"--seq-len: {why}")
     if tr.grad_dtype is not None and tr.grad_dtype_off_default is None:
         # a gradient dtype asked for that is the default is no change: the framework profile's recipe stays
         tr = tr.model_copy(update={"grad_dtype": None})

@@ -579,7 +579,10 @@ def margin_cost(problem: Problem, result: PlanResult, opts: PlanOptions,
 
 
 def _distinct(cands: list[Candidate], pick: Candidate, k: int) -> list[Candidate]:
-    """Runners-up that differ from the pick and from each other in more than the micro-batch size."""
+    """Runners-up that differ from the pick and from each other in more than the micro-batch size (at most k; none
+    for k = 0)."""
+    if k <= 0:
+        return []
     out, seen = [], {_shape(pick.layout)}
     for c in cands:
         s = _shape(c.layout)

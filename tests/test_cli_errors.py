@@ -216,3 +216,67 @@ def test_calibrate_refuses_a_catalog_gpu_it_cannot_measure_before_measuring(caps
     assert code == errors.ExitCode.INPUT
     assert says in err
     assert not out_file.exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["scaling", "-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-b", "16", "-s", "4096", "--node-counts", "1,2"],
+    ["compare", "--clusters", "dgx-h100:1", "-m", "llama3-8b", "-b", "16", "-s", "4096"],
+])
+def test_a_figure_that_cannot_be_written_gives_one_error_document(capsys, tmp_path, command):
+    """scaling/compare --figure into a missing folder with --json printed the report and then the error: two
+    documents on stdout. The figure is drawn first now; stdout holds the error alone (exit 8: an output not
+    written)."""
+    code, out, _ = cli(capsys, *command, "--figure", str(tmp_path / "missing" / "f.png"), "--json")
+    assert code == 8 and error_doc(out)["exit_code"] == 8
+
+
+def _without_read_override() -> list[str] | None:
+    """A prefix that runs a command without the superuser's file-read override (root reads a mode-000 file), or None
+    where that cannot be done."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--"]
+    return prefix if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0 else None
+
+
+@pytest.mark.parametrize("command", [
+    ["check", "{f}", "-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-b", "8", "-s", "4096", "--json"],
+    ["check", "{f}", "{f}", "-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-b", "8", "-s", "4096", "--json"],
+    ["export", "{f}", "--to", "megatron"],
+])
+def test_an_input_file_the_os_will_not_read_is_exit_8(tmp_path, command):
+    """An existing file without read permission: exit 8 (the operating system refused), not 2 (click's own 'path is
+    not readable' usage error, which typer's Path arguments raised before the planner saw the file)."""
+    import subprocess
+    import sys
+
+    prefix = _without_read_override()
+    if prefix is None:
+        pytest.skip("running as root without setpriv: a mode-000 file stays readable")
+    path = tmp_path / "plan.json"
+    path.write_text("{}")
+    path.chmod(0)
+    args = [str(path) if a == "{f}" else a for a in command]
+    proc = subprocess.run([*prefix, sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 8, proc.stdout + proc.stderr
+    assert "cannot read file" in proc.stdout + proc.stderr
+
+
+def test_a_sequence_past_learned_positions_is_refused(capsys):
+    """GPT-3 1.3B has learned positions for 2,048 tokens (Brown et al. 2020 n_ctx; the preset's
+    max_position_embeddings): planning 4,096-token sequences was accepted and exported with --seq-length 4096 next to
+    --max-position-embeddings 2048, which Megatron's validate_args rejects (max_position_embeddings >= seq_length)."""
+    code, out, _ = cli(capsys, "estimate", "-c", "dgx-h100", "-m", "gpt3-1.3b", "-b", "64", "-s", "4096", "-l",
+                       "tp=1,pp=1,dp=8,zero=1,mbs=1", "--json")
+    doc = error_doc(out)
+    assert code == 3 and "learned positions for 2048 tokens" in doc["message"]
+    code, _, _ = cli(capsys, "estimate", "-c", "dgx-h100", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "-l",
+                     "tp=1,pp=1,dp=8,zero=1,mbs=1", "--json")
+    assert code == 0

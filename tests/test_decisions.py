@@ -284,7 +284,8 @@ def test_wasteful_pick_says_what_would_help():
     doc = json.loads(run(*args, "--json").stdout)
     u, t = doc["utilisation"], doc["time_breakdown"]
     wasted = (t["pipeline_bubble_seconds"] + t["tp_comm_exposed_seconds"] + t["dp_comm_exposed_seconds"]
-              + t["pp_p2p_exposed_seconds"]) / doc["predicted"]["step_time_seconds"]
+              + t["pp_p2p_exposed_seconds"] + t["cp_comm_exposed_seconds"] + t["ep_comm_exposed_seconds"]
+              ) / doc["predicted"]["step_time_seconds"]
     assert u["wasted_share"] == pytest.approx(wasted) and u["wasteful"] and wasted >= 0.3
     assert [f["nodes"] for f in u["fewer_gpus"]] == [4096, 2048]
     for f in u["fewer_gpus"]:
@@ -510,3 +511,24 @@ def test_figure_suffix_is_checked_first(tmp_path):
     proc = run("compare", "--clusters", "dgx-h100:1", "-m", "gpt3-1.3b", "-b", "8", "-s", "1024",
                "--figure", str(tmp_path / "c.pdf"))
     assert proc.returncode == errors.EXIT_INPUT and ".png or .svg" in proc.stderr
+
+
+def test_waste_counts_exposed_cp_and_ep_traffic():
+    """The wasted share is the bubble plus every exposed communication row the time breakdown has, the CP KV exchange
+    and the EP all-to-all included (a DeepSeek-V2 pick on 256 H800s had 20.8% exposed EP and 9.7% else, 30.5% in all,
+    and was not called wasteful)."""
+    from types import SimpleNamespace
+
+    from planner.decisions.waste import wasted_parts
+
+    t = SimpleNamespace(pipeline_bubble_seconds=0.05, tp_comm_seconds=0.02, dp_comm_seconds=0.02, pp_p2p_seconds=0.01,
+                        cp_comm_seconds=0.05, ep_comm_seconds=0.2)
+    parts = wasted_parts(SimpleNamespace(step_seconds=1.0, time=t))
+    assert sum(parts.values()) == pytest.approx(0.35)
+    assert parts["ep_comm_exposed"] == pytest.approx(0.2) and parts["cp_comm_exposed"] == pytest.approx(0.05)
+
+
+def test_top_zero_lists_no_runners_up():
+    doc = json.loads(run("plan", "-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-b", "16", "-s", "4096", "--top", "0",
+                         "--no-solver", "--json").stdout)
+    assert doc["alternatives"] == []

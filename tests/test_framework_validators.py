@@ -437,18 +437,18 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 import torchtitan.models.llama3 as l3
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
 
-def register(flavor, dim, n_layers, n_heads, n_kv_heads, vocab_size):
+def register(flavor, dim, n_layers, n_heads, n_kv_heads, vocab_size, hidden_dim, tied):
     # what the export's note asks the user to do for a model torchtitan does not ship
     def build(attn_backend, tp_gemm_backend="default"):
         return l3.Llama3Model.Config(
-            dim=dim, vocab_size=vocab_size,
+            dim=dim, vocab_size=vocab_size, enable_weight_tying=tied,
             tok_embeddings=Embedding.Config(num_embeddings=vocab_size, embedding_dim=dim,
                                             param_init=l3._EMBEDDING_INIT),
             norm=RMSNorm.Config(normalized_shape=dim, param_init=l3._NORM_INIT),
             lm_head=Linear.Config(in_features=dim, out_features=vocab_size, param_init=l3._output_linear_init(dim)),
             layers=l3._build_llama3_layers(
                 n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=256),
+                hidden_dim=hidden_dim,
                 rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len=131072, theta=10000),
                 attn_backend=attn_backend, tp_gemm_backend=tp_gemm_backend))
     l3.llama3_configs[flavor] = build
@@ -457,9 +457,10 @@ ARMED[0] = True
 out = []
 for case in json.loads(sys.stdin.read()):
     note = re.search(r"ships no flavor '([^']+)': register it in \S+ with dim=(\d+), n_layers=(\d+), n_heads=(\d+), "
-                     r"n_kv_heads=(\d+), vocab_size=(\d+)", case["text"])
+                     r"n_kv_heads=(\d+), vocab_size=(\d+), hidden_dim=(\d+), enable_weight_tying=(True|False)",
+                     case["text"])
     if note:
-        register(note.group(1), *map(int, note.groups()[1:]))
+        register(note.group(1), *map(int, note.groups()[1:7]), note.group(8) == "True")
     try:
         module = types.ModuleType("planner_recipe")
         exec(compile(case["text"], "recipe.py", "exec"), module.__dict__)

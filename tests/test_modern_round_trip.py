@@ -23,6 +23,7 @@ from planner.integrations.readers import read_config
 NODES = 8  # 64 H100s
 LLAMA = ("llama3-70b", 128, 8192)
 MIXTRAL = ("mixtral-8x7b", 128, 4096)
+QWEN3_MOE = ("qwen3-30b-a3b", 128, 4096)  # a MoE torchtitan 0.3 ships (qwen3 30B-A3B); it builds no Mixtral
 SUFFIX = {"megatron": ".sh", "nemo": ".txt", "megatron-deepspeed": ".sh", "deepspeed": ".json", "torchtitan": ".py",
           "torchtitan-toml": ".toml"}
 
@@ -49,7 +50,7 @@ CASES = {  # name: (target, (model, batch, seq), layout fields)
     "megatron-ep-etp": ("megatron", MIXTRAL, dict(tp=2, dp=32, ep=4, etp=2, zero_stage=1, num_micro_batches=4,
                                                   sequence_parallel=True)),
     "nemo-ep": ("nemo", MIXTRAL, dict(dp=64, ep=4, zero_stage=3, num_micro_batches=2)),
-    "torchtitan-ep": ("torchtitan", MIXTRAL, dict(dp=64, ep=4, zero_stage=3, num_micro_batches=2)),
+    "torchtitan-ep": ("torchtitan", QWEN3_MOE, dict(dp=64, ep=4, zero_stage=3, num_micro_batches=2)),
 }
 DENSE = dict(dp=64, zero_stage=3, num_micro_batches=2, recompute="full")
 FP8_CASES = {  # name: (target, recipe, the FP8 parameter all-gather the plan asks for)
@@ -273,3 +274,27 @@ def test_a_plan_json_is_checked_against_its_own_framework(tmp_path):
     doc["layout"]["cp_comm"] = "a2a"  # the Ulysses twin passes
     path.write_text(json.dumps(doc))
     assert check_file(path, args)["passed"]
+
+
+@pytest.mark.parametrize("recipe, framework", [("blockwise", "megatron"), ("tensorwise", "torchtitan")])
+def test_check_of_an_fp8_plan_file_keeps_its_recipe(tmp_path, recipe, framework):
+    """`check plan.json` predicts with the plan's own FP8 recipe and FP8 gather (inputs.training), not the framework's
+    default recipe: a blockwise Megatron plan of 5.40 s was checked at 4.89 s (the delayed default)."""
+    import json
+    import subprocess
+    import sys
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout)
+
+    path = tmp_path / "plan.json"
+    run("plan", "-c", "dgx-h100", "-n", "2", "-m", "llama3-8b", "-b", "128", "-s", "8192", "--precision", "fp8",
+        "--fp8-recipe", recipe, "--framework", framework, "--no-solver", "--json", "-o", str(path))
+    plan = json.loads(path.read_text())
+    checked = run("check", str(path), "-c", "dgx-h100", "-n", "2", "-m", "llama3-8b", "--json")
+    result = checked["results"][0] if "results" in checked else checked
+    assert result["predicted"]["step_time_seconds"] == pytest.approx(plan["predicted"]["step_time_seconds"], rel=1e-9)
+    assert result["predicted"]["peak_memory_bytes_per_gpu"] == pytest.approx(
+        plan["predicted"]["peak_memory_bytes_per_gpu"], rel=1e-9)

@@ -1872,7 +1872,8 @@ def test_training_run_lines():
 def _est(step=2.0, bubble=0.0, tp=0.0, dp=0.0, p2p=0.0, rate=1000.0, mfu=0.4):
     from types import SimpleNamespace
 
-    t = SimpleNamespace(pipeline_bubble_seconds=bubble, tp_comm_seconds=tp, dp_comm_seconds=dp, pp_p2p_seconds=p2p)
+    t = SimpleNamespace(pipeline_bubble_seconds=bubble, tp_comm_seconds=tp, dp_comm_seconds=dp, pp_p2p_seconds=p2p,
+                        cp_comm_seconds=0.0, ep_comm_seconds=0.0)
     return SimpleNamespace(step_seconds=step, time=t, tokens_per_second=rate, mfu=mfu)
 
 
@@ -1919,7 +1920,8 @@ def test_waste_utilisation_of_a_wasteful_pick(monkeypatch):
     result = SimpleNamespace(pick=_pick(_est(bubble=0.5, tp=0.2, dp=0.1, p2p=0.06)))
     doc = waste.utilisation(p, result, PlanOptions(use_solver=True, progress=True))
     assert doc["parts"] == pytest.approx({"pipeline_bubble": 0.25, "tp_comm_exposed": 0.1, "dp_comm_exposed": 0.05,
-                                          "pp_p2p_exposed": 0.03}, rel=1e-12)
+                                          "pp_p2p_exposed": 0.03, "cp_comm_exposed": 0.0, "ep_comm_exposed": 0.0},
+                                         rel=1e-12)
     assert doc["wasted_share"] == pytest.approx(0.43) and doc["wasteful"] is True and doc["threshold"] == 0.30
     assert doc["fewer_gpus"] == [
         {"nodes": 4, "num_gpus": 32, "tokens_per_second": 900.0, "mfu": 0.36, "relative_throughput": 0.9,
@@ -1984,7 +1986,8 @@ def test_waste_stops_at_the_first_infeasible_smaller_cluster_and_skips_infeasibl
     fake.seen.clear()
     assert waste.utilisation(p, calm, PlanOptions()) == {
         "wasted_share": pytest.approx(0.295), "parts": pytest.approx({"pipeline_bubble": 0.25, "tp_comm_exposed": 0.045,
-                                                                      "dp_comm_exposed": 0.0, "pp_p2p_exposed": 0.0}),
+                                                                      "dp_comm_exposed": 0.0, "pp_p2p_exposed": 0.0,
+                                                                      "cp_comm_exposed": 0.0, "ep_comm_exposed": 0.0}),
         "threshold": 0.3, "wasteful": False, "fewer_gpus": [], "min_gpus_command": None, "larger_batches": [],
         "scaling_command": None}
     assert fake.seen == [] and waste.render_lines(waste.utilisation(p, calm, PlanOptions()), p) == []

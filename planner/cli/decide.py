@@ -30,7 +30,7 @@ NoSolverOpt = Annotated[bool, typer.Option("--no-solver", help="Skip the ILP ref
 
 
 def _figure_opt(what: str) -> object:
-    return typer.Option("--figure", help=f"Also draw the {what} (.png or .svg; needs matplotlib: "
+    return typer.Option("--figure", readable=False, help=f"Also draw the {what} (.png or .svg; needs matplotlib: "
                                          "pip install 'planner[plots]').")
 
 

@@ -30,14 +30,14 @@ from planner.cli.options import (
 
 @app.command()
 def export(
-    plan_file: Annotated[Path, typer.Argument(help="A plan JSON from `planner plan --json`/`-o`.")],
+    plan_file: Annotated[Path, typer.Argument(readable=False, help="A plan JSON from `planner plan --json`/`-o`.")],
     to: Annotated[str | None, typer.Option("--to", help="megatron, nemo, megatron-deepspeed, deepspeed, torchtitan or "
                                                         "torchrun (default: the plan's --framework)")] = None,
     framework: FrameworkOpt = None,
     torchtitan_format: Annotated[str | None, typer.Option(
         "--torchtitan-format", help="python (torchtitan 0.3 recipe module) or toml (torchtitan <= 0.2); default: "
                                     "toml when -o names a .toml file, else python")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write here (atomically) instead of stdout.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", readable=False, help="Write here (atomically) instead of stdout.")] = None,
     program: Annotated[str | None, typer.Option(help="torchrun: the program to launch (default: the planner's "
                                                      "benchmark, given the plan path).")] = None,
     program_args: Annotated[str | None, typer.Option(help="torchrun: the program's arguments.")] = None,
@@ -67,7 +67,7 @@ def export(
 
 @app.command()
 def check(
-    configs: Annotated[list[Path], typer.Argument(help="Configs: plan JSON, DeepSpeed JSON (HF \"auto\" too), "
+    configs: Annotated[list[Path], typer.Argument(readable=False, help="Configs: plan JSON, DeepSpeed JSON (HF \"auto\" too), "
                                                       "torchtitan TOML or Python recipe, Megatron arguments or launch "
                                                       "script, Megatron-Bridge overrides. Several are checked in turn.")],
     cluster: ClusterOpt, model: ModelOpt, nodes: NodesOpt = None,

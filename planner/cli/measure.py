@@ -23,7 +23,7 @@ from planner.cli.options import (
 
 @app.command()
 def bench(
-    plan_file: Annotated[Path | None, typer.Argument(help="A plan JSON (or give --cluster/--model/--layout).")] = None,
+    plan_file: Annotated[Path | None, typer.Argument(readable=False, help="A plan JSON (or give --cluster/--model/--layout).")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="Cluster preset or file (with --layout).")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m")] = None,
     layout: Annotated[str | None, typer.Option("--layout", "-l", help="Layout string, when no plan is given.")] = None,
@@ -46,7 +46,7 @@ def bench(
     top: Annotated[int, typer.Option("--top", help="With a plan: also run the runners-up within the plan's error "
                                                    "band, up to this many layouts in all.")] = 1,
     save_calibration: Annotated[Path | None, typer.Option(
-        "--save-calibration", help="With --top: write the measured figures as a calibration file for "
+        "--save-calibration", readable=False, help="With --top: write the measured figures as a calibration file for "
                                    "`plan --calibration`.")] = None,
     timeout: Annotated[float, typer.Option(help="Process-group timeout in seconds: a stuck rank fails the run.")] = 120.0,
     framework: Annotated[str | None, typer.Option(
@@ -77,7 +77,7 @@ def bench(
 @app.command()
 def calibrate(
     nproc: Annotated[int, typer.Option("--nproc", help="Ranks to measure at once (GPUs, or CPU processes).")] = 2,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Cluster file to write (YAML).")] = Path("local.yaml"),
+    output: Annotated[Path, typer.Option("-o", "--output", readable=False, help="Cluster file to write (YAML).")] = Path("local.yaml"),
     model: Annotated[str | None, typer.Option("--model", "-m", help="Measure GEMMs at this model's shapes.")] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", "-s")] = 2048,
     micro_batch_size: Annotated[int, typer.Option("--micro-batch-size")] = 1,
@@ -101,8 +101,8 @@ def calibrate(
 
 @app.command()
 def validate(
-    runs: Annotated[Path, typer.Option("--runs", help="published_runs.json")] = Path("../shared/validation/published_runs.json"),
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the markdown report here.")] = None,
+    runs: Annotated[Path, typer.Option("--runs", readable=False, help="published_runs.json")] = Path("../shared/validation/published_runs.json"),
+    output: Annotated[Path | None, typer.Option("-o", "--output", readable=False, help="Write the markdown report here.")] = None,
     with_planner: Annotated[bool, typer.Option(help="Also rank each published layout among the planner's.")] = True,
     write_tables: Annotated[bool, typer.Option(
         "--write-tables", help="Also rewrite the tables the planner ships from this run (planner/data/error_bands.json, "

@@ -39,9 +39,9 @@ CompileOpt = Annotated[bool, typer.Option(
                       "export writes): fused elementwise kernels move 5/12 of eager's bytes. Default: eager, "
                       "torchtitan's default; Megatron, NeMo and DeepSpeed have no such setting.")]
 HeadroomOpt = Annotated[float, typer.Option("--headroom-gib", help="GPU memory kept free on top of the model.")]
-CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", help="Calibration file from `planner calibrate`.")]
+CalibrationOpt = Annotated[Path | None, typer.Option("--calibration", readable=False, help="Calibration file from `planner calibrate`.")]
 TpAcrossOpt = Annotated[bool, typer.Option("--allow-tp-across-nodes", help="Allow TP groups larger than a node.")]
-OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", help="Also write the JSON document here (atomically).")]
+OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", readable=False, help="Also write the JSON document here (atomically).")]
 FrameworkOpt = Annotated[str | None, typer.Option(
     "--framework", help="megatron, nemo, torchtitan, deepspeed, megatron-deepspeed or generic: only what it can run "
                         "(default: plan/estimate generic; export the plan's; check the config's).")]
@@ -99,8 +99,10 @@ def print_lines(lines: list[str]) -> None:
 
 
 def answer(report: Any, figure: Path | None, as_json: bool) -> None:
-    """A decisions report (planner/decisions/report.py): JSON or lines, then the figure when asked for."""
-    emit_json(report.document) if as_json else print_lines(report.lines)
+    """A decisions report (planner/decisions/report.py): the figure when asked for, then JSON or lines. The figure
+    goes first: where it cannot be written the command fails with one error document, not the report and then the
+    error (stdout holds exactly one JSON document)."""
     if figure is not None:
         report.draw(figure)
         stderr().print(f"wrote {figure}", highlight=False, markup=False)
+    emit_json(report.document) if as_json else print_lines(report.lines)

@@ -71,7 +71,7 @@ def plan(
     target_tokens_per_second: Annotated[float | None, typer.Option(help="For --objective min-gpus.")] = None,
     compare: Annotated[list[str] | None, typer.Option("--compare", help="Also estimate this layout (key=value string "
                                                       "or plan JSON, repeatable) and show it beside the pick.")] = None,
-    figures: Annotated[Path | None, typer.Option("--figures", help="Write memory per stage and time breakdown "
+    figures: Annotated[Path | None, typer.Option("--figures", readable=False, help="Write memory per stage and time breakdown "
                                                                    "figures (PNG and SVG) into this folder; needs "
                                                                    "matplotlib: pip install 'planner[plots]'.")] = None,
     sensitivity: Annotated[bool, typer.Option("--sensitivity", help="Plan again under perturbed inputs (bandwidth, "
@@ -136,7 +136,7 @@ def schedule(
     virtual_stages: Annotated[int, typer.Option("--virtual-stages", "-v", help="For interleaved_1f1b.")] = 2,
     compare: Annotated[str | None, typer.Option(help="Comma-separated schedules drawn one under another.")] = None,
     width: Annotated[int | None, typer.Option(help="Columns for the timeline (default: the terminal's).")] = None,
-    svg: Annotated[Path | None, typer.Option("--svg", help="Also save the drawing as SVG (atomically).")] = None,
+    svg: Annotated[Path | None, typer.Option("--svg", readable=False, help="Also save the drawing as SVG (atomically).")] = None,
 ) -> None:
     """Draw pipeline schedules per stage: forward, backward, idle, with the bubble share and peak in-flight."""
     from planner.explain.schedule_view import check_schedule_request, draw_schedules, recording_console

@@ -36,7 +36,8 @@ FEWER_FACTORS = (2, 4)
 def wasted_parts(est: StepEstimate) -> dict[str, float]:
     t, step = est.time, est.step_seconds
     return {"pipeline_bubble": t.pipeline_bubble_seconds / step, "tp_comm_exposed": t.tp_comm_seconds / step,
-            "dp_comm_exposed": t.dp_comm_seconds / step, "pp_p2p_exposed": t.pp_p2p_seconds / step}
+            "dp_comm_exposed": t.dp_comm_seconds / step, "pp_p2p_exposed": t.pp_p2p_seconds / step,
+            "cp_comm_exposed": t.cp_comm_seconds / step, "ep_comm_exposed": t.ep_comm_seconds / step}
 
 
 def _quiet(opts: PlanOptions) -> PlanOptions:
@@ -125,7 +126,7 @@ def render_lines(doc: dict[str, Any], problem: Problem) -> list[str]:
     p = doc["parts"]
     import textwrap
 
-    comm = p["tp_comm_exposed"] + p["dp_comm_exposed"] + p["pp_p2p_exposed"]
+    comm = sum(v for k, v in p.items() if k != "pipeline_bubble")
     lines = ["", *textwrap.wrap(f"The pick wastes the cluster: {doc['wasted_share']:.0%} of each step is pipeline "
                                 f"bubble ({p['pipeline_bubble']:.0%}) or exposed communication ({comm:.0%}), at least "
                                 f"{doc['threshold']:.0%}. What would help:", 80)]

@@ -133,6 +133,17 @@ class ModelSpec(_Frozen):
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_attention_heads
 
+    def sequence_problem(self, seq_length: int) -> str | None:
+        """Why the model cannot train on `seq_length` tokens, or None: learned positions have a row per position, so a
+        sequence past max_position_embeddings has none (Hugging Face's GPT-2 wpe, n_positions; Megatron asserts
+        max_position_embeddings >= seq_length). Rotary and ALiBi positions have no such table."""
+        if self.position_embedding == "learned" and self.max_position_embeddings is not None \
+                and seq_length > self.max_position_embeddings:
+            return (f"{seq_length} -> {self.name} has learned positions for {self.max_position_embeddings} tokens "
+                    f"(max_position_embeddings): train at most that long, or describe the model with "
+                    f"max_position_embeddings >= {seq_length}")
+        return None
+
     @property
     def ffn(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size

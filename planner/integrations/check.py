@@ -91,8 +91,12 @@ def resolve(view: ConfigView, num_layers: int, overrides: dict) -> dict:
 def _model_mismatch(view: ConfigView, model) -> list[dict]:
     out = []
     said = dict(view.model)
+    said.pop("dropout", None)  # a note, not a different model (dropout_note)
     flavor = said.pop("flavor", None)
-    if flavor and str(flavor).lower() not in (model.name.lower(), model.name.split("-")[-1].lower()):
+    from planner.integrations.exports import TORCHTITAN_FLAVORS
+
+    shipped = TORCHTITAN_FLAVORS.get(model.name, ("", ""))[1].lower()
+    if flavor and str(flavor).lower() not in (model.name.lower(), model.name.split("-")[-1].lower(), shipped):
         out.append(f"model flavor {flavor!r} (--model {model.name})")
     for key in MODEL_KEYS:
         if key in said and said[key] != getattr(model, "kv_heads" if key == "num_kv_heads" else
@@ -103,6 +107,20 @@ def _model_mismatch(view: ConfigView, model) -> list[dict]:
         return []
     msg = f"model: the config describes a different model: {'; '.join(out)} -> checked against --model {model.name}"
     return [{"rule": "model", "message": msg, "hint": "pass the --model the config trains (a preset or a model file)"}]
+
+
+def _dropout_note(view: ConfigView, model) -> None:
+    """The config's dropout where it differs from the model's: the masks dropout saves are memory the prediction,
+    made for --model's dropout, counts or leaves out."""
+    runs = view.model.get("dropout")
+    if runs is None or runs == model.dropout:
+        return
+    if runs:
+        view.notes.append(f"the config runs dropout (Megatron's default is 0.1 for attention and hidden) where --model "
+                          f"{model.name} has none: its masks are memory this check does not count; set "
+                          "--attention-dropout 0.0 --hidden-dropout 0.0, as export writes for such a model")
+    else:
+        view.notes.append(f"the config turns dropout off where --model {model.name} has it: this check counts its masks")
 
 
 def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_across_nodes: bool = False,
@@ -117,6 +135,7 @@ def check(view: ConfigView, problem, *, overrides: dict | None = None, allow_tp_
     fields = resolve(view, problem.model.num_layers, overrides or {})  # may add the framework's split refusals
     violations = [{"rule": r, "message": m, "hint": h} for r, m, h in view.errors]
     violations += _model_mismatch(view, problem.model)
+    _dropout_note(view, problem.model)
     try:
         layout = LayoutSpec.model_validate(fields)
     except ValidationError as exc:
@@ -334,7 +353,8 @@ def render_report(out, r: dict, *, several: bool) -> None:
 
 def check_files(configs: list, args, *, as_json: bool) -> tuple[object, list[dict], int]:
     """Check each config in turn: (the JSON document, the reports, the exit code). A config that cannot be checked
-    is exit 3 (it wins over 1, a violation); with one config and no --json its error is raised as is."""
+    is exit 3 (it wins over 1, a violation), or 8 where the operating system would not read it (it wins over 3, as
+    README's exit-code table orders them); with one config and no --json its error is raised as is."""
     from cluster_specs import SpecError
     from planner import SCHEMA_VERSION, __version__
     from planner.contract import CheckBatch, CheckReport
@@ -342,7 +362,10 @@ def check_files(configs: list, args, *, as_json: bool) -> tuple[object, list[dic
 
     if args.framework is not None:
         args.framework = parse_framework(args.framework).value
+    from planner.errors import ExitCode, exit_code_for
+
     reports = []
+    unread = False
     for path in configs:
         head = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "kind": "check"}
         try:
@@ -350,10 +373,12 @@ def check_files(configs: list, args, *, as_json: bool) -> tuple[object, list[dic
         except SpecError as exc:
             if len(configs) == 1 and not as_json:
                 raise
+            unread = unread or exit_code_for(exc) == ExitCode.IO
             reports.append({**head, "config": str(path), "format": None, "framework": args.framework, "layout": None,
                             "passed": False, "violations": [], "predicted": None, "notes": [],
                             "error": str(exc).splitlines()[0] if str(exc) else "could not check"})
-    code = 3 if any(r["error"] for r in reports) else 1 if any(not r["passed"] for r in reports) else 0
+    code = (int(ExitCode.IO) if unread else 3 if any(r["error"] for r in reports)
+            else 1 if any(not r["passed"] for r in reports) else 0)
     typed = [CheckReport.model_validate(r) for r in reports]
     doc = typed[0] if len(typed) == 1 else CheckBatch(schema_version=SCHEMA_VERSION, tool_version=__version__,
                                                       passed=code == 0, exit_code=code, reports=typed)

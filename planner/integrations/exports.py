@@ -33,7 +33,10 @@ GIB = 2**30
 TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B",
                         "zero_bubble": "ZBVZeroBubble"}
 # torchtitan's shipped Llama-3 flavors (torchtitan/models/llama3/__init__.py, model_registry("8B") etc.)
-TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
+# presets -> the flavors torchtitan 0.3 ships for them (model_registry(flavor) of torchtitan/models/<family>)
+TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
+                      "deepseek-v3": ("deepseek_v3", "671B"), "qwen3-30b-a3b": ("qwen3", "30B-A3B"),
+                      "qwen3-235b-a22b": ("qwen3", "235B-A22B")}
 TARGETS = ("megatron", "nemo", "megatron-deepspeed", "deepspeed", "torchtitan", "torchrun")
 
 
@@ -213,10 +216,18 @@ def _refuse(fw: Framework, lay: LayoutSpec, model: ModelSpec, training: Training
     if why:
         raise SpecError(f"{why}; plan without --compile, or export --to torchtitan")
     refuse_states(fw, lay, training)
+    # the model itself: a launch that builds another model would make every predicted number wrong
+    if fw is Framework.TORCHTITAN:
+        _torchtitan_family(model)
+    elif fw in (Framework.MEGATRON, Framework.MEGATRON_DEEPSPEED):
+        _refuse_megatron_shape(model, deepspeed=fw is Framework.MEGATRON_DEEPSPEED)
 
 
 def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dict | None]:
-    """(layout the framework runs, the changes from the plan, its prediction when it differs from the plan's)."""
+    """(layout the framework runs, the changes from the plan, its prediction when it differs from the plan's). A plan
+    made for another framework's profile (a generic plan exported to torchtitan) is predicted again under the
+    target's, as `check` of the file predicts it, and refused where it then does not fit even with full recompute:
+    an export `check` then fails would be a launch that runs out of memory."""
     lay, model = parts.layout, parts.model
     changes: list[str] = []
     lay = _fix_schedule(fw, lay, changes)
@@ -224,7 +235,7 @@ def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dic
     lay = _fix_split(fw, lay, model, changes)
     lay = _fix_recompute(fw, lay, changes)
     _refuse(fw, lay, model, parts.training)
-    if not changes:
+    if not changes and parts.framework == fw.value:
         return lay, [], None
     from planner.contract import Predicted
     from planner.rules import layout_violations
@@ -239,14 +250,29 @@ def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dic
         lay = with_fields(lay, {"recompute": "full", "recompute_layers_per_stage": None})
         pred = Predicted.from_estimate(problem.estimate(lay), parts.headroom_bytes).model_dump()
     if not pred["fits"]:
-        raise SpecError(f"{fw.value}: cannot express {parts.layout.short()} ({'; '.join(changes)}); the nearest layout "
-                        f"{lay.short()} needs {pred['peak_memory_bytes_per_gpu'] / GIB:.1f} GiB per GPU and does not "
-                        f"fit: plan with --framework {fw.value}")
+        what = (f"cannot express {parts.layout.short()} ({'; '.join(changes)}); the nearest layout {lay.short()}"
+                if changes or lay != parts.layout else
+                f"{lay.short()}, planned with the {parts.framework} profile, under {fw.value}'s")
+        raise SpecError(f"{fw.value}: {what} needs {pred['peak_memory_bytes_per_gpu'] / GIB:.1f} GiB per GPU and does "
+                        f"not fit: plan with --framework {fw.value}")
+    if not changes and lay == parts.layout and _same_prediction(pred, parts.predicted):
+        return lay, [], None
     return lay, changes, pred
+
+
+def _same_prediction(new: dict, old: dict) -> bool:
+    """The target's prediction equals the plan's (to 1e-9: the profiles agree on this layout)."""
+    keys = ("step_time_seconds", "peak_memory_bytes_per_gpu")
+    return all(k in old and abs(new[k] - old[k]) <= 1e-9 * max(1.0, abs(old[k])) for k in keys)
 
 
 def _header(target: str, parts: PlanParts, exp: Export) -> list[str]:
     lines = [f"planner export for {target}: {exp.layout.short()}"]
+    if not exp.changes and exp.predicted and parts.predicted:
+        new, old = exp.predicted, parts.predicted
+        lines.append(f"planned with the {parts.framework} profile; {target} runs it at {new['step_time_seconds']:.3g} "
+                     f"s/step (plan {old['step_time_seconds']:.3g}), peak {new['peak_memory_bytes_per_gpu'] / GIB:.1f} "
+                     f"GiB/GPU (plan {old['peak_memory_bytes_per_gpu'] / GIB:.1f}), as check of this file predicts")
     if exp.changes:
         old, new = parts.predicted, exp.predicted or {}
         lines.append(f"the plan ({parts.layout.short()}) cannot be expressed exactly; nearest expressible layout:")
@@ -261,27 +287,88 @@ def _header(target: str, parts: PlanParts, exp: Export) -> list[str]:
 # ---- Megatron-LM (and NeMo through the same flags) -------------------------------------------------------------
 
 
-def _megatron_model_args(model: ModelSpec, training: TrainingSpec) -> list[tuple[str, object]]:
+def _megatron_shape_refusal(model: ModelSpec, *, deepspeed: bool) -> str | None:
+    """What of the model's shape Megatron-LM's (or, with `deepspeed`, Megatron-DeepSpeed's) arguments cannot build,
+    or None. Megatron-LM: megatron/training/arguments.py and TransformerConfig (NVIDIA/Megatron-LM d98e8a64, 2026-08):
+    --swiglu and --squared-relu are its gated and squared activations (--quick-geglu is a different GeLU), two norms a
+    layer, LayerNorm or RMSNorm, learned/rope positions, --add-qkv-bias the only bias short of --add-bias-linear, and
+    --window-size for every layer unless a per-layer pattern says which. Megatron-DeepSpeed (microsoft f4157bea,
+    2024-12): no qk-norm, QKV bias or sliding window, and --position-embedding-type is not one of its options."""
+    name = "Megatron-DeepSpeed" if deepspeed else "Megatron-LM"
+    if model.mlp == "geglu":
+        return f"mlp: geglu -> {name}'s flags build SwiGLU (--swiglu), not a gated GeLU"
+    if model.norms_per_layer != 2:
+        return f"norms_per_layer: {model.norms_per_layer} -> {name} builds two norms a layer"
+    if model.norm == "nonparametric":
+        return f"norm: nonparametric -> {name} builds LayerNorm or RMSNorm, with weights"
+    if model.position_embedding == "alibi":
+        return f"position_embedding: alibi -> {name}'s positions are learned or rotary"
+    if model.attention_bias and not model.bias:
+        return (f"attention_bias: true -> {name} has a bias on every Linear (--add-bias-linear) or "
+                + ("none" if deepspeed else "on Q, K and V only (--add-qkv-bias)") + ", not on the attention's alone")
+    if deepspeed and (model.qk_norm or (model.qkv_bias and not model.bias)):
+        return f"{'qk_norm' if model.qk_norm else 'qkv_bias'}: true -> Megatron-DeepSpeed has no such option"
+    window_layers = model.sliding_window_layers if model.sliding_window_layers is not None else model.num_layers
+    if model.sliding_window is not None and window_layers:
+        if deepspeed:
+            return "sliding_window: -> Megatron-DeepSpeed has no sliding-window attention"
+        if window_layers != model.num_layers:
+            return (f"sliding_window_layers: {window_layers} of {model.num_layers} -> the planner knows how many "
+                    "layers slide, not which (Megatron's --window-attn-skip-freq needs the pattern)")
+    return None
+
+
+def _refuse_megatron_shape(model: ModelSpec, *, deepspeed: bool) -> None:
+    why = _megatron_shape_refusal(model, deepspeed=deepspeed)
+    if why:
+        raise SpecError(f"{why}; the exported launch would build another model: export --to nemo (Megatron-Bridge's "
+                        "model providers), or describe a model the framework builds")
+
+
+def _megatron_shape_flags(model: ModelSpec, *, deepspeed: bool) -> list[tuple[str, object]]:
+    """The flags for what differs from Megatron's default layer (kv_channels = hidden / heads, MHA, GeLU, LayerNorm,
+    learned positions, full attention, tied embeddings, biases, dropout 0.1)."""
+    kv = model.kv_heads != model.num_attention_heads
+    flags: list[tuple[bool, list[tuple[str, object]]]] = [
+        (model.head_dim is not None and model.mla is None
+         and model.head_dim * model.num_attention_heads != model.hidden_size, [("--kv-channels", model.head_dim)]),
+        (kv and deepspeed, [("--num-key-value-heads", model.kv_heads)]),
+        (kv and not deepspeed, [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]),
+        (model.mlp == "swiglu", [("--swiglu", None)]),
+        (model.mlp == "relu2", [("--squared-relu", None)]),
+        (model.norm == "rmsnorm", [("--normalization", "rmsnorm" if deepspeed else "RMSNorm")]),
+        (model.qk_norm, [("--qk-layernorm", None)]),
+        (model.position_embedding == "rope", [("--use-rotary-position-embeddings", None)] if deepspeed
+         else [("--position-embedding-type", "rope")]),
+        # (left, right) tokens, as Transformer Engine takes it
+        (model.sliding_window is not None and model.sliding_window_layers != 0,
+         [("--window-size", f"({model.sliding_window},0)")]),
+        (not model.tied_embeddings, [("--untie-embeddings-and-output-weights", None)]),
+        (not model.bias, [("--disable-bias-linear", None)]),
+        (not model.bias and model.qkv_bias, [("--add-qkv-bias", None)]),
+        (not model.dropout, [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]),
+    ]
+    return [flag for applies, fs in flags if applies for flag in fs]
+
+
+def _megatron_model_args(model: ModelSpec, training: TrainingSpec, *,
+                         deepspeed: bool = False) -> list[tuple[str, object]]:
+    """The model's shape as Megatron-LM's flags (Megatron-DeepSpeed's spellings with `deepspeed`: --num-key-value-heads,
+    --normalization rmsnorm, --use-rotary-position-embeddings; its arguments.py at microsoft f4157bea). Dropout is set
+    to the model's: both default to 0.1 (TransformerConfig hidden_dropout/attention_dropout), which a model without
+    dropout does not run (the masks would cost memory the plan does not count). A shape the flags cannot build is
+    refused (_megatron_shape_refusal): a launch that built another model would make the plan's numbers wrong."""
+    _refuse_megatron_shape(model, deepspeed=deepspeed)
     args: list[tuple[str, object]] = [
         ("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
         ("--ffn-hidden-size", model.ffn), ("--num-attention-heads", model.num_attention_heads),
         ("--seq-length", training.seq_length),
-        ("--max-position-embeddings", model.max_position_embeddings or training.seq_length),
+        # Megatron asserts max_position_embeddings >= seq_length for every position type (arguments.py validate_args);
+        # past a rotary model's own it only sizes the RoPE table, and learned positions never get here
+        # (ModelSpec.sequence_problem)
+        ("--max-position-embeddings", max(model.max_position_embeddings or 0, training.seq_length)),
     ]
-    if model.kv_heads != model.num_attention_heads:
-        args += [("--group-query-attention", None), ("--num-query-groups", model.kv_heads)]
-    if model.mlp == "swiglu":
-        args.append(("--swiglu", None))
-    elif model.mlp == "relu2":
-        args.append(("--squared-relu", None))
-    if model.norm == "rmsnorm":
-        args.append(("--normalization", "RMSNorm"))
-    if model.position_embedding == "rope":
-        args.append(("--position-embedding-type", "rope"))
-    if not model.tied_embeddings:
-        args.append(("--untie-embeddings-and-output-weights", None))
-    if not model.bias:
-        args.append(("--disable-bias-linear", None))
+    args += _megatron_shape_flags(model, deepspeed=deepspeed)
     if training.precision in ("bf16", "fp16"):
         args.append((f"--{training.precision}", None))  # fp32 is Megatron's default: no flag
     return args
@@ -381,7 +468,7 @@ def to_megatron(parts: PlanParts, lay: LayoutSpec, *, deepspeed: bool = False) -
         ("--tensor-model-parallel-size", lay.tp), ("--pipeline-model-parallel-size", lay.pp),
         ("--micro-batch-size", lay.micro_batch_size), ("--global-batch-size", training.global_batch_size),
     ]
-    args += _megatron_model_args(model, training)
+    args += _megatron_model_args(model, training, deepspeed=deepspeed)
     if lay.sequence_parallel:
         args.append(("--sequence-parallel", None))
     if deepspeed:
@@ -573,14 +660,62 @@ def _torchtitan_training(lay: LayoutSpec, training: TrainingSpec) -> dict:
     return train
 
 
+def _torchtitan_family(model: ModelSpec) -> str:
+    """The torchtitan 0.3 model family (torchtitan/models/<family>) whose builder makes this shape, or a SpecError
+    naming what none makes. Every family there is a pre-norm decoder of two RMSNorms a layer, bias-free Linears, a
+    SwiGLU MLP and rotary positions, without sliding windows; llama3's builder (_build_llama3_layers) derives head_dim
+    = dim / n_heads and has no qk-norm or MoE; qwen3's (_build_qwen3_layers, _build_qwen3_moe_layers) takes head_dim,
+    always norms q and k, and routes without shared experts or dense layers; deepseek_v3's builds MLA with MoE."""
+    window = model.sliding_window is not None and model.sliding_window_layers != 0
+    for bad, what in ((model.mlp != "swiglu", f"mlp {model.mlp}"), (model.norm != "rmsnorm", f"norm {model.norm}"),
+                      (model.norms_per_layer != 2, f"{model.norms_per_layer} norms a layer"),
+                      (model.position_embedding != "rope", f"{model.position_embedding} positions"),
+                      (model.bias or model.qkv_bias or model.attention_bias, "Linear biases"),
+                      (window, "sliding-window attention")):
+        if bad:
+            raise SpecError(f"model: {what} -> torchtitan 0.3's model families (llama3, qwen3, deepseek_v3) build "
+                            "SwiGLU, two RMSNorms a layer, rotary positions, no biases and no sliding window; "
+                            "export --to megatron or --to nemo")
+    if model.mla is not None:
+        return "deepseek_v3"
+    moe = model.moe
+    if model.qk_norm:
+        if moe is not None and (moe.shared_expert_ffn_hidden_size or moe.num_dense_layers):
+            raise SpecError("moe: shared experts or dense layers with qk-norm -> torchtitan's qwen3 MoE routes every "
+                            "layer without shared experts; export --to megatron")
+        return "qwen3"
+    if moe is not None:
+        raise SpecError("moe: routed experts without MLA or qk-norm -> torchtitan 0.3 builds MoE in deepseek_v3 (MLA) "
+                        "and qwen3 (qk-norm) only; export --to megatron")
+    if model.head_dim is not None and model.head_dim * model.num_attention_heads != model.hidden_size:
+        raise SpecError(f"head_dim: {model.head_dim} -> torchtitan's llama3 derives head_dim = dim / n_heads "
+                        f"({model.hidden_size // model.num_attention_heads}); export --to megatron")
+    return "llama3"
+
+
 def _torchtitan_flavor(model: ModelSpec) -> tuple[str, str, list[str]]:
+    """(family, flavor, notes): a flavor torchtitan ships, or what to register, with every field the family's builder
+    needs for the planned shape (its FFN width is the final hidden_dim, as the 0.3 builders take it)."""
     if model.name in TORCHTITAN_FLAVORS:
         name, flavor = TORCHTITAN_FLAVORS[model.name]
         return name, flavor, []
+    family = _torchtitan_family(model)
     dims = (f"dim={model.hidden_size}, n_layers={model.num_layers}, n_heads={model.num_attention_heads}, "
-            f"n_kv_heads={model.kv_heads}, vocab_size={model.vocab_size}")
-    return "llama3", model.name, [f"torchtitan ships no flavor {model.name!r}: register it in "
-                                  f"torchtitan/models/llama3 with {dims}"]
+            f"n_kv_heads={model.kv_heads}, vocab_size={model.vocab_size}, hidden_dim={model.ffn}, "
+            f"enable_weight_tying={model.tied_embeddings}")
+    if family == "qwen3":
+        dims += f", head_dim={model.head_dim or model.hidden_size // model.num_attention_heads}"
+    if model.moe is not None:
+        moe = model.moe
+        dims += (f", num_experts={moe.num_experts}, top_k={moe.top_k}, moe_hidden_dim={moe.expert_ffn_hidden_size}, "
+                 f"shared_experts_hidden_dim={moe.shared_expert_ffn_hidden_size}, n_dense_layers={moe.num_dense_layers}")
+    if model.mla is not None:
+        mla = model.mla
+        dims += (f", q_lora_rank={mla.q_lora_rank or 0}, kv_lora_rank={mla.kv_lora_rank}, "
+                 f"qk_nope_head_dim={mla.qk_nope_head_dim}, qk_rope_head_dim={mla.qk_rope_head_dim}, "
+                 f"v_head_dim={mla.v_head_dim}")
+    return family, model.name, [f"torchtitan ships no flavor {model.name!r}: register it in "
+                                f"torchtitan/models/{family} with {dims}"]
 
 
 def to_torchtitan(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:

@@ -120,6 +120,10 @@ def _plan(doc: dict) -> ConfigView:
     view = ConfigView("plan", fw, lay, training.get("global_batch_size"), training.get("seq_length"),
                       training.get("precision"))
     view.optimizer_states = {k: training[k] for k in STATE_FIELDS if isinstance(training.get(k), str)}
+    if view.precision == "fp8":  # the recipe and FP8 gather the plan was predicted with (None: the framework's)
+        recipe, gather = training.get("fp8_recipe"), training.get("fp8_param_gather")
+        view.fp8_recipe = recipe if isinstance(recipe, str) else None
+        view.fp8_param_gather = gather if isinstance(gather, bool) else None
     if training.get("compile") is True:
         compiled_model(view, "inputs.training.compile (planned with --compile)")
     return view
@@ -1007,6 +1011,9 @@ def torchtitan_resolve(view: ConfigView, num_layers: int) -> None:
 # ---- Megatron-LM / Megatron-DeepSpeed ------------------------------------------------------------------------
 
 
+MEGATRON_DEFAULT_DROPOUT = 0.1
+
+
 @functools.cache
 def megatron_parser() -> argparse.ArgumentParser:
     """The Megatron-LM (and Megatron-DeepSpeed) options the planner reads or writes, as their arguments.py names them.
@@ -1019,7 +1026,8 @@ def megatron_parser() -> argparse.ArgumentParser:
             "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--context-parallel-size",
             "--data-parallel-size", "--zero-stage", "--checkpoint-num-layers", "--padded-vocab-size",
             "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--ds-sequence-parallel-size",
-            "--vocab-size", "--num-experts", "--mtp-num-layers", "--num-distributed-optimizer-instances"]
+            "--vocab-size", "--num-experts", "--mtp-num-layers", "--num-distributed-optimizer-instances",
+            "--kv-channels", "--num-key-value-heads"]
     for name in ints:
         p.add_argument(name, type=int)
     for name in ["--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
@@ -1030,7 +1038,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--enable-zbh1-pipeline", "--cpu-optimizer", "--no-gradient-accumulation-fusion",
                  "--deepspeed-activation-checkpointing", "--partition-activations", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--tp-comm-overlap", "--no-overlap-p2p-communication",
-                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]:
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                 "--qk-layernorm", "--add-qkv-bias", "--use-rotary-position-embeddings"]:
         p.add_argument(name, action="store_true")
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-modules", nargs="*")
@@ -1044,9 +1053,11 @@ def megatron_parser() -> argparse.ArgumentParser:
     for name in ["--normalization", "--position-embedding-type", "--deepspeed_config", "--deepspeed-config",
                  "--pp-partition-method",
                  "--ckpt-format", "--tokenizer-type", "--make-vocab-size-divisible-by",
-                 "--pipeline-model-parallel-layout"]:
+                 "--pipeline-model-parallel-layout", "--window-size"]:
         p.add_argument(name)
     p.add_argument("--optimizer-offload-fraction", type=float)
+    for name in ["--attention-dropout", "--hidden-dropout"]:
+        p.add_argument(name, type=float)
     # the gradient buffer and the precision-aware optimizer's states (Megatron-LM arguments.py choices)
     for name in ["--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"]:
         p.add_argument(name, action="store_true")
@@ -1193,8 +1204,13 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
     _megatron_states(args, view)
     view.model.update({k: v for k, v in (("num_layers", args.num_layers), ("hidden_size", args.hidden_size),
                                      ("num_attention_heads", args.num_attention_heads),
-                                     ("num_kv_heads", args.num_query_groups if args.group_query_attention else None),
+                                     ("num_kv_heads", args.num_query_groups if args.group_query_attention
+                                      else args.num_key_value_heads),
                                      ("ffn_hidden_size", args.ffn_hidden_size)) if v})
+    # dropout as the run applies it: both probabilities default to 0.1 (TransformerConfig hidden_dropout and
+    # attention_dropout; Megatron-DeepSpeed's arguments.py the same)
+    view.model["dropout"] = any((p if p is not None else MEGATRON_DEFAULT_DROPOUT) > 0
+                                for p in (args.attention_dropout, args.hidden_dropout))
     if ds:
         view.model["partition_method"] = args.pp_partition_method or "type:transformer"
         _megatron_ds_config(args, view, source)
