@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 
 from planner.errors import InputError
 
@@ -25,6 +26,12 @@ def from_pydantic(exc, *, source: str | None = None, what: str = "") -> SpecErro
         elif err["type"] == "missing":
             lines.append(f"{loc}: missing (required)")
             continue
+        if err["type"] == "value_error" and _NAMED.match(msg.removeprefix("Value error, ")):
+            # a validator across fields already says "field: value -> allowed": that line, under its object's path,
+            # without pydantic's dump of the whole input
+            prefix = ".".join(str(p) for p in err["loc"])
+            lines.append(f"{prefix + '.' if prefix else ''}{msg.removeprefix('Value error, ')}")
+            continue
         if err["type"] in ("less_than_equal", "less_than") and err["loc"]:
             from cluster_specs.limits import reason_for
 
@@ -32,6 +39,9 @@ def from_pydantic(exc, *, source: str | None = None, what: str = "") -> SpecErro
             msg += f" ({why})" if why else ""
         lines.append(f"{loc}: {shown} -> {msg}")
     return SpecError(lines, source=source)
+
+
+_NAMED = re.compile(r"^[A-Za-z_][\w.]*(?: / [A-Za-z_][\w.]*)?: .* -> ")
 
 
 def _short(value) -> str:

@@ -185,3 +185,49 @@ def test_readme_model_yaml_example_loads(tmp_path):
     path.write_text(block)
     spec = load_model(str(path))
     assert spec.moe is not None and spec.parameter_counts()["total"] == 46_702_792_704  # Mixtral's shape
+
+
+def test_multimodal_wrapper_of_an_unsupported_decoder_says_so():
+    """Llama 4's wrapper holds a llama4_text decoder the planner does not read: saving its text_config would only
+    lead to a second refusal, so the first one says it."""
+    with pytest.raises(SpecError, match="text decoder \\(model_type 'llama4_text'\\) is not a supported family"):
+        hf_config_to_spec({"model_type": "llama4", "text_config": {"model_type": "llama4_text"}})
+
+
+def test_gemma3_text_config_as_released_takes_transformers_defaults():
+    """Google's Gemma 3 27B text_config leaves out vocab_size and its 4B's num_attention_heads; transformers fills
+    Gemma3TextConfig's defaults (262,208 tokens; 8 heads, 4 KV heads, head_dim 256). 27B text decoder: 62 layers,
+    h 5376, 32 heads (16 KV), head_dim 128, ffn 21504; 27.01B, the published decoder's size."""
+    cfg = dict(model_type="gemma3_text", hidden_size=5376, intermediate_size=21504, num_attention_heads=32,
+               num_key_value_heads=16, head_dim=128, num_hidden_layers=62, sliding_window=1024)
+    spec = ModelSpec.model_validate(hf_config_to_spec(cfg))
+    assert spec.vocab_size == 262208
+    from cost_models.compute import parameter_counts
+
+    assert parameter_counts(spec.to_cost_model()).total == 27_009_346_304
+
+
+@pytest.mark.parametrize("update,key", [({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+                                        ({"mlp_only_layers": [5]}, "mlp_only_layers")])
+def test_moe_with_dense_layers_between_moe_layers_is_refused(update, key):
+    """HF Qwen MoE: layer i is MoE when (i+1) % decoder_sparse_step == 0 and i is not in mlp_only_layers. Dense layers
+    between MoE ones were counted as leading dense layers (and exported as Megatron's [0]*k+[1]*n pattern)."""
+    with pytest.raises(SpecError, match=f"{key}: .* between MoE layers"):
+        hf_config_to_spec({**C["qwen3-30b"], **update})
+    assert hf_config_to_spec({**C["qwen3-30b"], "mlp_only_layers": [0, 1]})["moe"]["num_dense_layers"] == 2
+
+
+@pytest.mark.parametrize("layer_types", [["sliding_attention"] * 6, "sliding_attention",
+                                         ["sliding_attention", "global"] * 21])
+def test_layer_types_must_list_every_layer(layer_types):
+    with pytest.raises(SpecError, match="layer_types: .* -> a list of 42 entries"):
+        hf_config_to_spec({**C["gemma2-9b"], "layer_types": layer_types})
+
+
+def test_a_check_across_fields_names_the_config_json_key(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**C["qwen3-8b"], "num_key_value_heads": 64}))
+    with pytest.raises(SpecError) as err:
+        load_model(str(path))
+    assert err.value.problems == ["num_kv_heads (config.json num_key_value_heads): 64 -> must divide "
+                                  "num_attention_heads (32)"]

@@ -47,12 +47,34 @@ def load_model(name_or_path: str) -> ModelSpec:
                             "a snapshot directory holding one", source=str(path))
         path = path / "config.json"
     data = read_structured_file(path)
-    if isinstance(data, dict) and ("model_type" in data or "architectures" in data):
+    hf = isinstance(data, dict) and ("model_type" in data or "architectures" in data)
+    if hf:
         data = hf_config_to_spec(data, source=str(path))
     data = dict(data) if isinstance(data, dict) else data
     if isinstance(data, dict):
         data.setdefault("name", path.stem)
-    return _validate(data, str(path))
+    try:
+        return _validate(data, str(path))
+    except SpecError as exc:
+        if not hf:
+            raise
+        raise SpecError([_hf_named(line) for line in exc.problems], source=str(path)) from None
+
+
+# the planner's fields -> the config.json keys the readers take them from (a problem a check across fields finds
+# names both, so the user knows which line of their file to look at)
+HF_KEYS = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size",
+           "moe.num_experts": "num_experts / num_local_experts / n_routed_experts", "moe.top_k": "num_experts_per_tok",
+           "moe.expert_ffn_hidden_size": "moe_intermediate_size",
+           "moe.num_dense_layers": "first_k_dense_replace / moe_layer_freq / decoder_sparse_step / mlp_only_layers",
+           "moe.expert_groups": "n_group", "moe.groups_per_token": "topk_group",
+           "sliding_window_layers": "layer_types / max_window_layers / sliding_window_pattern"}
+
+
+def _hf_named(line: str) -> str:
+    key = line.split(":", 1)[0]
+    hf = HF_KEYS.get(key)
+    return f"{key} (config.json {hf}){line[len(key):]}" if hf else line
 
 
 HF_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2",
@@ -81,9 +103,15 @@ def hf_config_to_spec(cfg: dict, *, source: str = "config.json") -> dict:
     kind = cfg.get("model_type")
     reader = _HF_READERS.get(kind) if isinstance(kind, str) else None
     if reader is None:
-        if isinstance(cfg.get("text_config"), dict):
-            raise SpecError(f"model_type: {kind!r} -> a multimodal wrapper: the planner models the text decoder only; "
-                            "save its text_config as a config.json (with its model_type) and pass that", source=source)
+        text = cfg.get("text_config")
+        if isinstance(text, dict):
+            inner = text.get("model_type")
+            if inner in _HF_READERS:
+                raise SpecError(f"model_type: {kind!r} -> a multimodal wrapper: the planner models the text decoder "
+                                f"only; save its text_config (model_type {inner!r}) as a config.json and pass that",
+                                source=source)
+            raise SpecError(f"model_type: {kind!r} -> a multimodal wrapper whose text decoder (model_type {inner!r}) "
+                            f"is not a supported family ({', '.join(HF_FAMILIES)}); {_HAND_SPEC}", source=source)
         why = HF_UNSUPPORTED.get(kind) if isinstance(kind, str) else None
         lead = f"not modelled: {why}" if why else f"not a supported family ({', '.join(HF_FAMILIES)})"
         raise SpecError(f"model_type: {kind!r} -> {lead}; {_HAND_SPEC}", source=source)
@@ -162,12 +190,21 @@ def _window(c: _Cfg, spec: dict, layers: int | None = None) -> dict:
     return spec
 
 
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
 def _layer_types(c: _Cfg, default_sliding: int) -> int:
-    """Sliding layers from HF's `layer_types` list when present, else the family's pattern."""
+    """Sliding layers from HF's `layer_types` list when present, else the family's pattern. The list has one entry
+    per layer, each one of LAYER_TYPES (transformers' layer_type_validation raises otherwise)."""
     types = c.raw.get("layer_types")
-    if isinstance(types, list) and types:
-        return sum(1 for t in types if t == "sliding_attention")
-    return default_sliding
+    if types is None:
+        return default_sliding
+    layers = c.int("num_hidden_layers")
+    if not isinstance(types, list) or len(types) != layers or any(t not in LAYER_TYPES for t in types):
+        shown = f"a list of {len(types)}" if isinstance(types, list) else repr(types)[:40]
+        c._bad("layer_types", shown, f"a list of {layers} entries (num_hidden_layers), each "
+                                      f"{' or '.join(LAYER_TYPES)}")
+    return sum(1 for t in types if t == "sliding_attention")
 
 
 def _llama(c):
@@ -195,12 +232,24 @@ def _qwen3(c):
     return _qwen_window(c, {**_decoder(c), "qk_norm": True})
 
 
+def _leading_dense(c, dense: list[int], key: str, value) -> int:
+    """The count of dense layers where they lead the stack (DeepSeek's first_k_dense_replace), which is what the
+    planner models (MoESpec.num_dense_layers: its stage split, Megatron's --moe-layer-freq, torchtitan's n_dense_layers);
+    dense layers between MoE ones are refused, not counted as leading."""
+    if dense != list(range(len(dense))):
+        c._bad(key, value, f"dense layers {dense[:6]}{'...' if len(dense) > 6 else ''} between MoE layers: the planner "
+                           "models MoE stacks whose dense layers lead (first_k_dense_replace); " + _HAND_SPEC)
+    return len(dense)
+
+
 def _qwen_moe_dense_layers(c, layers):
     step = c.int("decoder_sparse_step", default=1)
     only = c.raw.get("mlp_only_layers") or []
     if not isinstance(only, list):
         c._bad("mlp_only_layers", only, "must be a list of layer indices")
-    return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
+    dense = [i for i in range(layers) if i in only or (i + 1) % step != 0]
+    return _leading_dense(c, dense, "decoder_sparse_step" if step > 1 else "mlp_only_layers",
+                          step if step > 1 else only)
 
 
 def _qwen2_moe(c):
@@ -242,7 +291,14 @@ def _gemma2(c):
     return _window(c, spec, _layer_types(c, (spec["num_layers"] + 1) // 2))
 
 
+# transformers' Gemma3TextConfig defaults for the fields Google's released text_configs leave out (the 4B's has no
+# num_attention_heads, the 27B's no vocab_size): configuration_gemma3.py Gemma3TextConfig.__init__
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256}
+
+
 def _gemma3_text(c):
+    c = _Cfg({**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in c.raw.items() if v is not None or k not in
+                                         GEMMA3_TEXT_DEFAULTS}}, c.kind, c.source)
     spec = {**_decoder(c, mlp="geglu", tied=True), "norms_per_layer": 4, "qk_norm": True}
     pattern = c.int("sliding_window_pattern", default=6)
     local = sum(1 for i in range(spec["num_layers"]) if (i + 1) % pattern)
@@ -282,7 +338,8 @@ def _deepseek(c):
     layers = c.int("num_hidden_layers")
     first_dense = c.int("first_k_dense_replace", default=0, minimum=0)
     freq = c.int("moe_layer_freq", default=1)
-    moe_layers = sum(1 for i in range(layers) if i >= first_dense and i % freq == 0)
+    dense = [i for i in range(layers) if not (i >= first_dense and i % freq == 0)]
+    moe_layers = layers - _leading_dense(c, dense, "moe_layer_freq", freq)
     fe = c.int("moe_intermediate_size")
     spec = {
         "num_layers": layers, "hidden_size": c.int("hidden_size"), "num_attention_heads": heads,
