@@ -17,6 +17,24 @@ __all__ = ["DEFAULT_HEADROOM_GIB", "GIB", "Problem", "build_problem", "complete_
            "layout_from_arg"]
 
 
+def _training(model, global_batch_size: int, seq_len: int, precision: str, compile_model: bool,
+              optimizer_states: dict[str, str] | None) -> TrainingSpec:
+    """The training setup, validated, and one the model can train on (ModelSpec.sequence_problem)."""
+    from pydantic import ValidationError
+
+    from cluster_specs.errors import from_pydantic
+
+    try:
+        tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision,
+                          compile=compile_model, **(optimizer_states or {}))
+    except ValidationError as exc:
+        raise from_pydantic(exc, source="training setup") from None
+    why = model.sequence_problem(tr.seq_length)
+    if why:
+        raise SpecError(f"--seq-len: {why}")
+    return tr
+
+
 def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size: int, seq_len: int,
                   precision: str | None = None, headroom_gib: float = DEFAULT_HEADROOM_GIB,
                   calibration: Path | None = None, framework: str | None = None,
@@ -31,10 +49,7 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
     compile_model: torch.compile the model (TrainingSpec.compile), refused where the framework has no such setting."""
     import sys
 
-    from pydantic import ValidationError
-
     from cluster_specs import load_cluster
-    from cluster_specs.errors import from_pydantic
     from cluster_specs.limits import finite_option
     from planner.calibration import calibrated
     from planner.inputs.models import load_model
@@ -53,14 +68,7 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
                             f"peak): {why}; pass --precision fp32")
         if precision != "bf16":
             print(f"note: {gpu.name} has no bf16 tensor peak: using --precision {precision}", file=sys.stderr)
-    try:
-        tr = TrainingSpec(global_batch_size=global_batch_size, seq_length=seq_len, precision=precision,
-                          compile=compile_model, **(optimizer_states or {}))
-    except ValidationError as exc:
-        raise from_pydantic(exc, source="training setup") from None
-    why = md.sequence_problem(tr.seq_length)
-    if why:
-        raise SpecError(f"--seq-len: {why}")
+    tr = _training(md, global_batch_size, seq_len, precision, compile_model, optimizer_states)
     if tr.grad_dtype is not None and tr.grad_dtype_off_default is None:
         # a gradient dtype asked for that is the default is no change: the framework profile's recipe stays
         tr = tr.model_copy(update={"grad_dtype": None})

@@ -1202,15 +1202,7 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         view.notes.append("--fp8-recipe custom: a recipe from code the planner cannot see; checked as delayed")
         view.fp8_recipe = "delayed"
     _megatron_states(args, view)
-    view.model.update({k: v for k, v in (("num_layers", args.num_layers), ("hidden_size", args.hidden_size),
-                                     ("num_attention_heads", args.num_attention_heads),
-                                     ("num_kv_heads", args.num_query_groups if args.group_query_attention
-                                      else args.num_key_value_heads),
-                                     ("ffn_hidden_size", args.ffn_hidden_size)) if v})
-    # dropout as the run applies it: both probabilities default to 0.1 (TransformerConfig hidden_dropout and
-    # attention_dropout; Megatron-DeepSpeed's arguments.py the same)
-    view.model["dropout"] = any((p if p is not None else MEGATRON_DEFAULT_DROPOUT) > 0
-                                for p in (args.attention_dropout, args.hidden_dropout))
+    _megatron_model(args, view)
     if ds:
         view.model["partition_method"] = args.pp_partition_method or "type:transformer"
         _megatron_ds_config(args, view, source)
@@ -1231,6 +1223,19 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         view.notes.append(f"unexpanded shell variables (not in options the planner reads): "
                           f"{', '.join('$' + u for u in sorted(set(unresolved)))}")
     return view
+
+
+def _megatron_model(args: argparse.Namespace, view: ConfigView) -> None:
+    """The model's shape as the flags give it (check compares it with --model), and its dropout as the run applies
+    it: both probabilities default to 0.1 (TransformerConfig hidden_dropout and attention_dropout; Megatron-DeepSpeed's
+    arguments.py the same)."""
+    view.model.update({k: v for k, v in (("num_layers", args.num_layers), ("hidden_size", args.hidden_size),
+                                         ("num_attention_heads", args.num_attention_heads),
+                                         ("num_kv_heads", args.num_query_groups if args.group_query_attention
+                                          else args.num_key_value_heads),
+                                         ("ffn_hidden_size", args.ffn_hidden_size)) if v})
+    view.model["dropout"] = any((p if p is not None else MEGATRON_DEFAULT_DROPOUT) > 0
+                                for p in (args.attention_dropout, args.hidden_dropout))
 
 
 def _megatron_states(args: argparse.Namespace, view: ConfigView) -> None:
