@@ -17,7 +17,7 @@ def from_pydantic(exc, *, source: str | None = None, what: str = "") -> SpecErro
     """Turn a pydantic ValidationError into a SpecError with one line per failing field."""
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or what or "(top level)"
+        loc = ".".join(_loc_parts(err["loc"])) or what or "(top level)"
         value = err.get("input")
         shown = _short(value)
         msg = err["msg"]
@@ -29,7 +29,7 @@ def from_pydantic(exc, *, source: str | None = None, what: str = "") -> SpecErro
         if err["type"] == "value_error" and _NAMED.match(msg.removeprefix("Value error, ")):
             # a validator across fields already says "field: value -> allowed": that line, under its object's path,
             # without pydantic's dump of the whole input
-            prefix = ".".join(str(p) for p in err["loc"])
+            prefix = ".".join(_loc_parts(err["loc"]))
             lines.append(f"{prefix + '.' if prefix else ''}{msg.removeprefix('Value error, ')}")
             continue
         if err["type"] in ("less_than_equal", "less_than") and err["loc"]:
@@ -41,6 +41,15 @@ def from_pydantic(exc, *, source: str | None = None, what: str = "") -> SpecErro
     return SpecError(lines, source=source)
 
 
+def _loc_parts(loc) -> list[str]:
+    """The field path as the file spells it: pydantic's union-member and validator labels
+    ('function-after[_positive_peaks(), GPUSpec]', 'str', 'GPUSpec') are not keys of the file."""
+    return [str(p) for p in loc if not (isinstance(p, str) and (_VALIDATOR_LABEL.match(p) or p in _TYPE_LABELS))]
+
+
+_VALIDATOR_LABEL = re.compile(r"^function-(after|before|wrap|plain)\[")
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "GPUSpec", "ModelSpec", "MoESpec", "MLASpec",
+                          "ClusterSpec", "LayoutSpec", "TrainingSpec"})
 _NAMED = re.compile(r"^[A-Za-z_][\w.]*(?: / [A-Za-z_][\w.]*)?: .* -> ")
 
 

@@ -21,6 +21,9 @@ MAX_HIDDEN = 2**20
 MAX_HEADS = 2**16
 MAX_VOCAB = 2**24
 MAX_GPU_MEMORY_GIB = 2**20
+MAX_TFLOPS = 1e6
+MAX_BANDWIDTH_GB_S = 1e6
+MAX_EXPERTS = 2**16
 
 REASONS = {
     "num_nodes": f"at most {MAX_GPUS:,} GPUs: 5x the largest cluster announced (~200,000 GPUs)",
@@ -36,6 +39,11 @@ REASONS = {
     "num_kv_heads": f"{MAX_HEADS:,} heads: published models use <= 128",
     "vocab_size": f"{MAX_VOCAB:,} tokens: published vocabularies are <= ~260,000",
     "memory_gib": f"{MAX_GPU_MEMORY_GIB:,} GiB: 1,000x the largest GPU memory today",
+    "tflops": f"{MAX_TFLOPS:,.0f} TFLOP/s: 100x the fastest GPU's dense peak today (B300 FP4, ~15,000)",
+    "hbm_gb_per_s": f"{MAX_BANDWIDTH_GB_S:,.0f} GB/s: 100x the fastest GPU memory today (~8,000 GB/s)",
+    "gb_per_s": f"{MAX_BANDWIDTH_GB_S:,.0f} GB/s: 100x the fastest GPU link today",
+    "num_experts": f"{MAX_EXPERTS:,} experts: 100x the most routed experts published (384)",
+    "expert_groups": f"{MAX_EXPERTS:,} experts: 100x the most routed experts published (384)",
     "tp": f"at most {MAX_GPUS:,} GPUs in all",
     "pp": f"at most {MAX_GPUS:,} GPUs in all",
     "dp": f"at most {MAX_GPUS:,} GPUs in all",

@@ -24,8 +24,8 @@ class _Frozen(BaseModel):
 class GPUSpec(_Frozen):
     name: str = ""
     memory_gib: float = Field(gt=0, le=lim.MAX_GPU_MEMORY_GIB)
-    tflops: dict[Literal["bf16", "fp16", "fp32", "fp8"], float]
-    hbm_gb_per_s: float = Field(gt=0)
+    tflops: dict[Literal["bf16", "fp16", "fp32", "fp8"], float] = Field(min_length=1)
+    hbm_gb_per_s: float = Field(gt=0, le=lim.MAX_BANDWIDTH_GB_S)
     nvlink_gb_per_s: float | None = Field(default=None, gt=0)
     matmul_efficiency: float = Field(default=0.8, gt=0, le=1)
     board_power_watts: float | None = Field(default=None, gt=0, description="board power limit (max TDP/TGP)")
@@ -34,7 +34,8 @@ class GPUSpec(_Frozen):
 
     @model_validator(mode="after")
     def _positive_peaks(self):
-        bad = [f"tflops.{k}: {v} -> must be > 0" for k, v in self.tflops.items() if v <= 0]
+        bad = [f"tflops.{k}: {v} -> must be > 0 and <= {lim.MAX_TFLOPS:g} ({lim.REASONS['tflops']})"
+               for k, v in self.tflops.items() if not 0 < v <= lim.MAX_TFLOPS]
         if bad:
             raise ValueError("; ".join(bad))
         return self
@@ -59,9 +60,15 @@ class GPUSpec(_Frozen):
 
 class IntraNodeLink(_Frozen):
     kind: Literal["nvlink", "pcie", "none"]
-    gb_per_s: float = Field(ge=0, description="per GPU, one direction, line rate")
+    gb_per_s: float = Field(ge=0, le=lim.MAX_BANDWIDTH_GB_S, description="per GPU, one direction, line rate")
     efficiency: float = Field(default=0.8, gt=0, le=1)
     latency_us: float = Field(default=5.0, ge=0)
+
+    @model_validator(mode="after")
+    def _a_link_moves_data(self):
+        if self.kind != "none" and self.gb_per_s == 0:  # a 0 GB/s link would make every collective on it free
+            raise ValueError(f"gb_per_s: 0 -> must be > 0 for a {self.kind} link (kind none: GPUs without one)")
+        return self
 
     def link(self) -> Link | None:
         if self.kind == "none" or self.gb_per_s == 0:
@@ -94,15 +101,17 @@ class HostLink(_Frozen):
 # traffic factors are never negative.
 CALIBRATION_KNOB_RANGES: dict[str, tuple[float, bool, float, str]] = {
     "end_to_end_efficiency": (0.0, False, 1.0, "a number > 0 and <= 1"),
-    "matmul_half_efficiency_gflop": (0.0, True, float("inf"), "a number >= 0"),
-    "gemm_half_efficiency_dim": (0.0, True, float("inf"), "a number >= 0"),
-    "elementwise_traffic_factor": (0.0, True, float("inf"), "a number >= 0"),
-    "per_process_overhead_bytes": (0.0, True, float("inf"), "a number >= 0"),
-    "nccl_bytes_scale": (0.0, True, float("inf"), "a number >= 0"),
+    # upper bounds far above any meaning (a GEMM of 1e6 GFLOP, a dimension of 1e6, 1,000 passes over a tensor, a
+    # PiB outside the allocator, 1,000x NCCL's buffers), where the cost models would overflow to inf or nan
+    "matmul_half_efficiency_gflop": (0.0, True, 1e6, "a number from 0 to 1e6"),
+    "gemm_half_efficiency_dim": (0.0, True, 1e6, "a number from 0 to 1e6"),
+    "elementwise_traffic_factor": (0.0, True, 1e3, "a number from 0 to 1000"),
+    "per_process_overhead_bytes": (0.0, True, 2.0**50, "a number of bytes from 0 to 2**50"),
+    "nccl_bytes_scale": (0.0, True, 1e3, "a number from 0 to 1000"),
     "dp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),
     "pp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),
     "tp_overlap_fraction": (0.0, True, 1.0, "a number from 0 to 1"),
-    "tp_layer_overhead_seconds": (0.0, True, float("inf"), "a number >= 0"),
+    "tp_layer_overhead_seconds": (0.0, True, 1e3, "a number of seconds from 0 to 1000"),
 }
 
 

@@ -49,12 +49,13 @@ def build_problem(cluster: str, nodes: int | None, model: str, global_batch_size
     compile_model: torch.compile the model (TrainingSpec.compile), refused where the framework has no such setting."""
     import sys
 
+    from cluster_specs import limits as lim
     from cluster_specs import load_cluster
     from cluster_specs.limits import finite_option
     from planner.calibration import calibrated
     from planner.inputs.models import load_model
 
-    headroom = finite_option("--headroom-gib", headroom_gib)
+    headroom = finite_option("--headroom-gib", headroom_gib, high=float(lim.MAX_GPU_MEMORY_GIB))
     cl, knobs_kw = calibrated(load_cluster(cluster, nodes=nodes), calibration)
     md = load_model(model)
     if precision is None:

@@ -36,9 +36,32 @@ def _target_mode(path: Path) -> int:
     return stat.S_IMODE(st.st_mode)
 
 
+def check_writable(path: Path | str | None) -> None:
+    """Fail now (exit 8), before any work or other output, where `path` cannot be written: its folder is missing or
+    not writable, or it is a directory. A command with several outputs checks each first, so that a bad -o does not
+    leave its --figures behind."""
+    if path is None:
+        return
+    path = Path(path).resolve()
+    _target_mode(path)
+    if not path.parent.is_dir():
+        raise OutputIOError(f"cannot write {path}: no such directory {path.parent}")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise OutputIOError(f"cannot write {path}: the directory {path.parent} is not writable")
+
+
+def refuse_overwriting_input(output: Path | str | None, source: Path | str, what: str) -> None:
+    """-o naming the command's own input (or a link to it): the input would be replaced by the output."""
+    if output is not None and Path(output).resolve() == Path(source).resolve():
+        raise OutputIOError(f"-o {output}: the same file as the {what} it is made from -> write to another file")
+
+
 def write_atomically(path: Path | str, data: str | bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory and a rename."""
+    """Write `data` to `path` through a temporary file in the same directory and a rename. A symbolic link is
+    written through (its target is replaced), as `open(path, "w")` would."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     try:
         mode = _target_mode(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -747,6 +747,8 @@ def build_case(row: dict, *, memory_only: bool = False) -> Case | str:
         measured, basis = float("nan"), "memory only"
     if measured is None:
         return basis
+    if not (math.isnan(measured) or 0 < measured < math.inf):  # NaN: a memory-only row
+        return f"measured step time {measured!r} s -> must be a positive finite number ({basis})"
     choices = recompute_choices(row, family, _flops_count_recompute(row, model_spec, training, n, measured))
     searched, inferred, options = _searched_fields(row, fields, choices)
     if gating_note:
@@ -1064,6 +1066,12 @@ def run_loso(cases: list[Case], grid: dict[str, tuple[float, ...]] | None = None
 def run_validation(rows: list[dict], *, grid: dict[str, tuple[float, ...]] | None = None,
                    factor_grid: dict[tuple[str, str], tuple[float, ...]] | None = None) -> Report:
     cases, skipped = build_cases(rows)
+    if not cases:
+        from cluster_specs import SpecError
+
+        why = "; ".join(f"{row}: {reason}" for row, reason in skipped[:3]) or "the file holds no rows"
+        raise SpecError(f"--runs: no row can be predicted ({len(skipped)} skipped: {why}) -> give published runs "
+                        "with a layout and a measured step time or throughput")
     loso, per_point = run_loso(cases, grid, factor_grid)
     results = per_point[loso.all_choice]
     for i, r in enumerate(results):

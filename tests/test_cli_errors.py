@@ -280,3 +280,75 @@ def test_a_sequence_past_learned_positions_is_refused(capsys):
     code, _, _ = cli(capsys, "estimate", "-c", "dgx-h100", "-m", "gpt3-1.3b", "-b", "64", "-s", "2048", "-l",
                      "tp=1,pp=1,dp=8,zero=1,mbs=1", "--json")
     assert code == 0
+
+
+CLUSTER = """name: t
+gpu: {gpu}
+num_nodes: 1
+gpus_per_node: 8
+intra_node: {{kind: nvlink, gb_per_s: {nvlink}}}
+inter_node: {{kind: infiniband, nics_per_node: 8, nic_gbit_per_s: 400.0}}
+host_to_device: {{gb_per_s: 50.0}}
+"""
+H100_SMALL = ["-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-b", "16", "-s", "4096"]
+
+
+@pytest.mark.parametrize("case", [
+    # (files to write, arguments; {d} is the folder), expected exit code: each crashed (exit 9), hung, or passed
+    # silently before (an audit's findings, 2026-12-07)
+    ({}, ["plan", *H100_SMALL, "--fix", "mbs=0"], 3),
+    ({"t.toml": '[parallelism]\ntensor_parallel_degree = 1\nexpert_parallel_degree = "x"\n[training]\n'
+                "local_batch_size = 1\nseq_len = 4096\n"},
+     ["check", "{d}/t.toml", "-c", "dgx-h100", "-n", "1", "-m", "mixtral-8x7b", "-b", "16"], 3),
+    ({"p.json": json.dumps({"layout": {"tp": 1, "pp": None, "dp": 8}, "inputs": {"training": {}},
+                            "framework": "megatron"})}, ["check", "{d}/p.json", *H100_SMALL], 3),
+    ({"c.yaml": CLUSTER.format(gpu="{name: X, memory_gib: 80, tflops: {}, hbm_gb_per_s: 2000}", nvlink=450)},
+     ["plan", "-c", "{d}/c.yaml", "-m", "llama3-8b", "-b", "16", "-s", "4096"], 3),
+    ({"c.yaml": CLUSTER.format(gpu="{name: X, memory_gib: 80, tflops: {bf16: 1.0e+308}, hbm_gb_per_s: 2000}",
+                               nvlink=450)}, ["plan", "-c", "{d}/c.yaml", "-m", "llama3-8b", "-b", "16", "-s", "4096"], 3),
+    ({"c.yaml": CLUSTER.format(gpu="H100-SXM", nvlink=0)},
+     ["plan", "-c", "{d}/c.yaml", "-m", "llama3-8b", "-b", "16", "-s", "4096"], 3),
+    ({"m.yaml": "num_layers: 4\nhidden_size: 256\nnum_attention_heads: 4\nvocab_size: 1000\nmlp: swiglu\n"
+                "ffn_hidden_size: 512\nmoe: {num_experts: 1000000000000000000000000, top_k: 2, "
+                "expert_ffn_hidden_size: 128}\n"}, ["plan", "-c", "dgx-h100", "-m", "{d}/m.yaml", "-b", "16", "-s",
+                                                    "4096"], 3),
+    ({"r.json": "[]"}, ["validate", "--runs", "{d}/r.json"], 3),
+    ({}, ["plan", *H100_SMALL, "--headroom-gib", "1e308"], 3),
+    ({}, ["bench", "--save-calibration", "{d}/cal.yaml", "-c", "dgx-h100", "-m", "llama3-8b", "-l", "dp=1"], 3),
+    ({}, ["bench", "--timeout", "0", "-c", "dgx-h100", "-m", "llama3-8b", "-l", "dp=1"], 3),
+    ({}, ["plan", *H100_SMALL, "-o", "{d}/missing/p.json", "--figures", "{d}/figs"], 8),
+])
+def test_bad_input_found_by_the_audit_is_refused_with_its_code(capsys, tmp_path, case):
+    files, args, expected = case
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code, out, err = cli(capsys, *[a.replace("{d}", str(tmp_path)) for a in args])
+    assert code == expected, out + err
+    assert "internal error" not in err and "Traceback" not in err
+    assert not (tmp_path / "figs").exists()  # nothing written before the failure
+
+
+def test_an_export_onto_its_own_plan_is_refused(capsys, tmp_path):
+    code, _, _ = cli(capsys, *SMALL_PLAN, "-o", str(tmp_path / "plan.json"))
+    assert code == 0
+    before = (tmp_path / "plan.json").read_text()
+    code, _, err = cli(capsys, "export", str(tmp_path / "plan.json"), "--to", "megatron", "-o",
+                       str(tmp_path / "plan.json"))
+    assert code == 8 and "the same file as the plan" in err and (tmp_path / "plan.json").read_text() == before
+
+
+def test_output_through_a_symbolic_link_writes_its_target(capsys, tmp_path):
+    (tmp_path / "target.json").write_text("{}")
+    (tmp_path / "link.json").symlink_to(tmp_path / "target.json")
+    code, _, _ = cli(capsys, *SMALL_PLAN, "-o", str(tmp_path / "link.json"))
+    assert code == 0 and (tmp_path / "link.json").is_symlink()
+    assert json.loads((tmp_path / "target.json").read_text())["kind"] == "plan"
+
+
+def test_a_plan_checked_against_another_model_is_a_model_violation(capsys, tmp_path):
+    code, _, _ = cli(capsys, *SMALL_PLAN, "-o", str(tmp_path / "plan.json"))  # gpt3-1.3b
+    assert code == 0
+    code, out, _ = cli(capsys, "check", str(tmp_path / "plan.json"), "-c", "dgx-h100", "-n", "1", "-m", "llama3-8b",
+                       "--json")
+    doc = json.loads(out)
+    assert code == 1 and [v["rule"] for v in doc["violations"]][:1] == ["model"]

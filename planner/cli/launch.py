@@ -55,6 +55,9 @@ def export(
         raise SpecError(f"--torchtitan-format: {torchtitan_format} with -o {output} -> a {suffix} file is read as "
                         f"{'TOML' if suffix == '.toml' else 'Python'} (by torchtitan and by `planner check`): name it "
                         f"{'.py' if torchtitan_format == 'python' else '.toml'}")
+    from planner.fileio import refuse_overwriting_input
+
+    refuse_overwriting_input(output, plan_file, "plan")
     doc = read_structured_file(plan_file)
     if not isinstance(doc, dict):
         raise SpecError("expected a plan JSON object", source=str(plan_file))
@@ -74,9 +77,9 @@ def check(
     global_batch_size: Annotated[int | None, typer.Option("--global-batch-size", "-b",
                                                           help="When the config does not say (fills HF \"auto\").")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="When the config does not say.")] = None,
-    tp: Annotated[int | None, typer.Option("--tp", help="The tensor-parallel degree, where the config does not say "
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="The tensor-parallel degree, where the config does not say "
                                                         "(DeepSpeed JSON).")] = None,
-    pp: Annotated[int | None, typer.Option("--pp", help="The pipeline degree, where the config does not say "
+    pp: Annotated[int | None, typer.Option("--pp", min=1, help="The pipeline degree, where the config does not say "
                                                         "(DeepSpeed JSON: the model's PipelineModule).")] = None,
     fix: FixOpt = None, framework: FrameworkOpt = None,
     precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM,

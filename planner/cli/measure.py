@@ -28,15 +28,15 @@ def bench(
     model: Annotated[str | None, typer.Option("--model", "-m")] = None,
     layout: Annotated[str | None, typer.Option("--layout", "-l", help="Layout string, when no plan is given.")] = None,
     nodes: NodesOpt = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", help="Sequence length (default: the plan's).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s", min=1, help="Sequence length (default: the plan's).")] = None,
     nproc: Annotated[int | None, typer.Option("--nproc", help="Start this many local ranks (else: run under torchrun).")] = None,
     dp: Annotated[int | None, typer.Option("--dp", help="Override the data-parallel degree (to fit fewer GPUs).")] = None,
     micro_batches: Annotated[int | None, typer.Option("--micro-batches", help="Override micro-batches per step.")] = None,
-    layers_per_stage: Annotated[int | None, typer.Option(help="Scale down: this many layers per pipeline stage.")] = None,
-    hidden_size: Annotated[int | None, typer.Option(help="Scale down: this hidden size (heads and FFN follow).")] = None,
-    vocab_size: Annotated[int | None, typer.Option(help="Scale down: this vocabulary.")] = None,
-    steps: Annotated[int, typer.Option(help="Measured steps.")] = 3,
-    warmup: Annotated[int, typer.Option(help="Warm-up steps.")] = 1,
+    layers_per_stage: Annotated[int | None, typer.Option(min=1, help="Scale down: this many layers per pipeline stage.")] = None,
+    hidden_size: Annotated[int | None, typer.Option(min=1, help="Scale down: this hidden size (heads and FFN follow).")] = None,
+    vocab_size: Annotated[int | None, typer.Option(min=1, help="Scale down: this vocabulary.")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Measured steps.")] = 3,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up steps.")] = 1,
     dtype: Annotated[str, typer.Option(help="float32 or bfloat16.")] = "float32",
     optimizer: Annotated[str, typer.Option(help="adamw (fp32 master weights and moments: the training recipe) or "
                                                 "sgd (momentum; for numerics checks).")] = "adamw",
@@ -56,7 +56,18 @@ def bench(
     calibration: CalibrationOpt = None, output: OutputOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Run the layout with torch.distributed (NCCL on GPUs, gloo on CPU) and compare with the prediction."""
+    from cluster_specs import SpecError
+    from cluster_specs.limits import finite_option
     from planner.bench.session import BenchOptions, bench_document
+
+    timeout = finite_option("--timeout", timeout, low=0.0, low_inclusive=False, high=86400.0)
+    given = [name for name, v in (("--cluster", cluster), ("--model", model), ("--layout", layout)) if v is not None]
+    if plan_file is not None and given:
+        raise SpecError(f"{', '.join(given)}: given with a plan file -> the plan says them; give the plan, or "
+                        "--cluster/--model/--layout without one")
+    if save_calibration is not None and top < 2:
+        raise SpecError(f"--save-calibration: needs --top 2 or more (given --top {top}) -> it folds the measured "
+                        "layouts' step times into the calibration")
 
     opts = BenchOptions(nproc=nproc, dp=dp, micro_batches=micro_batches, layers_per_stage=layers_per_stage,
                         hidden_size=hidden_size, vocab_size=vocab_size, steps=steps, warmup=warmup, dtype=dtype,
@@ -79,16 +90,19 @@ def calibrate(
     nproc: Annotated[int, typer.Option("--nproc", help="Ranks to measure at once (GPUs, or CPU processes).")] = 2,
     output: Annotated[Path, typer.Option("-o", "--output", readable=False, help="Cluster file to write (YAML).")] = Path("local.yaml"),
     model: Annotated[str | None, typer.Option("--model", "-m", help="Measure GEMMs at this model's shapes.")] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", "-s")] = 2048,
-    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size")] = 1,
-    tp: Annotated[int, typer.Option("--tp", help="GEMM shapes as sharded by this TP degree.")] = 1,
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", min=1)] = 2048,
+    micro_batch_size: Annotated[int, typer.Option("--micro-batch-size", min=1)] = 1,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="GEMM shapes as sharded by this TP degree.")] = 1,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Catalog GPU this is (keeps its datasheet peak).")] = None,
-    repeats: Annotated[int, typer.Option(help="Timed repetitions per measurement (median).")] = 5,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repetitions per measurement (median).")] = 5,
     max_message_mib: Annotated[float, typer.Option(help="Largest collective message.")] = 8.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure this machine (GEMM FLOP/s, memory and collective bandwidth) and write a cluster file of it."""
+    from cluster_specs.limits import finite_option
     from planner.requests import calibration_file
+
+    max_message_mib = finite_option("--max-message-mib", max_message_mib, low=0.0, low_inclusive=False, high=65536.0)
 
     spec = calibration_file(output, nproc=nproc, model=model, seq_len=seq_len, micro_batch_size=micro_batch_size,
                             tp=tp, gpu_name=gpu, repeats=repeats, max_message_mib=max_message_mib)

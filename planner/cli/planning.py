@@ -96,7 +96,10 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Choose the layout to run: search, solve, explain."""
+    from planner.fileio import check_writable
     from planner.requests import PlanRequest, plan_command, plan_document
+
+    check_writable(output)  # before --figures writes anything: a bad -o leaves no figures behind
 
     req = problem_request(cluster, model, global_batch_size, seq_len, nodes, precision, headroom_gib, calibration,
                           fp8_recipe, optimizer_states, compile_model)

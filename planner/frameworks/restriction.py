@@ -63,7 +63,10 @@ def parse_fix(items: list[str] | None) -> dict:
     from planner.inputs.layout_string import parse_layout_string
 
     fixed = parse_layout_string(",".join(items or []))
-    for key in fixed:
+    for key, value in fixed.items():
+        least = 0 if key == "zero_stage" else 1
+        if isinstance(value, int) and not isinstance(value, bool) and value < least:
+            raise SpecError(f"--fix {key}: {value} -> must be an integer >= {least}")
         if key not in FIXABLE:
             why = NOT_SEARCHED.get(key, "not a search key")
             raise SpecError(f"--fix {key}: {why} -> estimate that layout with `planner estimate --layout`; fixable: "

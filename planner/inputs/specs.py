@@ -25,19 +25,20 @@ class MoESpec(_Frozen):
     """Mixture-of-experts MLP: routed experts (the model's MLP kind, width expert_ffn_hidden_size), top-k routing,
     optional shared experts and leading dense layers (modern-training.md §3.1)."""
 
-    num_experts: int = Field(ge=2, description="routed experts E")
-    top_k: int = Field(ge=1, description="experts per token")
-    expert_ffn_hidden_size: int = Field(ge=1)
-    shared_expert_ffn_hidden_size: int = Field(default=0, ge=0, description="total width of the shared experts")
+    num_experts: int = Field(ge=2, le=lim.MAX_EXPERTS, description="routed experts E")
+    top_k: int = Field(ge=1, le=lim.MAX_EXPERTS, description="experts per token")
+    expert_ffn_hidden_size: int = Field(ge=1, le=4 * lim.MAX_HIDDEN)
+    shared_expert_ffn_hidden_size: int = Field(default=0, ge=0, le=64 * lim.MAX_HIDDEN,
+                                               description="total width of the shared experts")
     shared_expert_gate: bool = False
     router_bias: bool = Field(default=False, description="an E-sized expert bias per layer (DeepSeek-V3)")
-    num_dense_layers: int = Field(default=0, ge=0, description="leading layers with the dense FFN")
+    num_dense_layers: int = Field(default=0, ge=0, le=lim.MAX_LAYERS, description="leading layers with the dense FFN")
     capacity_factor: float | None = Field(default=None, gt=0, description="None: dropless")
     expert_groups: int | None = Field(
-        default=None, ge=1, description="group-limited routing: experts cut into this many equal groups (HF n_group, "
+        default=None, ge=1, le=lim.MAX_EXPERTS, description="group-limited routing: experts cut into this many equal groups (HF n_group, "
                                         "Megatron --moe-router-num-groups; DeepSeek-V3 8, one per node of EP 64)")
     groups_per_token: int | None = Field(
-        default=None, ge=1, description="groups a token's experts may come from (HF topk_group, Megatron "
+        default=None, ge=1, le=lim.MAX_EXPERTS, description="groups a token's experts may come from (HF topk_group, Megatron "
                                         "--moe-router-group-topk; DeepSeek-V3 4: each token reaches at most 4 nodes)")
 
     @model_validator(mode="after")
@@ -61,11 +62,11 @@ class MoESpec(_Frozen):
 class MLASpec(_Frozen):
     """Multi-head latent attention (DeepSeek-V2/V3), Hugging Face field names (modern-training.md §4.1)."""
 
-    q_lora_rank: int | None = Field(default=None, ge=1, description="None: a plain q_proj")
-    kv_lora_rank: int = Field(ge=1)
-    qk_nope_head_dim: int = Field(ge=1)
-    qk_rope_head_dim: int = Field(ge=0)
-    v_head_dim: int = Field(ge=1)
+    q_lora_rank: int | None = Field(default=None, ge=1, le=lim.MAX_HIDDEN, description="None: a plain q_proj")
+    kv_lora_rank: int = Field(ge=1, le=lim.MAX_HIDDEN)
+    qk_nope_head_dim: int = Field(ge=1, le=lim.MAX_HIDDEN)
+    qk_rope_head_dim: int = Field(ge=0, le=lim.MAX_HIDDEN)
+    v_head_dim: int = Field(ge=1, le=lim.MAX_HIDDEN)
 
     def to_cost_model(self) -> cm.MLA:
         return cm.MLA(**self.model_dump())

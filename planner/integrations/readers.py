@@ -112,6 +112,10 @@ def _plan(doc: dict) -> ConfigView:
             raise SpecError(f"{name}: {part!r} -> must be a JSON object (a plan written by `planner plan --json`)")
     assert isinstance(training, dict)
     lay = dict(doc["layout"])
+    for key in PLAN_DEGREES:  # the framework's split rules divide by them before the layout is validated
+        v = lay.get(key)
+        if key in lay and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise SpecError(f"layout.{key}: {v!r} -> must be an integer >= 1 (a plan written by `planner plan --json`)")
     name = doc.get("framework", "generic")
     if not isinstance(name, str) or name not in {f.value for f in Framework}:
         raise SpecError(f"framework: {name!r} -> one of {', '.join(f.value for f in Framework)} (a plan written by "
@@ -120,6 +124,7 @@ def _plan(doc: dict) -> ConfigView:
     view = ConfigView("plan", fw, lay, training.get("global_batch_size"), training.get("seq_length"),
                       training.get("precision"))
     view.optimizer_states = {k: training[k] for k in STATE_FIELDS if isinstance(training.get(k), str)}
+    _plan_model(inputs.get("model"), view)
     if view.precision == "fp8":  # the recipe and FP8 gather the plan was predicted with (None: the framework's)
         recipe, gather = training.get("fp8_recipe"), training.get("fp8_param_gather")
         view.fp8_recipe = recipe if isinstance(recipe, str) else None
@@ -129,6 +134,19 @@ def _plan(doc: dict) -> ConfigView:
     return view
 
 
+def _plan_model(model: object, view: ConfigView) -> None:
+    """The shape the plan was made for (inputs.model), which check compares with --model as it does a framework
+    config's flags: a plan checked against another model is a different model, not a pass."""
+    if not isinstance(model, dict):
+        return
+    shape = {k: model.get(k) for k in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")}
+    heads, hidden = shape["num_attention_heads"], shape["hidden_size"]
+    shape["num_kv_heads"] = model.get("num_kv_heads") or heads
+    shape["ffn_hidden_size"] = model.get("ffn_hidden_size") or (4 * hidden if isinstance(hidden, int) else None)
+    view.model.update({k: v for k, v in shape.items() if isinstance(v, int) and not isinstance(v, bool)})
+
+
+PLAN_DEGREES = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch_size", "num_micro_batches", "virtual_stages")
 STATE_FIELDS = ("grad_dtype", "master_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")  # TrainingSpec's state dtypes
 
 
@@ -738,11 +756,18 @@ TT_SCHEDULES = {"gpipe": ("gpipe", 1), "1f1b": ("1f1b", 1), "interleaved1f1b": (
 # torchtitan's integer fields: a present value of another type is a config torchtitan itself would reject
 TT_INT_FIELDS = {"parallelism": ("tensor_parallel_degree", "pipeline_parallel_degree", "data_parallel_replicate_degree",
                                  "data_parallel_shard_degree", "context_parallel_degree",
-                                 "pipeline_parallel_microbatch_size"),
+                                 "pipeline_parallel_microbatch_size", "expert_parallel_degree",
+                                 "expert_tensor_parallel_degree", "pipeline_parallel_layers_per_stage",
+                                 "pipeline_parallel_first_stage_less_layers",
+                                 "pipeline_parallel_last_stage_less_layers"),
                  "training": ("local_batch_size", "batch_size", "global_batch_size", "seq_len")}
 
 
 TT_MINUS_ONE = ("data_parallel_shard_degree", "global_batch_size")  # -1: derived by torchtitan (frameworks.md §1.2-1.3)
+TT_ZERO_OK = ("pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers")
+# torchtitan's boolean fields the reader acts on: a string ("no") is not False
+TT_BOOL_FIELDS = {"parallelism": ("enable_sequence_parallel", "enable_async_tensor_parallel"),
+                  "training": ("enable_cpu_offload",)}
 
 
 def _require_ints(doc: dict) -> None:
@@ -754,9 +779,19 @@ def _require_ints(doc: dict) -> None:
             v = part.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise SpecError(f"{section}.{name}: {v!r} -> must be an integer")
-            if v is not None and v < 1 and not (v == -1 and name in TT_MINUS_ONE):
-                allowed = "-1 (derived) or >= 1" if name in TT_MINUS_ONE else ">= 1"
+            least = 0 if name in TT_ZERO_OK else 1
+            if v is not None and v < least and not (v == -1 and name in TT_MINUS_ONE):
+                allowed = "-1 (derived) or >= 1" if name in TT_MINUS_ONE else f">= {least}"
                 raise SpecError(f"{section}.{name}: {v!r} -> must be {allowed}")
+    for section, names in TT_BOOL_FIELDS.items():
+        for name in names:
+            v = doc.get(section, {}).get(name)
+            if v is not None and not isinstance(v, bool):
+                raise SpecError(f"{section}.{name}: {v!r} -> must be true or false")
+    fqns = doc.get("parallelism", {}).get("module_fqns_per_model_part")
+    if fqns is not None and not (isinstance(fqns, list) and all(
+            isinstance(part, list) and all(isinstance(n, str) for n in part) for part in fqns)):
+        raise SpecError(f"parallelism.module_fqns_per_model_part: {fqns!r} -> must be a list of lists of module names")
 
 
 def _torchtitan_degrees(par: dict, gpus: int) -> tuple[int, int, int, int, int | None]:
