@@ -352,3 +352,29 @@ def test_a_plan_checked_against_another_model_is_a_model_violation(capsys, tmp_p
                        "--json")
     doc = json.loads(out)
     assert code == 1 and [v["rule"] for v in doc["violations"]][:1] == ["model"]
+
+
+@pytest.mark.parametrize("name, text, needle", [
+    ("a.sh", "--tensor-model-parallel-size 0 --micro-batch-size 1 --global-batch-size 16 --seq-length 4096 --bf16",
+     "--tensor-model-parallel-size: 0 -> must be >= 1"),
+    ("b.sh", "--micro-batch-size 1 --global-batch-size 16 --seq-length 4096 --bf16 --fp16", "--bf16 and --fp16"),
+    ("c.txt", "model.tensor_model_parallel_size=0\ntrain.micro_batch_size=1\ntrain.global_batch_size=16\n",
+     "model.tensor_model_parallel_size: 0 -> must be >= 1"),
+    ("d.txt", "train.micro_batch_size=1\ntrain.global_batch_size=16\nmixed_precision=weird\n", "mixed_precision"),
+    ("e.json", json.dumps({"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": 0}),
+     "sequence_parallel_size: 0"),
+    ("f.json", json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2,
+                                                                                       "offload_optimizer": "cpu"}}),
+     "offload_optimizer: 'cpu'"),
+    ("g.toml", "[parallelism]\nexpert_parallel_degree = 0\n[training]\nlocal_batch_size = 1\nseq_len = 4096\n",
+     "expert_parallel_degree: 0"),
+    ("h.toml", '[training]\nlocal_batch_size = 1\nseq_len = 4096\nenable_cpu_offload = "no"\n',
+     "enable_cpu_offload: 'no' -> must be true or false"),
+])
+def test_a_framework_config_with_a_value_the_framework_rejects_is_not_a_pass(capsys, tmp_path, name, text, needle):
+    """Zero, negative or mistyped values were read as the default and the config PASSed; the framework would have
+    refused it at start-up (an audit's findings, 2026-12-07)."""
+    (tmp_path / name).write_text(text)
+    code, out, err = cli(capsys, "check", str(tmp_path / name), "-c", "dgx-h100", "-n", "2", "-m", "llama3-8b", "-b",
+                         "16", "-s", "4096")
+    assert code == 3 and needle in out + err, out + err

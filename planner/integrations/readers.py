@@ -182,6 +182,11 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
             raise SpecError(f"{key}: {doc[key]!r} -> must be a JSON object (DeepSpeed's config schema)")
     zero = doc.get("zero_optimization") or {}
     pipe = doc.get("pipeline") or {}
+    for name, value, least in (("tensor_parallel.autotp_size", (doc.get("tensor_parallel") or {}).get("autotp_size"), 0),
+                               ("pipeline.stages", pipe.get("stages"), 1),
+                               ("sequence_parallel_size", doc.get("sequence_parallel_size"), 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise SpecError(f"{name}: {value!r} -> an integer >= {least} (DeepSpeed's config schema)")
     tp_cfg = (doc.get("tensor_parallel") or {}).get("autotp_size", 0)
     tp = over.pop("tp", None) or (tp_cfg if isinstance(tp_cfg, int) and tp_cfg > 1 else 1)
     stages = pipe.get("stages")
@@ -526,6 +531,9 @@ def ds_offload(zero: dict, stage: int, view: ConfigView) -> str:
     devices = {}
     for key in ("offload_param", "offload_optimizer"):
         section = zero.get(key)
+        if section not in (None, "auto") and not isinstance(section, dict):
+            raise SpecError(f"zero_optimization.{key}: {section!r} -> an object such as {{\"device\": \"cpu\"}} "
+                            "(DeepSpeed's config schema)")
         if not isinstance(section, dict):
             continue
         device = section.get("device", "none")
@@ -1194,7 +1202,19 @@ def _parse_megatron(tokens: list[str], unresolved: list[str], source: str) -> tu
         args, unknown = parser.parse_known_args(tokens)
     except (argparse.ArgumentError, ValueError) as exc:
         raise SpecError(f"Megatron arguments: {exc}", source=source) from None
+    bad = [f"{a.option_strings[0]}: {getattr(args, a.dest)} -> must be >= {_MEGATRON_LEAST.get(a.dest, 1)}"
+           for a in parser._actions if a.type is int and getattr(args, a.dest) is not None
+           and getattr(args, a.dest) < _MEGATRON_LEAST.get(a.dest, 1)]
+    if args.bf16 and args.fp16:
+        bad.append("--bf16 and --fp16: both given -> at most one (Megatron's validate_args asserts it)")
+    if bad:
+        raise SpecError(bad, source=source)
     return args, unknown
+
+
+# Megatron integer options that may be 0 (the rest are sizes, counts and degrees: >= 1)
+_MEGATRON_LEAST = {"zero_stage": 0, "decoder_first_pipeline_num_layers": 0, "decoder_last_pipeline_num_layers": 0,
+                   "mtp_num_layers": 0}
 
 
 def _known(parser: argparse.ArgumentParser, option: str) -> bool:
@@ -1616,9 +1636,27 @@ def _nemo_int(kv: dict[str, str], key: str, default: int | None) -> int | None:
     if v in (None, "null", "None"):
         return default
     try:
-        return int(v)
+        n = int(v)
     except ValueError:
         raise SpecError(f"{key}: {v!r} -> an integer (or null)") from None
+    least = 0 if key in _NEMO_ZERO_OK else 1
+    if n < least:  # sizes, counts and degrees: Megatron-Core's configs assert them positive
+        raise SpecError(f"{key}: {n} -> must be >= {least}")
+    return n
+
+
+_NEMO_ZERO_OK = ("model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage",
+                 "model.mtp_num_layers")
+
+
+def _nemo_fp8_recipe(mixed: str) -> str | None:
+    """The FP8 recipe a Megatron-Bridge mixed_precision recipe name runs (None: a 16-bit one, or none given); a name
+    Bridge does not have is an error."""
+    fp8 = {name: recipe for recipe, name in NEMO_FP8_MIXED_PRECISION.items()}.get(mixed)
+    if mixed not in ("", "null", "None", "bf16_mixed", "fp16_mixed") and fp8 is None:
+        raise SpecError(f"mixed_precision: {mixed!r} -> a Megatron-Bridge recipe name: bf16_mixed, fp16_mixed, "
+                        f"{', '.join(NEMO_FP8_MIXED_PRECISION.values())}")
+    return fp8
 
 
 def _nemo(text: str, gpus: int) -> ConfigView:
@@ -1675,7 +1713,7 @@ def _nemo(text: str, gpus: int) -> ConfigView:
     view.global_batch_size, view.seq_length = gbs, num("dataset.seq_length", None)
     mixed = kv.get("mixed_precision", "")
     view.precision = {"bf16_mixed": "bf16", "fp16_mixed": "fp16"}.get(mixed, None)
-    fp8 = {name: recipe for recipe, name in NEMO_FP8_MIXED_PRECISION.items()}.get(mixed)
+    fp8 = _nemo_fp8_recipe(mixed)
     if fp8 is not None:  # Megatron-Bridge's FP8 mixed-precision recipes (frameworks.md §4.6)
         view.precision, view.fp8_recipe = "fp8", fp8
     _nemo_states(kv, view)
