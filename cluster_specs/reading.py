@@ -129,12 +129,24 @@ def _first_line(exc: BaseException) -> str:
 
 def parse_json(text: str, source: str):
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise SpecError(f"JSON nested more than {MAX_DEPTH} levels deep -> refused", source=source) from None
+    except SpecError as exc:
+        raise SpecError(exc.problems, source=source) from None
     except ValueError as exc:  # JSONDecodeError, and int strings over Python's digit limit
         raise SpecError(f"malformed JSON: {_first_line(exc)}", source=source) from None
     return check_depth(doc, source, "JSON")
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object whose keys are all different: a repeated key is refused, not silently won by its last value."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise SpecError(f"{key}: given twice in one object -> give each key once")
+        out[key] = value
+    return out
 
 
 def parse_toml(text: str, source: str):
@@ -165,6 +177,20 @@ def _guarded_loader():
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1
+
+        def construct_mapping(self, node, deep=False):
+            # a repeated key is refused (PyYAML keeps the last value silently); merge keys (<<) may repeat
+            if isinstance(node, yaml.MappingNode):
+                seen = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = key_node.value
+                    if key in seen:
+                        raise SpecError(f"{key}: given twice in one mapping (line {key_node.start_mark.line + 1}) "
+                                        "-> give each key once")
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
     return GuardedLoader
 

@@ -378,3 +378,26 @@ def test_a_framework_config_with_a_value_the_framework_rejects_is_not_a_pass(cap
     code, out, err = cli(capsys, "check", str(tmp_path / name), "-c", "dgx-h100", "-n", "2", "-m", "llama3-8b", "-b",
                          "16", "-s", "4096")
     assert code == 3 and needle in out + err, out + err
+
+
+@pytest.mark.parametrize("name, text", [
+    ("c.yaml", "name: t\ngpu: H100-SXM\nnum_nodes: 1\nnum_nodes: 4\ngpus_per_node: 8\n"
+               "intra_node: {kind: nvlink, gb_per_s: 450}\ninter_node: {kind: infiniband, nics_per_node: 8, "
+               "nic_gbit_per_s: 400}\nhost_to_device: {gb_per_s: 50}\n"),
+    ("c.json", '{"name": "t", "gpu": "H100-SXM", "num_nodes": 1, "num_nodes": 4}'),
+])
+def test_a_key_given_twice_is_refused(capsys, tmp_path, name, text):
+    """YAML and JSON readers kept a repeated key's last value silently (4 nodes planned where the file also said 1);
+    the layout string already refused repeats."""
+    (tmp_path / name).write_text(text)
+    code, out, _ = cli(capsys, "plan", "-c", str(tmp_path / name), "-m", "llama3-8b", "-b", "16", "-s", "4096",
+                       "--json")
+    assert code == 3 and "num_nodes: given twice" in error_doc(out)["message"]
+
+
+def test_a_plan_of_another_major_schema_version_is_refused(capsys, tmp_path):
+    code, _, _ = cli(capsys, *SMALL_PLAN, "-o", str(tmp_path / "plan.json"))
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    (tmp_path / "old.json").write_text(json.dumps({**doc, "schema_version": "0.9"}))
+    code, _, err = cli(capsys, "export", str(tmp_path / "old.json"), "--to", "megatron")
+    assert code == 3 and "schema_version: '0.9'" in err

@@ -36,11 +36,25 @@ def _part(model_cls, data, where: str, source: str):
         raise SpecError([f"{where}.{p}" for p in err.problems], source=source) from None
 
 
+def schema_problem(doc: dict, source: str) -> None:
+    """A plan written under another major schema version (a breaking change: planner/__init__.py SCHEMA_VERSION) is
+    refused; a newer minor one only added fields this reader ignores, and a plan without the field is read as is."""
+    from planner import SCHEMA_VERSION
+
+    given = doc.get("schema_version")
+    if given is None:
+        return
+    if not isinstance(given, str) or given.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise SpecError(f"schema_version: {given!r} -> this planner reads {SCHEMA_VERSION.split('.')[0]}.x plans "
+                        f"(it writes {SCHEMA_VERSION}): plan again with this version", source=source)
+
+
 def plan_parts(doc, source: str = "plan JSON") -> PlanParts:
     """Validate a plan document: layout, inputs.model, inputs.training (and inputs.cluster when present)."""
     if not isinstance(doc, dict) or "layout" not in doc or not isinstance(doc.get("inputs"), dict):
         raise SpecError("expected a plan JSON with 'layout' and 'inputs' (the output of `planner plan --json`)",
                         source=source)
+    schema_problem(doc, source)
     inputs = doc["inputs"]
     for key in ("model", "training"):
         if key not in inputs:

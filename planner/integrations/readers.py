@@ -105,6 +105,9 @@ def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_
 
 
 def _plan(doc: dict) -> ConfigView:
+    from planner.inputs.plan_file import schema_problem
+
+    schema_problem(doc, "plan JSON")
     inputs = doc.get("inputs") or {}
     training = inputs.get("training") or {} if isinstance(inputs, dict) else None
     for name, part in (("layout", doc["layout"]), ("inputs", inputs), ("inputs.training", training)):
