@@ -153,7 +153,13 @@ def layout_from_arg(text: str, problem: Problem, option: str = "--layout") -> La
     from planner.inputs.layout_string import parse_layout_string
 
     p = Path(text)
-    if p.suffix.lower() == ".json" or (p.exists() and p.is_file()):
+    looks_like_file = p.suffix.lower() == ".json"
+    if not looks_like_file and "=" not in text:  # a key=value string is never taken for a file name
+        try:
+            looks_like_file = p.is_file()
+        except OSError:  # a name the OS cannot look up (too long): not a file
+            looks_like_file = False
+    if looks_like_file:
         from cluster_specs import read_structured_file
         from planner.inputs.plan_file import plan_parts
 
