@@ -78,7 +78,8 @@ def bench(
     (render_shortlist if top > 1 else render_bench)(stdout(), doc)
 
 
-def _refuse_unused_bench_options(plan_file, cluster, model, layout, save_calibration, top: int) -> None:
+def _refuse_unused_bench_options(plan_file: Path | None, cluster: str | None, model: str | None, layout: str | None,
+                                 save_calibration: Path | None, top: int) -> None:
     """Options that would be ignored: -c/-m/-l beside a plan (the plan says them), --save-calibration without a
     short list to fold in."""
     from cluster_specs import SpecError
