@@ -401,3 +401,10 @@ def test_a_plan_of_another_major_schema_version_is_refused(capsys, tmp_path):
     (tmp_path / "old.json").write_text(json.dumps({**doc, "schema_version": "0.9"}))
     code, _, err = cli(capsys, "export", str(tmp_path / "old.json"), "--to", "megatron")
     assert code == 3 and "schema_version: '0.9'" in err
+
+
+def test_json_before_the_command_is_the_command_s_json(capsys):
+    """`planner --json plan ...` printed the plan as text (the top level's --json is --version's) and only its errors
+    as JSON; it now means `planner plan ... --json`."""
+    code, out, _ = cli(capsys, "--json", *SMALL_PLAN)
+    assert code == 0 and json.loads(out)["kind"] == "plan"

@@ -44,7 +44,7 @@ def root(version: Annotated[bool, typer.Option("--version", callback=_version, i
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("PLANNER_DEBUG", "") not in ("", "0")
-    args = [a for a in args if a != "--debug"]
+    args = _json_after_command([a for a in args if a != "--debug"])
     try:
         code = typer.main.get_command(app).main(args=args, prog_name="planner", standalone_mode=False)
     except SystemExit:
@@ -54,6 +54,16 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # the one place failures become exit codes
         code = _failure(exc, as_json="--json" in args, debug=debug)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _json_after_command(args: list[str]) -> list[str]:
+    """`planner --json plan ...` means `planner plan ... --json`: the top level's own --json belongs to --version, so
+    before a command it was taken there and the command printed text (and only its errors as JSON)."""
+    command = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
+    if command is None or "--json" not in args[:command]:
+        return args
+    rest = [a for a in args[:command] if a != "--json"]
+    return [*rest, args[command], "--json", *args[command + 1:]]
 
 
 def _failure(exc: Exception, *, as_json: bool, debug: bool) -> int:
