@@ -62,6 +62,12 @@ def is_finite_number(x: object) -> TypeGuard[float]:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def is_int_at_least(x: object, least: int) -> TypeGuard[int]:
+    """A whole number of a config (an int, not a bool) that is at least `least`: the check every reader of degrees,
+    sizes and counts makes before it divides by one."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= least
+
+
 def finite_option(name: str, value: float, *, low: float = 0.0, low_inclusive: bool = True,
                   high: float | None = None) -> float:
     """A command-line number that must be finite and within [low, high] (or (low, high]); else a SpecError."""

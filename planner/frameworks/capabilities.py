@@ -123,15 +123,21 @@ class Capabilities:
             why = self.hybrid_shard_refusal(shard, zero, f" of dp {dp}")
             if why:
                 return why
-        off = f.get("offload", "none")
+        why = self.offload_problem(f.get("offload", "none"), zero)
+        if why:
+            return why
+        rec = f.get("recompute")
+        if rec is not None and rec not in self.recompute:
+            return f"recompute {rec} -> allowed: {', '.join(self.recompute)} ({self.sources.get('recompute', '')})"
+        return None
+
+    def offload_problem(self, off: str, zero: int) -> str | None:
+        """Why this framework cannot offload `off` at ZeRO stage `zero`, or None."""
         if off not in self.offload:
             return f"offload {off} -> allowed: {', '.join(self.offload)} ({self.sources.get('offload', '')})"
         if off == "optimizer" and zero not in self.optimizer_offload_zero_stages:
             return (f"offload optimizer with zero_stage {zero} -> at ZeRO {self.optimizer_offload_zero_stages} only "
                     f"({self.sources.get('offload', '')})")
-        rec = f.get("recompute")
-        if rec is not None and rec not in self.recompute:
-            return f"recompute {rec} -> allowed: {', '.join(self.recompute)} ({self.sources.get('recompute', '')})"
         return None
 
     def hybrid_shard_refusal(self, shard: int, zero: int | None, of_dp: str = "") -> str | None:

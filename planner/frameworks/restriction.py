@@ -65,7 +65,7 @@ def parse_fix(items: list[str] | None) -> dict:
     fixed = parse_layout_string(",".join(items or []))
     for key, value in fixed.items():
         least = 0 if key == "zero_stage" else 1
-        if isinstance(value, int) and not isinstance(value, bool) and value < least:
+        if isinstance(value, int) and not isinstance(value, bool) and value < least:  # sp=0 parses as False
             raise SpecError(f"--fix {key}: {value} -> must be an integer >= {least}")
         if key not in FIXABLE:
             why = NOT_SEARCHED.get(key, "not a search key")

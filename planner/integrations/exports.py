@@ -182,13 +182,9 @@ def _fix_sharding(fw: Framework, lay: LayoutSpec, changes: list[str]) -> LayoutS
         changes.append("offload optimizer -> optimizer+params with zero_stage 3 (FSDP2's CPUOffloadPolicy moves "
                        "parameters, gradients and optimizer state)")
         lay = with_fields(lay, {"offload": "optimizer+params", "zero_stage": 3})
-    if lay.offload not in caps.offload:
-        raise SpecError(f"offload: {lay.offload} -> {fw.value} offloads {', '.join(caps.offload)} only "
-                        f"({caps.sources['offload']}); plan with --framework {fw.value}")
-    if lay.offload == "optimizer" and lay.zero_stage not in caps.optimizer_offload_zero_stages:  # the plan's own rule
-        raise SpecError(f"offload: optimizer with zero_stage {lay.zero_stage} -> {fw.value} runs it at ZeRO "
-                        f"{caps.optimizer_offload_zero_stages} only ({caps.sources['offload']}); plan with --framework "
-                        f"{fw.value}")
+    why = caps.offload_problem(lay.offload, lay.zero_stage)  # the rule `plan --framework` searched under
+    if why:
+        raise SpecError(f"{fw.value}: {why}; plan with --framework {fw.value}")
     if lay.sequence_parallel and (not caps.sequence_parallel or lay.schedule in caps.no_sp_schedules):
         changes.append(f"sequence_parallel -> off ({caps.sources['sp']})")
         lay = with_fields(lay, {"sequence_parallel": False})
@@ -220,7 +216,10 @@ def _refuse(fw: Framework, lay: LayoutSpec, model: ModelSpec, training: Training
     if fw is Framework.TORCHTITAN:
         _torchtitan_family(model)
     elif fw in (Framework.MEGATRON, Framework.MEGATRON_DEEPSPEED):
-        _refuse_megatron_shape(model, deepspeed=fw is Framework.MEGATRON_DEEPSPEED)
+        why = _megatron_shape_refusal(model, deepspeed=fw is Framework.MEGATRON_DEEPSPEED)
+        if why:
+            raise SpecError(f"{why}; the exported launch would build another model: export --to nemo "
+                            "(Megatron-Bridge's model providers), or describe a model the framework builds")
 
 
 def nearest(fw: Framework, parts: PlanParts) -> tuple[LayoutSpec, list[str], dict | None]:
@@ -318,13 +317,6 @@ def _megatron_shape_refusal(model: ModelSpec, *, deepspeed: bool) -> str | None:
     return None
 
 
-def _refuse_megatron_shape(model: ModelSpec, *, deepspeed: bool) -> None:
-    why = _megatron_shape_refusal(model, deepspeed=deepspeed)
-    if why:
-        raise SpecError(f"{why}; the exported launch would build another model: export --to nemo (Megatron-Bridge's "
-                        "model providers), or describe a model the framework builds")
-
-
 def _megatron_shape_flags(model: ModelSpec, *, deepspeed: bool) -> list[tuple[str, object]]:
     """The flags for what differs from Megatron's default layer (kv_channels = hidden / heads, MHA, GeLU, LayerNorm,
     learned positions, full attention, tied embeddings, biases, dropout 0.1)."""
@@ -356,9 +348,8 @@ def _megatron_model_args(model: ModelSpec, training: TrainingSpec, *,
     """The model's shape as Megatron-LM's flags (Megatron-DeepSpeed's spellings with `deepspeed`: --num-key-value-heads,
     --normalization rmsnorm, --use-rotary-position-embeddings; its arguments.py at microsoft f4157bea). Dropout is set
     to the model's: both default to 0.1 (TransformerConfig hidden_dropout/attention_dropout), which a model without
-    dropout does not run (the masks would cost memory the plan does not count). A shape the flags cannot build is
-    refused (_megatron_shape_refusal): a launch that built another model would make the plan's numbers wrong."""
-    _refuse_megatron_shape(model, deepspeed=deepspeed)
+    dropout does not run (the masks would cost memory the plan does not count). A shape the flags cannot build was
+    refused before (_refuse, with _megatron_shape_refusal)."""
     args: list[tuple[str, object]] = [
         ("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
         ("--ffn-hidden-size", model.ffn), ("--num-attention-heads", model.num_attention_heads),

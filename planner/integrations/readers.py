@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_specs import SpecError
+from cluster_specs.limits import is_int_at_least
 from cost_models.inputs import REDUCE_BUCKET_ELEMENTS, ZERO3_MAX_REUSE_DISTANCE_ELEMENTS, Zero0Optimizer
 from cost_models.memory import NORM_FP32_UPCAST_BYTES_PER_ELEMENT
 from cost_models.step import stage_split
@@ -117,7 +118,7 @@ def _plan(doc: dict) -> ConfigView:
     lay = dict(doc["layout"])
     for key in PLAN_DEGREES:  # the framework's split rules divide by them before the layout is validated
         v = lay.get(key)
-        if key in lay and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        if key in lay and not is_int_at_least(v, 1):
             raise SpecError(f"layout.{key}: {v!r} -> must be an integer >= 1 (a plan written by `planner plan --json`)")
     name = doc.get("framework", "generic")
     if not isinstance(name, str) or name not in {f.value for f in Framework}:
@@ -188,7 +189,7 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     for name, value, least in (("tensor_parallel.autotp_size", (doc.get("tensor_parallel") or {}).get("autotp_size"), 0),
                                ("pipeline.stages", pipe.get("stages"), 1),
                                ("sequence_parallel_size", doc.get("sequence_parallel_size"), 1)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        if value is not None and not is_int_at_least(value, least):
             raise SpecError(f"{name}: {value!r} -> an integer >= {least} (DeepSpeed's config schema)")
     tp_cfg = (doc.get("tensor_parallel") or {}).get("autotp_size", 0)
     tp = over.pop("tp", None) or (tp_cfg if isinstance(tp_cfg, int) and tp_cfg > 1 else 1)
@@ -468,7 +469,7 @@ def ds_mics(zero: dict, view: ConfigView) -> None:
     size = zero.get("mics_shard_size")
     if size is None or size == -1:
         return
-    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+    if not is_int_at_least(size, 1):
         view.errors.append(("mics_shard_size", f"zero_optimization.mics_shard_size: {size!r} -> a positive integer, "
                                                "or -1 (off)", "give the MiCS group size, or drop the key"))
         return
@@ -781,7 +782,8 @@ TT_BOOL_FIELDS = {"parallelism": ("enable_sequence_parallel", "enable_async_tens
                   "training": ("enable_cpu_offload",)}
 
 
-def _require_ints(doc: dict) -> None:
+def _require_types(doc: dict) -> None:
+    """torchtitan's integer and boolean fields and its FQN lists, as torchtitan's config dataclasses type them."""
     for section, names in TT_INT_FIELDS.items():
         part = doc.get(section, {})
         if not isinstance(part, dict):
@@ -863,7 +865,7 @@ def _torchtitan_batch(train: dict, par: dict, pp: int, dp: int, view: ConfigView
 
 
 def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView:
-    _require_ints(doc)
+    _require_types(doc)
     par, train = doc.get("parallelism", {}), doc.get("training", {})
     era = "torchtitan <= 0.2 TOML" if legacy else "torchtitan 0.3 Python recipe"
     view = ConfigView("torchtitan" if legacy else "torchtitan-python", Framework.TORCHTITAN, {})
@@ -1118,7 +1120,7 @@ def megatron_parser() -> argparse.ArgumentParser:
 _HARMLESS = re.compile(r"^--(lr|min-lr|lr-\S+|weight-decay|adam-\S+|clip-grad|init-method-std|seed|data-\S+|split|"
                        r"vocab-file|merge-file|tokenizer-\S+|save\S*|load\S*|log\S*|tensorboard\S*|wandb\S*|"
                        r"eval-\S+|train-iters|train-samples|train-tokens|exit-\S+|distributed-backend|"
-                       r"hysteresis|loss-scale\S*|initial-loss-scale|min-loss-scale|attention-dropout|hidden-dropout|"
+                       r"hysteresis|loss-scale\S*|initial-loss-scale|min-loss-scale|"
                        r"no-masked-softmax-fusion|no-bias-gelu-fusion|no-bias-dropout-fusion|micro-batch-times\S*|"
                        r"timing-log\S*|profile\S*|use-checkpoint-\S+|finetune|no-load-\S+|kill-switch\S*|"
                        r"rampup-\S+|num-workers|nproc_per_node|nnodes|node_rank|master_addr|master_port|rdzv\S*|reset-\S+|eod-mask-loss|use-flash-attn\S*|lr-decay-\S+|"
