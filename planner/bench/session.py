@@ -439,8 +439,12 @@ DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "sgd")
 
 
-def check_bench_options(opts: BenchOptions, top: int, plan_file: Path | None) -> None:
+def check_bench_options(opts: BenchOptions, top: int, plan_file: Path | None, *, given: tuple[str, ...] = (),
+                        save_calibration: Path | None = None) -> None:
+    """The bench options, before any rank starts; `given`: which of --cluster/--model/--layout were given, which a
+    plan file says itself (they would be ignored beside one)."""
     from cluster_specs import SpecError
+    from cluster_specs.limits import finite_option
 
     if opts.dtype not in DTYPES:
         raise SpecError(f"--dtype: {opts.dtype!r} -> allowed: {', '.join(DTYPES)}")
@@ -449,6 +453,13 @@ def check_bench_options(opts: BenchOptions, top: int, plan_file: Path | None) ->
     bench_moments(opts.optimizer_states, opts.optimizer)  # refused before any rank starts
     if top < 1 or (top > 1 and plan_file is None):
         raise SpecError(f"--top: {top} -> needs a plan JSON and a value >= 1")
+    if plan_file is not None and given:
+        raise SpecError(f"{', '.join(given)}: given with a plan file -> the plan says them; give the plan, or "
+                        "--cluster/--model/--layout without one")
+    if save_calibration is not None and top < 2:
+        raise SpecError(f"--save-calibration: needs --top 2 or more (given --top {top}) -> it folds the measured "
+                        "layouts' step times into the calibration")
+    finite_option("--timeout", opts.timeout_seconds, low=0.0, low_inclusive=False, high=86400.0)
 
 
 def bench_document(opts: BenchOptions, *, plan_file: Path | None, cluster: str | None, model: str | None,
@@ -462,7 +473,9 @@ def bench_document(opts: BenchOptions, *, plan_file: Path | None, cluster: str |
     from planner.calibration import calibrated
     from planner.frameworks.profiles import profile_for
 
-    check_bench_options(opts, top, plan_file)
+    given = tuple(name for name, v in (("--cluster", cluster), ("--model", model), ("--layout", layout))
+                  if v is not None)
+    check_bench_options(opts, top, plan_file, given=given, save_calibration=save_calibration)
     need_torch()
     plan_doc, md, cl, lay, seq = bench_target(plan_file=plan_file, cluster=cluster, model=model, layout=layout,
                                               nodes=nodes, seq_len=seq_len, dp=opts.dp,

@@ -56,11 +56,7 @@ def bench(
     calibration: CalibrationOpt = None, output: OutputOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Run the layout with torch.distributed (NCCL on GPUs, gloo on CPU) and compare with the prediction."""
-    from cluster_specs.limits import finite_option
     from planner.bench.session import BenchOptions, bench_document
-
-    timeout = finite_option("--timeout", timeout, low=0.0, low_inclusive=False, high=86400.0)
-    _refuse_unused_bench_options(plan_file, cluster, model, layout, save_calibration, top)
 
     opts = BenchOptions(nproc=nproc, dp=dp, micro_batches=micro_batches, layers_per_stage=layers_per_stage,
                         hidden_size=hidden_size, vocab_size=vocab_size, steps=steps, warmup=warmup, dtype=dtype,
@@ -76,21 +72,6 @@ def bench(
     from planner.explain.report import render_bench, render_shortlist
 
     (render_shortlist if top > 1 else render_bench)(stdout(), doc)
-
-
-def _refuse_unused_bench_options(plan_file: Path | None, cluster: str | None, model: str | None, layout: str | None,
-                                 save_calibration: Path | None, top: int) -> None:
-    """Options that would be ignored: -c/-m/-l beside a plan (the plan says them), --save-calibration without a
-    short list to fold in."""
-    from cluster_specs import SpecError
-
-    given = [name for name, v in (("--cluster", cluster), ("--model", model), ("--layout", layout)) if v is not None]
-    if plan_file is not None and given:
-        raise SpecError(f"{', '.join(given)}: given with a plan file -> the plan says them; give the plan, or "
-                        "--cluster/--model/--layout without one")
-    if save_calibration is not None and top < 2:
-        raise SpecError(f"--save-calibration: needs --top 2 or more (given --top {top}) -> it folds the measured "
-                        "layouts' step times into the calibration")
 
 
 @app.command()
