@@ -197,7 +197,10 @@ def test_multimodal_wrapper_of_an_unsupported_decoder_says_so():
 def test_gemma3_text_config_as_released_takes_transformers_defaults():
     """Google's Gemma 3 27B text_config leaves out vocab_size and its 4B's num_attention_heads; transformers fills
     Gemma3TextConfig's defaults (262,208 tokens; 8 heads, 4 KV heads, head_dim 256). 27B text decoder: 62 layers,
-    h 5376, 32 heads (16 KV), head_dim 128, ffn 21504; 27.01B, the published decoder's size."""
+    h 5376, 32 heads (16 KV), head_dim 128, ffn 21504. By hand: per layer q 5376x4096 + k, v 2x5376x2048 + o 4096x5376
+    = 66,060,288, GeGLU 3x5376x21504 = 346,816,512, 4 norms 4x5376 + q/k norms 2x128 = 21,760, so 412,898,560;
+    x 62 = 25,599,710,720, + the tied embedding 262,208 x 5376 = 1,409,630,208 + the final norm 5,376 =
+    27,009,346,304 (Gemma 3's published 27B)."""
     cfg = dict(model_type="gemma3_text", hidden_size=5376, intermediate_size=21504, num_attention_heads=32,
                num_key_value_heads=16, head_dim=128, num_hidden_layers=62, sliding_window=1024)
     spec = ModelSpec.model_validate(hf_config_to_spec(cfg))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cluster_specs import SpecError, read_structured_file
 from cluster_specs.errors import from_pydantic, unknown_name
+from cluster_specs.limits import is_int_at_least
 from planner.inputs.specs import ModelSpec
 
 
@@ -144,7 +145,7 @@ class _Cfg:
             value = self.raw.get(key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            if not is_int_at_least(value, minimum):
                 self._bad(key, value, f"must be an integer >= {minimum}")
             return value
         if default is None:
@@ -234,8 +235,8 @@ def _qwen3(c):
 
 def _leading_dense(c, dense: list[int], key: str, value) -> int:
     """The count of dense layers where they lead the stack (DeepSeek's first_k_dense_replace), which is what the
-    planner models (MoESpec.num_dense_layers: its stage split, Megatron's --moe-layer-freq, torchtitan's n_dense_layers);
-    dense layers between MoE ones are refused, not counted as leading."""
+    planner can say (MoESpec.num_dense_layers, exported as Megatron's --moe-layer-freq and torchtitan's
+    n_dense_layers); dense layers between MoE ones are refused, not counted as leading."""
     if dense != list(range(len(dense))):
         c._bad(key, value, f"dense layers {dense[:6]}{'...' if len(dense) > 6 else ''} between MoE layers: the planner "
                            "models MoE stacks whose dense layers lead (first_k_dense_replace); " + _HAND_SPEC)
@@ -297,8 +298,8 @@ GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "num_attention_heads": 8, "num_key
 
 
 def _gemma3_text(c):
-    c = _Cfg({**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in c.raw.items() if v is not None or k not in
-                                         GEMMA3_TEXT_DEFAULTS}}, c.kind, c.source)
+    missing = {k: v for k, v in GEMMA3_TEXT_DEFAULTS.items() if c.raw.get(k) is None}
+    c = _Cfg({**c.raw, **missing}, c.kind, c.source)
     spec = {**_decoder(c, mlp="geglu", tied=True), "norms_per_layer": 4, "qk_norm": True}
     pattern = c.int("sliding_window_pattern", default=6)
     local = sum(1 for i in range(spec["num_layers"]) if (i + 1) % pattern)
