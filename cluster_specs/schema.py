@@ -8,20 +8,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from cluster_specs import limits as lim
+from cluster_specs.base import FrozenSpec
 from cost_models.inputs import Hardware, Link
 
 GIB = 2**30
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class GPUSpec(_Frozen):
+class GPUSpec(FrozenSpec):
     name: str = ""
     memory_gib: float = Field(gt=0, le=lim.MAX_GPU_MEMORY_GIB)
     tflops: dict[Literal["bf16", "fp16", "fp32", "fp8"], float] = Field(min_length=1)
@@ -58,7 +55,7 @@ class GPUSpec(_Frozen):
         return self.tflops[dtype] * 1e12
 
 
-class IntraNodeLink(_Frozen):
+class IntraNodeLink(FrozenSpec):
     kind: Literal["nvlink", "pcie", "none"]
     gb_per_s: float = Field(ge=0, le=lim.MAX_BANDWIDTH_GB_S, description="per GPU, one direction, line rate")
     efficiency: float = Field(default=0.8, gt=0, le=1)
@@ -76,7 +73,7 @@ class IntraNodeLink(_Frozen):
         return Link(self.gb_per_s * 1e9 * self.efficiency, self.latency_us * 1e-6)
 
 
-class InterNodeNetwork(_Frozen):
+class InterNodeNetwork(FrozenSpec):
     kind: Literal["infiniband", "ethernet", "roce", "none"]
     nics_per_node: int = Field(ge=0)
     nic_gbit_per_s: float = Field(ge=0, description="per NIC, one direction, line rate, Gb/s")
@@ -89,7 +86,7 @@ class InterNodeNetwork(_Frozen):
         return Link(self.nic_gbit_per_s / 8 * 1e9 * self.efficiency, self.latency_us * 1e-6)
 
 
-class HostLink(_Frozen):
+class HostLink(FrozenSpec):
     gb_per_s: float = Field(gt=0)
     efficiency: float = Field(default=0.8, gt=0, le=1)
     latency_us: float = Field(default=10.0, ge=0)
@@ -125,7 +122,7 @@ def calibration_knob_problem(name: str, value: float) -> str | None:
     return None if above_low and value <= high else f"knobs.{name}: {value} -> {allowed}"
 
 
-class Measured(_Frozen):
+class Measured(FrozenSpec):
     """What `planner calibrate` measured on a machine: the knobs it fitted and the raw figures, for the record."""
 
     measured_at: str = ""
@@ -146,7 +143,7 @@ class Measured(_Frozen):
         return self
 
 
-class ClusterSpec(_Frozen):
+class ClusterSpec(FrozenSpec):
     name: str = "custom"
     description: str = ""
     gpu: str | GPUSpec

@@ -208,3 +208,32 @@ def test_a_calibration_file_knob_outside_its_meaning_is_refused(tmp_path, name, 
     path.write_text(yaml.safe_dump({**spec, "measured": {"knobs": {name: low, "some_future_knob": -1.0}}}))
     assert load_cluster(str(path)).measured.knobs[name] == low
     assert name in KNOB_NAMES
+
+
+def test_a_switch_where_a_number_belongs_is_refused_not_coerced(tmp_path):
+    """pydantic's lax mode would read `num_nodes: true` as 1 node and `tied_embeddings: 0` as untied
+    (cluster_specs/base.py); each input spec refuses a value of the other kind, naming the field."""
+    spec = load_cluster("dgx-a100-80gb").model_dump()
+    for path, value, expected in (
+        (("num_nodes",), True, "num_nodes: true -> must be a number, not true/false"),
+        (("intra_node", "gb_per_s"), False, "intra_node.gb_per_s: false -> must be a number"),
+    ):
+        bad = json.loads(json.dumps(spec))
+        target = bad
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        f = tmp_path / "c.json"
+        f.write_text(json.dumps(bad))
+        with pytest.raises(SpecError, match=expected.replace(".", r"\.")):
+            load_cluster(str(f))
+    base = load_model("llama3-8b").model_dump(exclude_none=True)
+    with pytest.raises(Exception, match="tied_embeddings: 0 -> must be true or false"):
+        ModelSpec.model_validate({**base, "tied_embeddings": 0})
+    with pytest.raises(Exception, match="num_layers: true -> must be a number"):
+        ModelSpec.model_validate({**base, "num_layers": True})
+    with pytest.raises(Exception, match=r"tflops\.bf16: true -> must be a number"):
+        type(load_gpu("H100-SXM")).model_validate({**load_gpu("H100-SXM").model_dump(), "tflops": {"bf16": True}})
+    # numbers spelled as digits or whole floats still mean that number; a layout string is parsed to its types first
+    assert ModelSpec.model_validate({**base, "num_layers": "32", "hidden_size": 4096.0}).num_layers == 32
+    assert LayoutSpec.model_validate({"tp": 2, "dp": 4, "sequence_parallel": True}).sequence_parallel

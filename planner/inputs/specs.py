@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from cluster_specs import limits as lim
+from cluster_specs.base import FrozenSpec
 from cost_models import inputs as cm
 from cost_models.compute import parameter_counts
 from cost_models.inputs import Offload, Precision, Recompute, Schedule
@@ -17,11 +18,7 @@ from cost_models.inputs import Offload, Precision, Recompute, Schedule
 SCHEDULES = tuple(s.value for s in Schedule)  # the names `--schedules` accepts
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class MoESpec(_Frozen):
+class MoESpec(FrozenSpec):
     """Mixture-of-experts MLP: routed experts (the model's MLP kind, width expert_ffn_hidden_size), top-k routing,
     optional shared experts and leading dense layers (modern-training.md §3.1)."""
 
@@ -59,7 +56,7 @@ class MoESpec(_Frozen):
         return cm.MoE(**self.model_dump())
 
 
-class MLASpec(_Frozen):
+class MLASpec(FrozenSpec):
     """Multi-head latent attention (DeepSeek-V2/V3), Hugging Face field names (modern-training.md §4.1)."""
 
     q_lora_rank: int | None = Field(default=None, ge=1, le=lim.MAX_HIDDEN, description="None: a plain q_proj")
@@ -75,7 +72,7 @@ class MLASpec(_Frozen):
 GATED_MLPS = ("swiglu", "geglu")  # a gate and an up projection: 3 matrices, the rest 2
 
 
-class ModelSpec(_Frozen):
+class ModelSpec(FrozenSpec):
     """A decoder-only transformer. Parameter counts are derived, never typed in."""
 
     name: str = "custom"
@@ -190,7 +187,7 @@ STATE_BYTES = {**PRECISION_BYTES, "fp8": 1}
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "blockwise", "mxfp8")  # cost_models/fp8.py
 
 
-class TrainingSpec(_Frozen):
+class TrainingSpec(FrozenSpec):
     """What one step trains on, in what precision, with which optimizer."""
 
     global_batch_size: int = Field(ge=1, le=lim.MAX_GLOBAL_BATCH, description="sequences per optimizer step")
@@ -295,7 +292,7 @@ class TrainingSpec(_Frozen):
         )
 
 
-class LayoutSpec(_Frozen):
+class LayoutSpec(FrozenSpec):
     """The planner's output and what `check` validates. Field names follow torchtitan's short degree names."""
 
     dp: int = Field(ge=1, le=lim.MAX_GPUS)
