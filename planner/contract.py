@@ -259,7 +259,8 @@ class EstimateDocument(_Strict):
     tool_version: str
     kind: Literal["estimate"] = "estimate"
     framework: Framework = Field(Framework.GENERIC, description="The framework the layout was checked against "
-                                                                "(--framework).")
+                                                                "(--framework, else the framework of a plan file "
+                                                                "given as --layout, else generic).")
     inputs: Inputs
     layout: LayoutSpec
     predicted: Predicted

@@ -145,21 +145,45 @@ def complete_layout(fields: dict, model: ModelSpec, training: TrainingSpec, clus
     return layout
 
 
+def layout_file(text: str) -> Path | None:
+    """The file a --layout/--compare value names (a .json name, or an existing file), or None for a key=value
+    string, which is never taken for a file name."""
+    p = Path(text)
+    if p.suffix.lower() == ".json":
+        return p
+    if "=" in text:
+        return None
+    try:
+        return p if p.is_file() else None
+    except OSError:  # a name the OS cannot look up (too long): not a file
+        return None
+
+
+def plan_file_framework(text: str) -> str | None:
+    """The framework a plan JSON given as --layout was made for (its top-level `framework`), or None: a key=value
+    string, a layout-only file, or a file that cannot be read (layout_from_arg then says why)."""
+    p = layout_file(text)
+    if p is None:
+        return None
+    from cluster_specs import read_structured_file
+
+    try:
+        doc = read_structured_file(p)
+    except SpecError:
+        return None
+    from planner.frameworks import Framework
+
+    framework = doc.get("framework") if isinstance(doc, dict) else None
+    return framework if framework in tuple(Framework) else None
+
+
 def layout_from_arg(text: str, problem: Problem, option: str = "--layout") -> LayoutSpec:
     """A --layout or --compare value, completed: a key=value string, or a plan JSON file (its `layout` object;
     a full plan is validated first, so a hand-edited one that breaks a layout rule is refused)."""
-    from pathlib import Path
-
     from planner.inputs.layout_string import parse_layout_string
 
-    p = Path(text)
-    looks_like_file = p.suffix.lower() == ".json"
-    if not looks_like_file and "=" not in text:  # a key=value string is never taken for a file name
-        try:
-            looks_like_file = p.is_file()
-        except OSError:  # a name the OS cannot look up (too long): not a file
-            looks_like_file = False
-    if looks_like_file:
+    p = layout_file(text)
+    if p is not None:
         from cluster_specs import read_structured_file
         from planner.inputs.plan_file import plan_parts
 

@@ -48,9 +48,12 @@ class ProblemRequest:
 
 def estimate_document(req: ProblemRequest, layout: str, *, framework: str | None = None,
                       allow_tp_across_nodes: bool = False) -> EstimateDocument:
-    from planner.estimate import estimate_layout, layout_from_arg
+    from planner.estimate import estimate_layout, layout_from_arg, plan_file_framework
     from planner.frameworks.capabilities import refuse_unrunnable
 
+    # a plan file is estimated under the framework it was planned for, as its predicted numbers were, unless
+    # --framework names another
+    framework = framework or plan_file_framework(layout)
     problem = req.problem(framework=framework)
     lay = layout_from_arg(layout, problem)
     fw = refuse_unrunnable(framework, lay, problem.model, problem.training)

@@ -117,3 +117,21 @@ def test_malformed_files(tmp_path):
     assert proc.returncode == errors.EXIT_INPUT
     assert any("num_layers" in l for l in lines) and any("bogus" in l and "unknown field" in l for l in lines)
     assert any("num_attention_heads" in l and "missing" in l for l in lines)
+
+
+def test_estimate_of_a_plan_file_uses_the_plan_s_framework(tmp_path):
+    """`estimate -l plan.json` predicts the plan's layout under the profile the plan was made for, so it gives the
+    plan's own step time; --framework still names another (the generic profile's number differs here: FSDP2's
+    prefetch hides 80% of the ZeRO-3 traffic, the generic profile 50%)."""
+    plan = tmp_path / "p.json"
+    common = ("-c", "dgx-h100", "-n", "2", "-m", "llama3-8b", "-b", "64", "-s", "4096")
+    run("plan", *common, "--framework", "torchtitan", "--top", "0", "--json", "-o", str(plan), check=True)
+    planned = json.loads(plan.read_text())
+    same = json.loads(run("estimate", *common, "-l", str(plan), "--json", check=True).stdout)
+    assert same["framework"] == "torchtitan"
+    assert same["predicted"]["step_time_seconds"] == pytest.approx(planned["predicted"]["step_time_seconds"], rel=1e-9)
+    generic = json.loads(run("estimate", *common, "-l", str(plan), "--framework", "generic", "--json",
+                             check=True).stdout)
+    assert generic["framework"] == "generic"
+    assert generic["predicted"]["step_time_seconds"] != pytest.approx(same["predicted"]["step_time_seconds"], rel=0.01)
+    assert "torchtitan profile" in run("estimate", *common, "-l", str(plan), check=True).stdout.splitlines()[0]

@@ -122,8 +122,11 @@ def render_estimate_document(console: Console, doc) -> None:
 
 
 def compiled(doc) -> str:
-    """The title's mark of a torch.compiled model (--compile, TrainingSpec.compile)."""
-    return ", torch.compile" if doc.inputs.training.compile else ""
+    """The title's marks: the framework whose profile made the numbers (none for generic), and a torch.compiled
+    model (--compile, TrainingSpec.compile)."""
+    framework = getattr(doc, "framework", None)
+    shown = f", {framework} profile" if framework and framework != "generic" else ""
+    return shown + (", torch.compile" if doc.inputs.training.compile else "")
 
 
 def layout_arg(lay) -> str:
