@@ -62,7 +62,8 @@ lint: $(DEVSTAMP)
 	$(BIN)/mypy
 
 # The published JSON Schemas are generated from planner/contract.py (tests/test_contract.py checks they are current)
-SCHEMAS := plan estimate check bench check-batch compare scaling error
+SCHEMAS := plan estimate check bench check-batch compare scaling error clusters cluster calibration models model \
+	validation version
 schema: $(STAMP)
 	for s in $(SCHEMAS); do $(BIN)/planner schema $$s > docs/schema/$$s.schema.json || exit 1; done
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from cluster_specs.schema import ClusterSpec
+from cluster_specs.schema import ClusterSpec, GPUSpec
 from planner.bench import CORE_ATTENTION
 from planner.frameworks import Framework
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
@@ -700,6 +700,153 @@ class ScalingDocument(_Strict):
     curves: list[ScalingCurve]
 
 
+# ---- catalog, version, calibration, validation -------------------------------------------------------------
+
+
+class ClusterListEntry(_Strict):
+    name: str = Field(description="The preset's name, as -c takes it.")
+    description: str = Field(description="What the preset is.")
+    gpu: str = Field(description="Its GPU, a name `clusters show` resolves in the GPU catalog.")
+    gpus_per_node: int = Field(description="GPUs per node.")
+
+
+class ClusterList(RootModel[list[ClusterListEntry]]):
+    """`planner clusters list --json`: the presets, one object each (an array, without versions)."""
+
+
+class ClusterDerived(_Strict):
+    num_gpus: int = Field(description="num_nodes x gpus_per_node.")
+    gpu_memory_bytes: float = Field(description="One GPU's memory, bytes.")
+    intra_node_bytes_per_second: float | None = Field(
+        description="Achieved bandwidth inside a node (gb_per_s x efficiency), bytes/s; null without a link.")
+    node_network_bytes_per_second: float | None = Field(
+        description="Achieved bandwidth of a node's NICs together, bytes/s; null for one node without a network.")
+
+
+class ClusterDocument(_Strict):
+    """`planner clusters show NAME --json`: the cluster spec as the cost models read it, its GPU, and derived SI
+    values."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["cluster"] = "cluster"
+    cluster: ClusterSpec = Field(description="The cluster spec (the file format -c takes, human units).")
+    gpu: GPUSpec = Field(description="Its GPU from the catalog (cluster_specs/gpus.yaml).")
+    derived: ClusterDerived
+
+    @classmethod
+    def from_spec(cls, spec: ClusterSpec) -> ClusterDocument:
+        gpu, hw = spec.gpu_spec(), spec.to_cost_model()
+        derived = ClusterDerived(
+            num_gpus=spec.num_gpus, gpu_memory_bytes=gpu.memory_bytes,
+            intra_node_bytes_per_second=hw.intra_node.bandwidth_bytes_per_second if hw.intra_node else None,
+            node_network_bytes_per_second=hw.nic.bandwidth_bytes_per_second * hw.nics_per_node if hw.nic else None)
+        return cls(**_versions(), cluster=spec, gpu=gpu, derived=derived)
+
+
+class ModelListEntry(_Strict):
+    name: str = Field(description="The preset's name, as -m takes it.")
+    parameters: int = Field(description="Total parameters (all experts).")
+    source: str = Field(description="Where the shape comes from.")
+
+
+class ModelList(RootModel[list[ModelListEntry]]):
+    """`planner models list --json`: the presets, one object each (an array, without versions)."""
+
+
+class ParameterCountsReport(_Strict):
+    embedding: int = Field(description="Word embeddings (unpadded vocabulary).")
+    position_embedding: int = Field(description="Learned position embeddings (0 for rotary/ALiBi).")
+    per_layer: int = Field(description="One layer (an MoE layer with all its experts).")
+    per_layer_norms: int = Field(description="The part of per_layer that TP replicates (norm weights).")
+    layers: int = Field(description="All layers together (dense and MoE).")
+    final_norm: int = Field(description="The final norm.")
+    output_layer: int = Field(description="The output projection (0 when tied to the embedding).")
+    total: int = Field(description="Every parameter.")
+    active: int = Field(description="Parameters one token uses (MoE: k of E routed experts); total when dense.")
+    per_dense_layer: int = Field(description="A dense layer of an MoE model; per_layer when dense.")
+    per_layer_routed_experts: int = Field(description="The routed-expert part of per_layer (sharded by EP).")
+
+
+class ModelDocument(_Strict):
+    """`planner models show NAME --json`: the model spec (the YAML format -m takes) and its parameter counts."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["model"] = "model"
+    model: ModelSpec
+    parameters: ParameterCountsReport
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> ModelDocument:
+        return cls(**_versions(), model=spec, parameters=ParameterCountsReport(**spec.parameter_counts()))
+
+
+class VersionDocument(_Strict):
+    """`planner --version --json`."""
+
+    tool_version: str
+    schema_version: str = Field(description="The version of every JSON document's contract (planner/contract.py).")
+
+    @classmethod
+    def current(cls) -> VersionDocument:
+        return cls(**_versions())
+
+
+class ErrorStats(_Strict):
+    rows: int = Field(description="Rows in the group.")
+    median_abs_error: float | None = Field(description="Median |predicted - measured| / measured (leave one source "
+                                                       "out); null for no rows.")
+    p90_abs_error: float | None = Field(description="90th percentile of the same; null for no rows.")
+
+
+class BandInside(_Strict):
+    rows: int = Field(description="vTrain rows whose measured step lies inside the shipped step-time band.")
+    of: int = Field(description="vTrain rows compared.")
+    median_width: float = Field(description="Median width of those bands, as a fraction of the prediction.")
+
+
+class VTrainSummary(_Strict):
+    rows: int = Field(description="vTrain's measured runs predicted (planner/data/vtrain_ground_truth_multi.csv).")
+    mean_abs_error: float = Field(description="Mean |predicted - measured| / measured.")
+    bias: float = Field(description="Mean signed error; negative: predicted too fast.")
+    regret: dict[str, float] = Field(description="Per model: measured time of the layout predicted fastest over the "
+                                                 "best measured time, minus 1.")
+    false_out_of_memory: int = Field(description="Measured runs predicted not to fit.")
+    pairs_ordered_as_measured: float = Field(description="Share of one model's layout pairs the predictions order as "
+                                                          "measured.")
+    inside_band: BandInside
+
+
+class ValidationSummary(_Strict):
+    """`planner validate --json`: the figures `make validate` reports (docs/validation.md has the tables). Errors
+    are fractions (0.05 = 5%)."""
+
+    schema_version: str
+    tool_version: str
+    kind: Literal["validation"] = "validation"
+    rows_evaluated: int = Field(description="Published rows predicted.")
+    rows_skipped: int = Field(description="Rows the models cannot represent (docs/validation.md says why).")
+    loso_median_abs_error: float | None = Field(description="Median |error|, each source predicted with knobs "
+                                                            "fitted without it (leave one source out).")
+    loso_p90_abs_error: float | None = Field(description="90th percentile of the same.")
+    fitted_on_all_median_abs_error: float | None = Field(description="Median |error| with knobs fitted on all rows "
+                                                                     "(in-sample, for comparison).")
+    fitted_on_all_p90_abs_error: float | None = Field(description="90th percentile of the same.")
+    false_out_of_memory: int = Field(description="Rows that ran but are predicted not to fit.")
+    fitted_knobs: dict[str, float] = Field(description="The knob values fitted on all rows (shipped).")
+    by_family: dict[str, ErrorStats] = Field(description="Per framework family.")
+    by_gpu_generation: dict[str, ErrorStats] = Field(description="Per GPU generation.")
+    by_source: dict[str, ErrorStats] = Field(description="Per published source.")
+    memory_rows: int = Field(description="Rows with a printed peak memory.")
+    memory_median_abs_error: float | None = Field(description="Median |error| of predicted against printed memory.")
+    memory_worst_under_prediction: float | None = Field(description="The most negative memory error (under-"
+                                                                    "prediction).")
+    memory_median_abs_error_if_printed_gb_is_1e9_bytes: float | None = Field(
+        description="The memory median if a printed GB were 10^9 bytes rather than GiB.")
+    vtrain: VTrainSummary
+
+
 # ---- errors ----------------------------------------------------------------------------------------------
 
 
@@ -727,7 +874,10 @@ class ErrorDocument(_Strict):
 
 SCHEMAS: dict[str, type[BaseModel]] = {"plan": PlanDocument, "estimate": EstimateDocument, "check": CheckReport,
                                        "bench": BenchReport, "check-batch": CheckBatch, "compare": CompareDocument,
-                                       "scaling": ScalingDocument, "error": ErrorDocument}
+                                       "scaling": ScalingDocument, "error": ErrorDocument, "clusters": ClusterList,
+                                       "cluster": ClusterDocument, "calibration": ClusterSpec, "models": ModelList,
+                                       "model": ModelDocument, "validation": ValidationSummary,
+                                       "version": VersionDocument}
 
 
 def json_schema(which: str) -> dict[str, Any]:

@@ -181,6 +181,20 @@ def calibration_file(output: Path, *, nproc: int, **measure: Any) -> Any:
     return spec
 
 
+def validation_document(result: Any, vt: Any) -> Any:
+    """`validate --json`: the validation's summary (planner.validation.summary) and vTrain's figures, as the
+    contract's ValidationSummary."""
+    from planner.contract import ValidationSummary, _versions
+    from planner.validation import shipped_band_table, summary
+    from planner.validation_vtrain import shipped_band_coverage
+
+    cov = shipped_band_coverage(vt.results, shipped_band_table(result))
+    vtrain = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias, "regret": vt.regret,
+              "false_out_of_memory": vt.false_oom, "pairs_ordered_as_measured": vt.pair_accuracy,
+              "inside_band": {"rows": cov.inside, "of": cov.rows, "median_width": cov.median_width}}
+    return ValidationSummary(**_versions(), **summary(result), vtrain=vtrain)
+
+
 def validation_summary(runs: Path, *, with_planner: bool = True, report: bool = False, write_tables: bool = False
                        ) -> tuple[dict[str, Any], str, str]:
     """`planner validate`: the published runs held out by source, and vTrain's runs. Returns the summary document,
@@ -189,15 +203,8 @@ def validation_summary(runs: Path, *, with_planner: bool = True, report: bool = 
     rewritten from this run: the error bands (planner/data/error_bands.json) and the ranking band
     (ranking_band.json)."""
     from planner.decisions.ranking import table_from_results, write_table
-    from planner.validation import (
-        load_rows,
-        render_markdown,
-        run_validation,
-        shipped_band_table,
-        summary,
-        write_band_table,
-    )
-    from planner.validation_vtrain import run_vtrain, shipped_band_coverage
+    from planner.validation import load_rows, render_markdown, run_validation, write_band_table
+    from planner.validation_vtrain import run_vtrain
 
     result = run_validation(load_rows(runs))
     vt = run_vtrain(result.knobs)
@@ -210,12 +217,7 @@ def validation_summary(runs: Path, *, with_planner: bool = True, report: bool = 
     if write_tables:
         write_band_table(result)
         write_table(table_from_results(vt.results))
-    s = summary(result)
-    s["vtrain"] = {"rows": len(vt.results), "mean_abs_error": vt.mean_abs_error, "bias": vt.bias,
-                   "regret": vt.regret, "false_out_of_memory": vt.false_oom,
-                   "pairs_ordered_as_measured": vt.pair_accuracy}
-    cov = shipped_band_coverage(vt.results, shipped_band_table(result))
-    s["vtrain"]["inside_band"] = {"rows": cov.inside, "of": cov.rows, "median_width": cov.median_width}
+    s = validation_document(result, vt).model_dump(mode="json")
     line = (f"{s['rows_evaluated']} rows: LOSO median |error| {s['loso_median_abs_error']:.1%}, 90th pct "
             f"{s['loso_p90_abs_error']:.1%}, false OOM {s['false_out_of_memory']}; vTrain mean |error| "
             f"{vt.mean_abs_error:.1%}, bias {vt.bias:+.1%}")

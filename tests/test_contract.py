@@ -174,7 +174,28 @@ def test_the_schema_help_names_every_document():
     help_text = subprocess.run([sys.executable, "-m", "planner.cli", "schema", "--help"], capture_output=True,
                                text=True).stdout
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    line = next(x for x in readme.splitlines() if "planner schema plan" in x)
+    lines = readme.splitlines()
+    at = next(i for i, x in enumerate(lines) if "planner schema plan" in x)
+    # the command's comment, with the lines that go on with it (a line that is only a comment)
+    line = " ".join([lines[at], *(x for x in lines[at + 1:at + 4] if x.lstrip().startswith("#"))][:2])
     for name in SCHEMAS:
         assert re.search(rf"\b{re.escape(name)}\b", " ".join(help_text.split())), name
         assert re.search(rf"\b{re.escape(name)}\b", line), name
+
+
+@pytest.mark.parametrize(("argv", "which"), [
+    (["clusters", "list"], "clusters"), (["clusters", "show", "dgx-h100", "--nodes", "2"], "cluster"),
+    (["models", "list"], "models"), (["models", "show", "deepseek-v3"], "model"), (["--version"], "version")])
+def test_catalog_and_version_json_are_their_contract_models(argv, which):
+    """The catalog's and --version's JSON are documents of the contract too (`planner schema NAME`): each output
+    reads back through its model and prints the same again."""
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", *argv, "--json"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    model = SCHEMAS[which]
+    doc = model.model_validate_json(proc.stdout)
+    assert json.loads(doc.model_dump_json()) == json.loads(proc.stdout)
+    if which == "model":
+        assert doc.parameters.total == 671_026_419_200 and doc.parameters.active == 37_552_297_472
+    if which == "cluster":
+        assert doc.derived.num_gpus == 16 and doc.kind == "cluster"

@@ -555,3 +555,17 @@ def test_band_quantiles_weigh_each_source_the_same():
     table = build_table([(src, "fsdp", "hopper", 8, e) for src, e in three * 2], [], level=0.5)
     assert table["time"]["fsdp|hopper"]["error_low"] == pytest.approx(source_weighted_quantile(three * 2, 0.25))
     assert table["time"]["fsdp|hopper"]["error_high"] == pytest.approx(source_weighted_quantile(three * 2, 0.75))
+
+
+def test_validate_json_is_the_contract_s_validation_summary(report):
+    """`validate --json` prints planner.contract.ValidationSummary (`planner schema validation`): the summary and
+    vTrain's figures, read back through the model unchanged."""
+    from planner.contract import ValidationSummary
+    from planner.requests import validation_document
+    from planner.validation_vtrain import run_vtrain
+
+    doc = validation_document(report, run_vtrain(report.knobs))
+    again = ValidationSummary.model_validate_json(doc.model_dump_json())
+    assert again == doc and again.kind == "validation"
+    assert again.rows_evaluated == summary(report)["rows_evaluated"] and again.vtrain.rows == 109
+    assert set(again.vtrain.regret) == {"GPT 3.6B", "GPT 18.4B", "GPT 39.1B", "GPT 175B"}

@@ -26,7 +26,9 @@ def _version(value: bool) -> None:
         from planner.cli.options import emit_json
 
         if "--json" in sys.argv:
-            emit_json({"tool_version": __version__, "schema_version": SCHEMA_VERSION})
+            from planner.contract import VersionDocument
+
+            emit_json(VersionDocument.current())
         else:
             print(f"planner {__version__} (schema {SCHEMA_VERSION})")
         raise typer.Exit()

@@ -95,8 +95,10 @@ def calibrate(
 
     spec = calibration_file(output, nproc=nproc, model=model, seq_len=seq_len, micro_batch_size=micro_batch_size,
                             tp=tp, gpu_name=gpu, repeats=repeats, max_message_mib=max_message_mib)
-    if as_json:
-        return emit_json(spec)
+    if as_json:  # the spec as the cost models read it (`planner schema calibration`)
+        from cluster_specs import ClusterSpec
+
+        return emit_json(ClusterSpec.model_validate(spec))
     from planner.explain.report import render_calibration
 
     render_calibration(stdout(), stderr(), output, nproc, spec)

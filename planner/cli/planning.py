@@ -122,8 +122,9 @@ def plan(
 
 
 @app.command()
-def schema(which: Annotated[str, typer.Argument(help="plan, estimate, check, check-batch, bench, compare, scaling or "
-                                                     "error")] = "plan") -> None:
+def schema(which: Annotated[str, typer.Argument(
+        help="plan, estimate, check, check-batch, bench, compare, scaling, error, clusters, cluster, calibration, "
+             "models, model, validation or version")] = "plan") -> None:
     """Print the JSON Schema of a document (generated from planner/contract.py; `make schema` writes docs/schema/)."""
     from planner.contract import json_schema
 

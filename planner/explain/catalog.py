@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 
 from planner.explain.report import count, kv_table
 
 
-def clusters_doc(specs: list) -> list[dict[str, Any]]:
-    return [{"name": s.name, "description": s.description, "gpu": s.gpu, "gpus_per_node": s.gpus_per_node}
-            for s in specs]
+def clusters_doc(specs: list):
+    from planner.contract import ClusterList, ClusterListEntry
+
+    return ClusterList([ClusterListEntry(name=s.name, description=s.description, gpu=s.gpu,
+                                         gpus_per_node=s.gpus_per_node) for s in specs])
 
 
 def render_clusters(console: Console, specs: list) -> None:
@@ -28,13 +28,10 @@ def render_clusters(console: Console, specs: list) -> None:
     console.print(table)
 
 
-def cluster_doc(spec) -> dict[str, Any]:
-    gpu, hw = spec.gpu_spec(), spec.to_cost_model()
-    return {"cluster": spec.model_dump(mode="json"), "gpu": gpu.model_dump(mode="json"),
-            "derived": {"num_gpus": spec.num_gpus, "gpu_memory_bytes": gpu.memory_bytes,
-                        "intra_node_bytes_per_second": hw.intra_node.bandwidth_bytes_per_second if hw.intra_node else None,
-                        "node_network_bytes_per_second": hw.nic.bandwidth_bytes_per_second * hw.nics_per_node
-                        if hw.nic else None}}
+def cluster_doc(spec):
+    from planner.contract import ClusterDocument
+
+    return ClusterDocument.from_spec(spec)
 
 
 def render_cluster(console: Console, spec) -> None:
@@ -51,8 +48,11 @@ def render_cluster(console: Console, spec) -> None:
     ]))
 
 
-def models_doc(specs: list) -> list[dict[str, Any]]:
-    return [{"name": s.name, "parameters": s.parameter_counts()["total"], "source": s.source} for s in specs]
+def models_doc(specs: list):
+    from planner.contract import ModelList, ModelListEntry
+
+    return ModelList([ModelListEntry(name=s.name, parameters=s.parameter_counts()["total"], source=s.source)
+                      for s in specs])
 
 
 def render_models(console: Console, specs: list) -> None:
@@ -66,8 +66,10 @@ def render_models(console: Console, specs: list) -> None:
     console.print(table)
 
 
-def model_doc(spec) -> dict[str, Any]:
-    return {"model": spec.model_dump(mode="json"), "parameters": spec.parameter_counts()}
+def model_doc(spec):
+    from planner.contract import ModelDocument
+
+    return ModelDocument.from_spec(spec)
 
 
 def render_model(console: Console, spec) -> None:
