@@ -579,7 +579,7 @@ class StageLinear:
     fixed_bytes: float  # embedding/output states and activations, buckets, overhead, one recomputed layer
 
 
-_StateBytes = tuple[float, float, float, int, float | None]
+_StateBytes = tuple[float, float, float, int, tuple[float, float, float] | None]
 
 
 class StageModel(NamedTuple):
@@ -746,7 +746,7 @@ class StageModel(NamedTuple):
     def memories_and_peak(self, params: Sequence[float] | None = None) -> tuple[tuple[StageMemory, ...], int]:
         """memories() and the index of the first stage with the most device memory (`StageMemory.total_bytes`)."""
         params = params or self.params_per_stage()
-        w, g, o, fp8_shards, o_expert = self._states()
+        w, g, o, fp8_shards, expert_states = self._states()
         ext, knobs, param_bytes = self.lc.extras, self.knobs, self.training.param_bytes
         fp8_w, expert_p = ext.fp8_weight_bytes, ext.expert_params
         reserve = knobs.allocator_reserve_fraction
@@ -758,12 +758,15 @@ class StageModel(NamedTuple):
         rows = zip(self.split, params, self.in_flights(), self.activations_per_micro_batch(),
                    self.transient_bytes(params), recv_acts, recv_grads, self.overheads, strict=True)
         for i, (n, P, flight, per_mb, transient, recv_act, recv_grad, overhead) in enumerate(rows):
-            weights = P * w + n * fp8_w / fp8_shards
-            # routed experts' optimizer state shards over EDP instead of DP x CP
-            opt = P * o if o_expert is None else P * o + n * expert_p * (o_expert - o)
+            weights, grads, opt = P * w + n * fp8_w / fp8_shards, P * g, P * o
+            if expert_states is not None:  # routed experts' states shard over EDP instead of DP x CP
+                experts = n * expert_p
+                weights += experts * (expert_states[0] - w)
+                grads += experts * (expert_states[1] - g)
+                opt += experts * (expert_states[2] - o)
             if stash:
                 weights += max(0.0, flight - 1) * P * param_bytes  # stashed weight versions
-            acts, grads = per_mb * flight + recv_act + (output_acts if i == last else 0.0), P * g
+            acts = per_mb * flight + recv_act + (output_acts if i == last else 0.0)
             transient += recv_grad
             spare = reserve * (acts + transient + (grads if dynamic_grads else 0.0))
             stages.append(_new_tuple(StageMemory, (i, n, P, weights, grads, opt, acts, transient, overhead, flight,
@@ -775,13 +778,19 @@ class StageModel(NamedTuple):
 
     def _states(self) -> _StateBytes:
         """What every stage's model states share: bytes per parameter (weight, gradient, optimizer state) over
-        DP x CP, the divisor of the FP8 weight copies, and the optimizer bytes per expert parameter over EDP."""
+        DP x CP, the divisor of the FP8 weight copies, and the same three per routed-expert parameter, sharded over
+        EDP instead (None without routed experts). An expert's weights live on the ep·etp ranks of its expert
+        grid only, so ZeRO shards them over the ranks that hold the same expert: Megatron's distributed optimizer
+        and its expert gradient buffers use the expert-data-parallel group (parallel_state
+        get_expert_data_parallel_group), torchtitan's FSDP shards experts over dp_shard_mod_ep, DeepSpeed-MoE over
+        its expert data-parallel groups (modern-training.md §3.5)."""
         lay = self.layout
         dc = lay.zero_shard_ranks  # states shard over DP x CP (Megatron: CP piggybacks on the DP group), or HSDP's group
-        w, g, o = state_bytes_per_param(self.training, zero_stage=lay.zero_stage, dp=dc, offload=lay.offload,
-                                        pipeline=lay.pp > 1)
-        o_expert = self.training.optimizer_bytes / expert_data_parallel(lay) if lay.zero_stage >= 1 and o > 0 else None
-        return w, g, o, dc if lay.zero_stage >= 3 else 1, o_expert
+        kw = dict(zero_stage=lay.zero_stage, offload=lay.offload, pipeline=lay.pp > 1)
+        w, g, o = state_bytes_per_param(self.training, dp=dc, **kw)
+        edp = expert_data_parallel(lay)
+        experts = state_bytes_per_param(self.training, dp=edp, **kw) if self.lc.extras.expert_params > 0 else None
+        return w, g, o, dc if lay.zero_stage >= 3 else 1, experts
 
     def linear(self, i: int) -> StageLinear:
         """Stage i's coefficients for any (n, r). The fixed bytes include one recomputed layer's activations, so the

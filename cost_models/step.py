@@ -21,6 +21,7 @@ from cost_models.data_parallel import (
     zero3_regathered_modules,
     zero_comm_seconds,
 )
+from cost_models.extensions import expert_data_parallel
 from cost_models.fp8 import param_all_gather_bytes
 from cost_models.inputs import (
     Hardware,
@@ -206,6 +207,10 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     shard = lay.zero_shard_ranks
     link = group_link(hw, group_size=shard, stride=lay.tp).link
     replica_link = group_link(hw, group_size=lay.zero_replicas, stride=lay.tp * shard).link
+    # routed experts' gradients and shards move over EDP, whose ranks sit ep·etp apart (etp-ep-edp-pp): a group
+    # with fewer ranks per node than DP x CP's, so a slower share of the node's NICs (StageModel._states)
+    edp = expert_data_parallel(lay)
+    experts = (sm.lc.extras.expert_params, edp, group_link(hw, group_size=edp, stride=lay.ep * lay.etp).link)
     tied, sync = p > 1 and model.tied_embeddings, 0.0
     if tied:  # embedding-gradient sync, first <-> last stage: not overlapped, it runs after the last backward
         sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
@@ -224,7 +229,7 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
             seen, key = (P, n, t, r), (P, n, t.forward_seconds, t.backward_seconds, r)
             traffic = known.get(key) or known.setdefault(
                 key, _stage_dp_traffic(training, knobs, lay, (link, replica_link), key, units, regather,
-                                       _bucketed_reduce_scatters(sm.lc, P, n, bucketed)))
+                                       _bucketed_reduce_scatters(sm.lc, P, n, bucketed), experts))
         comm, hidden = traffic
         if tied and (i == 0 or i == p - 1):
             comm, hidden = comm + sync, hidden + sync
@@ -248,27 +253,22 @@ def _bucketed_reduce_scatters(lc: LayerCosts, params: float, layers: int, bucket
 def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tuple[Link, Link],
                       stage: tuple[float, int, float, float, int], units: tuple[int, int],
                       regather: tuple[float, int] = (0.0, 0),
-                      reduce_scatters: int | None = None) -> tuple[float, float]:
+                      reduce_scatters: int | None = None,
+                      experts: tuple[float, int, Link] = (0.0, 1, Link(1.0, 0.0))) -> tuple[float, float]:
     """(traffic, exposed traffic) of one stage of (parameters, layers, forward and backward seconds per
     micro-batch, fully recomputed layers) under the layout's ZeRO stage; `units`: zero3_units_per_layer; `regather`:
     zero3_recompute_regathers; `reduce_scatters`: per backward where buckets decide (zero3_reduce_buckets); `links`:
-    the sharding group's and, under hybrid sharding, the replicas'."""
+    the sharding group's and, under hybrid sharding, the replicas'; `experts`: (routed-expert parameters per layer
+    on this GPU, EDP, EDP's link): that part of the stage's parameters moves over EDP, the rest over DP x CP."""
     params, layers, forward_seconds, backward_seconds, recomputed = stage
-    d, m, link = lay.zero_shard_ranks, lay.num_micro_batches, links[0]
+    d, m = lay.zero_shard_ranks, lay.num_micro_batches
+    expert_params = layers * experts[0]
     comm = window = 0.0
-    if lay.dp * lay.cp > 1:
-        comm = zero_comm_seconds(zero_stage=lay.zero_stage, params=params, dp=d, layers=layers,
-                                 grad_reduce_bytes=training.grad_reduce_bytes,
-                                 param_bytes=param_all_gather_bytes(param_bytes=training.param_bytes,
-                                                                    recipe=training.fp8_recipe,
-                                                                    fp8_param_gather=training.fp8_param_gather),
-                                 num_micro_batches=m, link=link,
-                                 modules_per_layer=units[1], gathers_per_layer=units[0],
-                                 regathered_share=recomputed * regather[0] / params if params > 0 else 0.0,
-                                 regathers=recomputed * regather[1], reduce_scatters=reduce_scatters,
-                                 grad_reduce=knobs.grad_reduce(lay.zero_stage),
-                                 zero0_gather=zero0_states_sharded(training, offload=lay.offload,
-                                                                   pipeline=lay.pp > 1))
+    if lay.dp * lay.cp > 1 or experts[1] > 1:
+        parts = ((params - expert_params, d, links[0]), (expert_params, experts[1], experts[2]))
+        again = (recomputed * regather[0] / params if params > 0 else 0.0, recomputed * regather[1])
+        comm = sum(_zero_traffic(training, knobs, lay, part, layers, units, again, reduce_scatters)
+                   for part in parts if part[0] > 0)
         comm += replica_all_reduce_seconds(zero_stage=lay.zero_stage, params=params, shard=d,
                                            grad_reduce_bytes=training.grad_reduce_bytes, replicas=lay.zero_replicas,
                                            num_micro_batches=m, link=links[1],
@@ -280,6 +280,23 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
     if lay.zero_stage == 0 and knobs.ddp_overlap_fraction is not None:
         share = knobs.ddp_overlap_fraction
     return comm, comm - min(share * comm, window)  # (the exposed part)
+
+
+def _zero_traffic(training: Training, knobs: Knobs, lay: Layout, part: tuple[float, int, Link], layers: int,
+                  units: tuple[int, int], again: tuple[float, int], reduce_scatters: int | None) -> float:
+    """zero_comm_seconds of `part` = (parameters, the group they shard and reduce over, its link); `again`: the
+    share of the stage's parameters gathered again under recompute, and in how many all-gathers."""
+    params, group, link = part
+    return zero_comm_seconds(zero_stage=lay.zero_stage, params=params, dp=group, layers=layers,
+                             grad_reduce_bytes=training.grad_reduce_bytes,
+                             param_bytes=param_all_gather_bytes(param_bytes=training.param_bytes,
+                                                                recipe=training.fp8_recipe,
+                                                                fp8_param_gather=training.fp8_param_gather),
+                             num_micro_batches=lay.num_micro_batches, link=link,
+                             modules_per_layer=units[1], gathers_per_layer=units[0],
+                             regathered_share=again[0], regathers=again[1], reduce_scatters=reduce_scatters,
+                             grad_reduce=knobs.grad_reduce(lay.zero_stage),
+                             zero0_gather=zero0_states_sharded(training, offload=lay.offload, pipeline=lay.pp > 1))
 
 
 def optimizer_offload_seconds(hw: Hardware, training: Training, layout: Layout, knobs: Knobs, max_params: float,

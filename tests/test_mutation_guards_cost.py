@@ -288,7 +288,7 @@ def _zero_traffic(zero, params, layers, bwd, fwd=0.0, d=4, m=2, share=0.5, modul
 
 def _dp_stages(layout, split, vocab=1024):
     return SimpleNamespace(layout=layout, split=split, full_layers=(0,) * len(split),
-                           lc=SimpleNamespace(padded_vocab=vocab, module_params=()))
+                           lc=SimpleNamespace(padded_vocab=vocab, module_params=(), extras=SimpleNamespace(expert_params=0.0)))
 
 
 def test_dp_traffic_of_alike_stages_is_computed_per_stage_not_per_shared_object():
