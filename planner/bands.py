@@ -184,14 +184,16 @@ FITS, TIGHT, DOES_NOT_FIT = "fits", "tight", "does not fit"
 
 
 def fit_verdict(*, peak_allocated_bytes: float, overhead_bytes: float, peak_memory_bytes_high: float,
-                capacity_bytes: float, host_fits: bool = True) -> str:
-    """fits: the band's high end of the reserved peak (+ context) is within capacity. does not fit: even the live
-    (allocated) tensors + context exceed it. tight: in between. A tight run may work: the caching allocator
+                capacity_bytes: float, host_fits: bool = True, headroom_bytes: float = 0.0) -> str:
+    """fits: the band's high end of the reserved peak (+ context), plus the headroom kept free, is within the GPU's
+    capacity. does not fit: even the live (allocated) tensors + context exceed the capacity itself (the headroom
+    is a margin the user keeps, not memory the run cannot use: a run judged 'does not fit' must be one that cannot
+    run, as validation's false-OOM count tests it). tight: in between. A tight run may work: the caching allocator
     frees its cached blocks and retries before it raises an OOM (torch.cuda.memory_stats num_alloc_retries), at
     the price of slower steps, or it may fail at the band's high end."""
     if not host_fits or peak_allocated_bytes + overhead_bytes > capacity_bytes:
         return DOES_NOT_FIT
-    return FITS if peak_memory_bytes_high <= capacity_bytes else TIGHT
+    return FITS if peak_memory_bytes_high + headroom_bytes <= capacity_bytes else TIGHT
 
 
 def fit_verdict_of_result(result) -> str:
@@ -206,13 +208,14 @@ def fit_verdict_of_result(result) -> str:
                        host_fits=result.host_fits)
 
 
-def estimate_verdict(est, *, capacity_bytes: float, peak_memory_bytes_high: float) -> str:
+def estimate_verdict(est, *, capacity_bytes: float, peak_memory_bytes_high: float, headroom_bytes: float = 0.0) -> str:
     """fit_verdict of a StepEstimate: its peak stage's live tensors and memory outside the allocator (context,
     NCCL), and the given high end of its peak."""
     return fit_verdict(peak_allocated_bytes=est.peak_allocated_bytes,
                        overhead_bytes=est.stages[est.peak_stage].overhead_bytes,
                        peak_memory_bytes_high=peak_memory_bytes_high, capacity_bytes=capacity_bytes,
-                       host_fits=est.host_memory_bytes_per_node <= est.host_memory_capacity_bytes)
+                       host_fits=est.host_memory_bytes_per_node <= est.host_memory_capacity_bytes,
+                       headroom_bytes=headroom_bytes)
 
 
 def band_for(problem, est) -> Band:
@@ -223,7 +226,7 @@ def band_for(problem, est) -> Band:
 
 
 def verdict_for(problem, est, band: Band) -> str:
-    return estimate_verdict(est, capacity_bytes=est.gpu_memory_bytes - problem.knobs.memory_headroom_bytes,
+    return estimate_verdict(est, capacity_bytes=est.gpu_memory_bytes, headroom_bytes=problem.knobs.memory_headroom_bytes,
                             peak_memory_bytes_high=band.peak_memory_bytes_high)
 
 

@@ -81,8 +81,8 @@ class Predicted(_Strict):
         None, description="the caching allocator's pool at the peak (max_memory_reserved); peak_memory_bytes_per_gpu "
                           "adds the CUDA context and NCCL (outside the allocator)")
     fit: Literal["fits", "tight", "does not fit"] | None = Field(
-        None, description="fits: the band's high end fits; does not fit: even the allocated peak + context does not; "
-                          "tight: in between")
+        None, description="fits: the band's high end plus the headroom fits the GPU; does not fit: even the allocated "
+                          "peak + context + NCCL exceeds the GPU (check fails it); tight: in between")
     error_band_regime: str | None = Field(None, description="the regime whose residuals made the band")
     error_band_rows: int | None = Field(None, description="published runs in that regime")
     assumptions: list[Assumption] | None = Field(

@@ -187,3 +187,27 @@ def test_tight_says_which_tight_and_check_says_it_too(capsys, tmp_path):
         main(["check", str(planned), *shape])
     out = " ".join(capsys.readouterr().out.split())
     assert done.value.code == 0 and "PASS" in out and f"memory: tight ({TIGHT_AT_ESTIMATE})" in out
+
+
+def test_does_not_fit_is_judged_against_the_gpu_not_the_headroom():
+    """'does not fit' claims the run cannot run, the claim validation's false-OOM count tests (against the GPU's
+    memory); the headroom is a margin the user keeps, so it moves a layout from 'fits' to 'tight' and no further
+    (planner.bands.fit_verdict). NVIDIA's DGX Cloud Llama 3.1 8B on 8 H100 (tp 1, cp 2, dp 4, no recompute; it ran:
+    shared/validation) has live tensors + context + NCCL of 78.6 GiB, between the GPU less the default 2 GiB headroom
+    (77.6) and the GPU (79.6): 'tight', as estimate shows it and check passes it, never 'does not fit'."""
+    from planner.bands import DOES_NOT_FIT, FITS, TIGHT, fit_verdict
+
+    gib = 2**30
+    kw = dict(overhead_bytes=3 * gib, capacity_bytes=80 * gib)
+    assert fit_verdict(peak_allocated_bytes=76 * gib, peak_memory_bytes_high=79 * gib, headroom_bytes=2 * gib,
+                       **kw) == TIGHT
+    assert fit_verdict(peak_allocated_bytes=76 * gib, peak_memory_bytes_high=79 * gib, **kw) == FITS
+    assert fit_verdict(peak_allocated_bytes=77.5 * gib, peak_memory_bytes_high=79 * gib, **kw) == DOES_NOT_FIT
+    common = ["-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-b", "128", "-s", "8192", "--framework", "nemo"]
+    layout = "tp=1,pp=1,dp=4,cp=2,zero=1,mbs=1,recompute=none"
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", *common, "-l", layout, "--json"],
+                          capture_output=True, text=True, timeout=120)
+    predicted = json.loads(proc.stdout)["predicted"]
+    live = predicted["peak_allocated_bytes_per_gpu"] / gib
+    assert 77.6 < live + 3.0 < 79.6 and not predicted["fits"]
+    assert predicted["fit"] == "tight"
