@@ -36,7 +36,7 @@ def expert_kernels(*, fp8: bool) -> tuple[int, int]:
 def expert_kernel_seconds(*, local_experts: int, fp8: bool, kernel_gflop: float, rate_flops_per_second: float
                           ) -> tuple[float, float]:
     """(forward, backward) seconds one MoE layer's per-expert kernels cost beyond their FLOPs: each kernel a fixed
-    `kernel_gflop` GFLOP-equivalent at the layer's GEMM rate (launch latency, wave ramp-up and tail of a small
+    `kernel_gflop` GFLOP-equivalent at the GPU's saturated GEMM rate (launch latency, wave ramp-up and tail of a small
     kernel: a cost that scales with the GPU's speed, as the size-saturation curve's x_half does for one GEMM,
     cost_models/stage.py matmul_efficiency). Fine-grained MoE multiplies it: Qwen3-30B-A3B at EP 8 runs 16 local
     experts, 160 such kernels per layer in FP8, where a dense layer runs about a dozen GEMMs."""

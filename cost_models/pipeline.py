@@ -31,9 +31,9 @@ def pipeline_makespan(*, schedule: str, stage_seconds: Sequence[float], num_micr
     """Makespan of one step from the per-stage time per micro-batch t_i (forward + backward), cost-models.md §5:
 
       naive  m x sum(t_i);  GPipe / 1F1B  sum(t_i) + (m-1) max(t_i) (Narayanan §2.2.1);
-      interleaved  m max + (sum - max) / v (§2.2.2);  ZB-H1  m max + (p-1) max(0, max - 2 t_W), i.e. the bubble
-      (p-1)(t_F + t_B - t_W) of Qi et al. Table 2 with t_B the input-gradient part and t_W the bottleneck's
-      `weight_grad_seconds`;  PipeDream async  m max.
+      interleaved  m max + (sum - max) / v (§2.2.2);  ZB-H1  m max + max(0, (p-1)(max - t_W) - min(m-1, p-1) t_W),
+      i.e. for m >= p the bubble (p-1)(t_F + t_B - t_W) of Qi et al. Table 2 with t_B the input-gradient part and
+      t_W the bottleneck's `weight_grad_seconds`, and for m < p fewer W passes to fill it;  PipeDream async  m max.
     With equal stages these are the simulator's makespans (tests/test_pipeline.py).
     """
     t, m = stage_seconds, num_micro_batches
@@ -47,7 +47,12 @@ def pipeline_makespan(*, schedule: str, stage_seconds: Sequence[float], num_micr
         pipe = m * t_max + (total - t_max) / virtual_stages
     elif schedule == "zero_bubble":
         t_w = weight_grad_seconds[bottleneck] if weight_grad_seconds else 0.0
-        pipe = m * t_max + (len(t) - 1) * max(0.0, t_max - 2 * t_w)
+        p = len(t)
+        # the 1F1B bubble without the W passes, (p-1)(t - t_W), less the W passes that fill it: one per micro-batch
+        # but the last (whose W ends the step), at most p - 1: Qi et al.'s (p-1)(t_F + t_B - t_W) once m >= p; with
+        # fewer micro-batches than stages fewer W passes are there to fill it (the critical path: F and B through
+        # every stage, then one W, at m = 1)
+        pipe = m * t_max + max(0.0, (p - 1) * (t_max - t_w) - min(m - 1, p - 1) * t_w)
     elif schedule == "pipedream_async":  # no flush: the bubble is amortised away
         pipe = m * t_max
     else:

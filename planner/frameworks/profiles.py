@@ -295,7 +295,7 @@ _MASTER_REMAINDERS = Sourced(2.0, "--use-precision-aware-optimizer keeps the fp3
 # per kernel, in GFLOP at the layer's GEMM rate, fitted on the MoE set (planner/data/moe_runs.json) over all
 # its rows; docs/validation-modern.md reports the rows leave-one-model-out (each model's rows with the value fitted on
 # the other models' rows). torchtitan runs all local experts in one torch._grouped_mm and keeps 0.
-MEGATRON_EXPERT_KERNEL_GFLOP = 44.0
+MEGATRON_EXPERT_KERNEL_GFLOP = 48.0
 _GROUPED_LINEAR = Sourced(MEGATRON_EXPERT_KERNEL_GFLOP, "per-expert GEMM/cast kernels of TE GroupedLinear (Megatron "
                           "MoE README, --moe-grouped-gemm) [fit: the MoE set, docs/validation-modern.md]")
 
