@@ -347,7 +347,7 @@ MOE_READING = [
     "Qwen3-235B-A22B, h = 4096, at the same 32,768 token copies and 16 local experts) but the number of local "
     "experts: Megatron's GroupedMLP on TE GroupedLinear launches every local expert's GEMMs and FP8 casts as their "
     "own kernels (Megatron MoE README, --moe-grouped-gemm), 10 per expert per layer in FP8 (moe.py EXPERT_KERNELS). "
-    "The fitted cost (about 70 us per kernel on H100 and 32 us on B200 at Qwen3-30B-A3B's layer GEMM rates for 44 GFLOP) is "
+    "The fitted cost (48 GFLOP at the GPU's saturated FP8 GEMM rate: about 35 us per kernel on H100 and 16 us on B200) is "
     "far above a kernel launch (a few us): it absorbs what else scales with the local experts and is not modelled "
     "one by one (per-expert padding and splits, the dropless dispatcher's host synchronisation before the "
     "all-to-all, token_dispatcher.py 'before_ep_alltoall', small-GEMM waves). What it leaves: Qwen3-235B-A22B at "
