@@ -116,10 +116,22 @@ def _schedule_rules(layout: LayoutSpec, model: ModelSpec) -> list[Violation]:
                              "use a multiple of pp micro-batches"))
     chunks = layout.pp * layout.virtual_stages
     if layout.layers_per_stage is None and model.num_layers % chunks:
+        split = _uneven_interleaving_split(model.num_layers, layout.pp, layout.virtual_stages)
+        given = f", or an uneven split: layers_per_stage={split} (Megatron's account-for-embedding/loss)" if split else ""
         out.append(Violation("interleaving_layers", "num_layers", str(model.num_layers),
-                             f"interleaved_1f1b needs a multiple of pp*virtual_stages ({chunks})",
-                             "use fewer pipeline stages (or virtual stages), or a layer count they divide"))
+                             f"interleaved_1f1b needs a multiple of pp*virtual_stages ({chunks}){given}",
+                             (f"give layers_per_stage={split}, or " if split else "")
+                             + "use fewer pipeline stages (or virtual stages), or a layer count they divide"))
     return out
+
+
+def _uneven_interleaving_split(num_layers: int, pp: int, vp: int) -> str | None:
+    """The uneven split Megatron's account-for-embedding/loss flags build for layers that pp x vp chunks do not
+    divide (what `plan` picks and `export` launches), in --layout syntax; None where none does."""
+    from planner.frameworks.megatron_split import account_for_splits
+
+    splits = account_for_splits(num_layers, pp, vp)
+    return "/".join(map(str, splits[0])) if splits else None
 
 
 def _state_rules(layout: LayoutSpec) -> list[Violation]:

@@ -289,3 +289,19 @@ def test_fix_shard_pins_the_degree_and_is_refused_where_the_framework_has_none()
     with pytest.raises(SpecError, match="megatron: dp_shard 8 at zero_stage 3 -> hybrid sharding at zero_stage"):
         build_restriction("megatron", 128256, ["shard=8", "zero=3"])
     assert build_restriction("megatron", 128256, ["shard=8"]).fixed == {"dp_shard": 8}
+
+
+def test_layers_interleaving_does_not_divide_name_the_uneven_split_megatron_builds():
+    """126 layers (Llama 3.1 405B) on pp 8 x vp 8: estimate refuses the even interleaving and names the split
+    Megatron's account-for-embedding/loss flags build, 15/16 x 6/15, the one `plan` picks and `export` launches
+    (megatron_split.account_for_splits; Megatron-Bridge's 405B recipe)."""
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, TrainingSpec
+    from planner.rules import layout_violations
+
+    lay = LayoutSpec(tp=8, pp=8, dp=1, micro_batch_size=1, num_micro_batches=8, schedule="interleaved_1f1b",
+                     virtual_stages=8)
+    found = [v for v in layout_violations(lay, load_model("llama3.1-405b"), TrainingSpec(global_batch_size=8,
+                                                                                         seq_length=8192))
+             if v.rule == "interleaving_layers"]
+    assert len(found) == 1 and "layers_per_stage=15/16/16/16/16/16/16/15" in str(found[0])
