@@ -26,6 +26,18 @@ def test_megatron_long_context_fp8():
         assert line in text.splitlines()
 
 
+@pytest.mark.parametrize(("precision", "dtype"), [("fp8", "torch.bfloat16"), ("bf16", "torch.bfloat16"),
+                                                  ("fp16", "torch.float16")])
+def test_nemo_export_names_the_pipeline_dtype_of_every_precision(precision, dtype):
+    """Megatron-Core raises a ValueError for pp > 1 without pipeline_dtype (model_parallel_config.py L527-531,
+    frameworks.md §4.4); the export wrote null for every precision but bf16, FP8 included (its activations between
+    stages are BF16)."""
+    layout = LayoutSpec(dp=2, tp=8, pp=4, sequence_parallel=True, zero_stage=1, num_micro_batches=8)
+    training = TrainingSpec(global_batch_size=16, seq_length=8192, precision=precision)
+    text = export(_plan("llama3-70b", layout, training), "nemo").text
+    assert f"model.pipeline_dtype={dtype}" in text.splitlines()
+
+
 def test_megatron_deepseek_v3_moe_and_mla():
     args = dict(megatron_args(LayoutSpec(dp=64, pp=16, ep=64), load_model("deepseek-v3"), TrainingSpec(
         global_batch_size=64, seq_length=4096)))

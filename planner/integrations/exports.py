@@ -500,7 +500,9 @@ def to_nemo(parts: PlanParts, lay: LayoutSpec) -> tuple[str, list[str]]:
     if lay.zero_stage == 1 and lay.hybrid_sharded:  # the partial distributed optimizer (as _megatron_sharding)
         kv.append(("ddp.num_distributed_optimizer_instances", lay.dp_replicas))
     if lay.pp > 1:
-        kv.append(("model.pipeline_dtype", "torch.bfloat16" if training.precision == "bf16" else None))
+        # mcore raises a ValueError for pp > 1 without it (model_parallel_config.py L527-531, frameworks.md §4.4):
+        # the dtype of the activations the stages send, BF16 under an FP8 recipe too
+        kv.append(("model.pipeline_dtype", PIPELINE_DTYPE[training.precision]))
     flags = megatron_split_of(lay, parts.model)
     if isinstance(flags, str):  # quoted: the override parser reads '|', '*' and '(' unquoted as its own syntax
         kv.append(("model.pipeline_model_parallel_layout", f'"{flags}"'))
@@ -638,6 +640,11 @@ def _torchtitan_split(lay: LayoutSpec, model: ModelSpec, head: str) -> dict:
             names += ["norm", head]
         parts.append(names)
     return {"module_fqns_per_model_part": parts}
+
+
+PIPELINE_DTYPE = {"bf16": "torch.bfloat16", "fp8": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+"""Megatron-Core's pipeline_dtype (the dtype of the tensors pipeline stages send) per training precision: FP8
+recipes keep BF16 activations between the layers (TE casts inside each Linear)."""
 
 
 def _torchtitan_training(lay: LayoutSpec, training: TrainingSpec) -> dict:
