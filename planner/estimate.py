@@ -121,12 +121,13 @@ def complete_layout(fields: dict, model: ModelSpec, training: TrainingSpec, clus
     f = dict(fields)
     f.setdefault("tp", 1)
     f.setdefault("pp", 1)
-    if "dp" not in f:
-        tp_pp = f["tp"] * f["pp"]
-        if tp_pp <= 0 or cluster.num_gpus % tp_pp:
-            raise SpecError(f"dp: cannot infer: tp*pp = {tp_pp} does not divide the cluster's {cluster.num_gpus} GPUs",
+    if "dp" not in f:  # what the other degrees leave (CP ranks are GPUs of their own; EP folds into DP)
+        cp = f.get("cp", 1)
+        used, named = f["tp"] * f["pp"] * cp, "tp*pp" + ("*cp" if cp != 1 else "")
+        if used <= 0 or cluster.num_gpus % used:
+            raise SpecError(f"dp: cannot infer: {named} = {used} does not divide the cluster's {cluster.num_gpus} GPUs",
                             source="--layout")
-        f["dp"] = cluster.num_gpus // tp_pp
+        f["dp"] = cluster.num_gpus // used
     f.setdefault("micro_batch_size", 1)
     if "num_micro_batches" not in f:
         per = f["micro_batch_size"] * f["dp"]

@@ -482,11 +482,12 @@ def mlp_gating_by_printed_size(row: dict, model: dict) -> tuple[dict, str | None
 
 
 def _fp8_param_gather(family: str, fp8_recipe: str) -> bool:
-    """Whether an FP8 row all-gathers its parameters in FP8: NeMo/Megatron-Core recipes do (frameworks.md §4.6);
-    otherwise what a plan for the family's framework does (capabilities.fp8_gathers_params): torchtitan's tensorwise
-    rows gather in FP8, as torchtitan's float8 guide launches it and its llama3_405b.toml sets it
-    (enable_fsdp_float8_all_gather = true at commits 3faaa1a0 and eaea6f6a); llm-foundry's TE rows do not."""
-    return family == "mcore" or fp8_gathers_params(FAMILY_FRAMEWORK[family], fp8_recipe)
+    """Whether an FP8 row all-gathers its parameters in FP8, as a plan for its framework does
+    (capabilities.fp8_gathers_params): NVIDIA's Megatron-Core rows ran NeMo / Megatron-Bridge recipes, whose
+    mixed-precision configs set it for their delayed, current-scaling and MXFP8 recipes (frameworks.md §4.6);
+    torchtitan's tensorwise rows gather in FP8, as torchtitan's float8 guide launches it and its llama3_405b.toml
+    sets it (enable_fsdp_float8_all_gather = true at commits 3faaa1a0 and eaea6f6a); llm-foundry's TE rows do not."""
+    return fp8_gathers_params(Framework.NEMO if family == "mcore" else FAMILY_FRAMEWORK[family], fp8_recipe)
 
 
 def _precision(row: dict, family: str) -> tuple[str, str]:

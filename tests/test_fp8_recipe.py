@@ -170,3 +170,15 @@ def test_plan_refuses_an_fp8_setup_the_gpu_cannot_run_as_estimate_does():
     sc = _cli("scaling", "-c", "dgx-h100", "--node-counts", "1,2", "-m", "llama3-8b", "-b", "16", "-s", "4096",
               "--precision", "fp8", "--fp8-recipe", "mxfp8", "--no-solver")
     assert sc.returncode == 3 and "needs Blackwell" in sc.stderr and "Traceback" not in sc.stderr
+
+
+def test_nemo_gathers_parameters_in_fp8_as_bridge_s_recipes_set_it():
+    """Megatron-Bridge's mixed-precision recipes (src/megatron/bridge/training/mixed_precision.py @0509780) set
+    fp8_param_gather=True for delayed, current (tensorwise) scaling and MXFP8, False for subchannel (blockwise); a
+    NeMo plan assumes what the recipe its export names sets, as validation assumed for NVIDIA's Megatron-Core rows.
+    Megatron-LM's --fp8-param-gather stays off by default."""
+    from planner.frameworks.capabilities import fp8_gathers_params
+
+    assert [fp8_gathers_params("nemo", r) for r in ("delayed", "tensorwise", "mxfp8", "blockwise")] == \
+        [True, True, True, False]
+    assert not any(fp8_gathers_params("megatron", r) for r in ("delayed", "tensorwise", "mxfp8", "blockwise"))

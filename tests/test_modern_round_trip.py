@@ -56,7 +56,7 @@ DENSE = dict(dp=64, zero_stage=3, num_micro_batches=2, recompute="full")
 FP8_CASES = {  # name: (target, recipe, the FP8 parameter all-gather the plan asks for)
     "megatron-delayed-param-gather": ("megatron", "delayed", True),
     "megatron-tensorwise": ("megatron", "tensorwise", False),
-    "nemo-tensorwise": ("nemo", "tensorwise", False),
+    "nemo-tensorwise": ("nemo", "tensorwise", True),  # Bridge's current-scaling recipe sets fp8_param_gather
     "nemo-blockwise": ("nemo", "blockwise", False),
     "torchtitan-toml-tensorwise": ("torchtitan-toml", "tensorwise", True),  # its export turns the float8 gather on
     "torchtitan-toml-rowwise": ("torchtitan-toml", "rowwise", False),

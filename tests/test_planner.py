@@ -305,3 +305,16 @@ def test_layers_interleaving_does_not_divide_name_the_uneven_split_megatron_buil
                                                                                          seq_length=8192))
              if v.rule == "interleaving_layers"]
     assert len(found) == 1 and "layers_per_stage=15/16/16/16/16/16/16/15" in str(found[0])
+
+
+def test_dp_left_out_of_a_layout_is_what_tp_pp_and_cp_leave():
+    """`--layout tp=8,pp=8,cp=2` on 1,024 GPUs: dp 8 (CP ranks are GPUs of their own); it was inferred as
+    1024 / (8 x 8) = 16 and then refused for using 2,048 GPUs."""
+    from cluster_specs import load_cluster
+    from planner.estimate import complete_layout
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import TrainingSpec
+
+    lay = complete_layout({"tp": 8, "pp": 8, "cp": 2}, load_model("llama3-70b"),
+                          TrainingSpec(global_batch_size=64, seq_length=8192), load_cluster("dgx-h100", nodes=128))
+    assert (lay.dp, lay.num_gpus) == (8, 1024)

@@ -456,12 +456,22 @@ def fp8_recipe_for(framework: str | Framework | None, precision: str, fp8_recipe
     return recipe
 
 
+NEMO_FP8_PARAM_GATHER_RECIPES = ("delayed", "tensorwise", "mxfp8")
+"""The FP8 recipes whose Megatron-Bridge mixed-precision recipe sets fp8_param_gather=True: bf16_with_fp8_delayed_
+scaling_mixed, bf16_with_fp8_current_scaling_mixed and bf16_with_mxfp8_mixed; bf16_with_fp8_subchannel_scaling_mixed
+(blockwise) sets it False (Megatron-Bridge src/megatron/bridge/training/mixed_precision.py @0509780)."""
+
+
 def fp8_gathers_params(framework: str | Framework | None, fp8_recipe: str | None) -> bool:
-    """Whether a plan for this framework all-gathers its parameters in FP8 by default: torchtitan with torchao
-    tensorwise, whose export turns on enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp
-    (modern-training.md §1.6: 'all-gather bytes halved vs BF16'); elsewhere not unless a plan file asks
-    (fp8_param_gather: Megatron-LM's --fp8-param-gather is off by default)."""
-    return capabilities(framework).framework == Framework.TORCHTITAN and fp8_recipe == "tensorwise"
+    """Whether a plan for this framework all-gathers its parameters in FP8 (FP8 primary weights) by default:
+    torchtitan with torchao tensorwise, whose export turns on enable_fsdp_float8_all_gather and
+    precompute_float8_dynamic_scale_for_fsdp (modern-training.md §1.6: 'all-gather bytes halved vs BF16'); NeMo /
+    Megatron-Bridge with a recipe whose mixed-precision config sets it (NEMO_FP8_PARAM_GATHER_RECIPES, the recipe
+    the export names); elsewhere not unless a plan file asks (fp8_param_gather: Megatron-LM's --fp8-param-gather is
+    off by default)."""
+    fw = capabilities(framework).framework
+    return ((fw == Framework.TORCHTITAN and fp8_recipe == "tensorwise")
+            or (fw == Framework.NEMO and fp8_recipe in NEMO_FP8_PARAM_GATHER_RECIPES))
 
 
 def sp_problem(caps: Capabilities, f: dict) -> tuple[str, str] | None:
