@@ -136,3 +136,22 @@ def test_readme_github_actions_step_runs_as_written(tmp_path):
     (tmp_path / target).write_text((CONFIGS / "torchtitan/llama3_70b.toml").read_text())
     proc = run(*line[1:], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _check_json(name, cluster, nodes, model, *extra):
+    proc = run("check", str(CONFIGS / name), "-c", cluster, "-n", str(nodes), "-m", model, *extra, "--json")
+    return proc, (json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+
+def test_a_pipeline_schedule_with_pp_1_is_unused_not_a_violation():
+    """torchtitan v0.2.2's deepseek_v3_671b.toml (and deepseek_v3_16b.toml) set pipeline_parallel_schedule
+    Interleaved1F1B with pipeline_parallel_degree 1: torchtitan builds a schedule only when parallel_dims.pp_enabled
+    (torchtitan train.py@v0.2.2 L218, trainer.py@release/0.3 L443), so the run has no pipeline and no schedule."""
+    proc, report = _check_json("torchtitan/deepseek_v3_671b.toml", "dgx-h100", 64, "deepseek-v3")
+    assert report is not None, proc.stderr
+    rules = [v["rule"] for v in report["violations"]]
+    assert "schedule" not in rules and "virtual_stages" not in rules, report["violations"]
+    assert report["layout"]["pp"] == 1 and report["layout"]["virtual_stages"] == 1
+    assert report["layout"]["schedule"] == "1f1b"
+    assert any("Interleaved1F1B" in n and "pp 1" in n and "unused" in n for n in report["notes"]), report["notes"]
+    assert report["predicted"] is not None

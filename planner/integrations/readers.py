@@ -828,9 +828,16 @@ def _torchtitan_degrees(par: dict, gpus: int) -> tuple[int, int, int, int, int |
     return tp, pp, dp, zero, hsdp
 
 
-def _torchtitan_schedule(par: dict, view: ConfigView) -> tuple[str, int]:
-    """(planner schedule, stages per rank) of torchtitan's pipeline_parallel_schedule."""
+def _torchtitan_schedule(par: dict, pp: int, view: ConfigView) -> tuple[str, int]:
+    """(planner schedule, stages per rank) of torchtitan's pipeline_parallel_schedule. With pp 1 it is unused:
+    torchtitan builds a schedule only when parallel_dims.pp_enabled (train.py@v0.2.2 L218, trainer.py@release/0.3
+    L443), so a multi-stage name there (v0.2.2's deepseek_v3_671b.toml: Interleaved1F1B) is noted, not checked."""
     name = str(par.get("pipeline_parallel_schedule", "1F1B"))
+    if pp == 1:
+        if TT_SCHEDULES.get(name.lower(), ("1f1b", 1))[1] > 1 or name.lower() not in TT_SCHEDULES:
+            view.notes.append(f"pipeline_parallel_schedule {name!r} with pp 1: unused (torchtitan builds a pipeline "
+                              "schedule only when pipeline parallelism is on); checked without a pipeline")
+        return "1f1b", 1
     schedule, stages_per_rank = TT_SCHEDULES.get(name.lower(), ("1f1b", 1))
     if name.lower() not in TT_SCHEDULES:
         view.notes.append(f"pipeline_parallel_schedule {name!r}: not modelled; checked as 1F1B")
@@ -870,7 +877,7 @@ def _torchtitan(doc: dict, gpus: int, over: dict, *, legacy: bool) -> ConfigView
     era = "torchtitan <= 0.2 TOML" if legacy else "torchtitan 0.3 Python recipe"
     view = ConfigView("torchtitan" if legacy else "torchtitan-python", Framework.TORCHTITAN, {})
     tp, pp, dp, zero, hsdp = _torchtitan_degrees(par, gpus)
-    schedule, stages_per_rank = _torchtitan_schedule(par, view)
+    schedule, stages_per_rank = _torchtitan_schedule(par, pp, view)
     gbs, mbs, m = _torchtitan_batch(train, par, pp, dp, view)
     rec, every = _torchtitan_ac(doc.get("activation_checkpoint"), legacy, view)
     view.recompute_every = every
