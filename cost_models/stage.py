@@ -786,10 +786,12 @@ class StageModel(NamedTuple):
         its expert data-parallel groups (modern-training.md §3.5)."""
         lay = self.layout
         dc = lay.zero_shard_ranks  # states shard over DP x CP (Megatron: CP piggybacks on the DP group), or HSDP's group
-        kw = dict(zero_stage=lay.zero_stage, offload=lay.offload, pipeline=lay.pp > 1)
-        w, g, o = state_bytes_per_param(self.training, dp=dc, **kw)
-        edp = expert_data_parallel(lay)
-        experts = state_bytes_per_param(self.training, dp=edp, **kw) if self.lc.extras.expert_params > 0 else None
+        def states(dp: int) -> tuple[float, float, float]:
+            return state_bytes_per_param(self.training, dp=dp, zero_stage=lay.zero_stage, offload=lay.offload,
+                                         pipeline=lay.pp > 1)
+
+        w, g, o = states(dc)
+        experts = states(expert_data_parallel(lay)) if self.lc.extras.expert_params > 0 else None
         return w, g, o, dc if lay.zero_stage >= 3 else 1, experts
 
     def linear(self, i: int) -> StageLinear:
