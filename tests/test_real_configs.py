@@ -155,3 +155,46 @@ def test_a_pipeline_schedule_with_pp_1_is_unused_not_a_violation():
     assert report["layout"]["schedule"] == "1f1b"
     assert any("Interleaved1F1B" in n and "pp 1" in n and "unused" in n for n in report["notes"]), report["notes"]
     assert report["predicted"] is not None
+
+
+REGISTRY = "torchtitan/llama3_config_registry.py"  # torchtitan@release/0.3 config_registry.py, four of its functions
+
+
+def test_a_module_of_several_config_functions_is_refused_naming_them():
+    """torchtitan@release/0.3's llama3/config_registry.py holds one config function per run (torchtitan runs the one
+    its --config names); read together they mixed tp 8 (llama3_70b), flavor debugmodel, Interleaved1F1B and local
+    batch 8 into one run that no function describes."""
+    proc, report = _check_json(REGISTRY, "dgx-h100", 8, "llama3-70b")
+    assert proc.returncode == 3 and report["error"], proc.stdout
+    for name in ("llama3_debugmodel", "llama3_8b", "llama3_8b_mxfp8", "llama3_70b", "--config-function NAME"):
+        assert name in report["error"]
+
+
+def test_the_config_function_named_is_the_one_read():
+    """llama3_70b() as release/0.3 writes it: ParallelismConfig(tensor_parallel_degree=8), TrainingConfig(
+    local_batch_size=8, seq_len=8192), FullAC, model_registry("70B"); no pipeline (its schedule is the default)."""
+    proc, report = _check_json(REGISTRY, "dgx-h100", 8, "llama3-70b", "--config-function", "llama3_70b")
+    assert proc.returncode in (0, 1) and report["error"] is None, proc.stdout + proc.stderr
+    lay = report["layout"]
+    assert (lay["tp"], lay["pp"], lay["micro_batch_size"], lay["recompute"]) == (8, 1, 8, "full")
+    assert not [v for v in report["violations"] if v["rule"] == "model"], report["violations"]  # flavor 70B, not debug
+    assert "read config function llama3_70b()" in report["notes"]
+
+
+def test_a_derived_config_function_is_read_over_its_base():
+    """llama3_8b_mxfp8() starts from llama3_8b() (local batch 1, seq 8192) and sets
+    config.compile = CompileConfig(enable=True, components=["model"])."""
+    proc, report = _check_json(REGISTRY, "dgx-h100", 1, "llama3-8b", "--config-function", "llama3_8b_mxfp8")
+    assert report is not None and report["error"] is None, proc.stdout + proc.stderr
+    assert report["layout"]["micro_batch_size"] == 1
+    text = " ".join(report["notes"])
+    assert "built on llama3_8b()" in text and "torch.compile" in text
+
+
+@pytest.mark.parametrize("name,config,needle", [
+    (REGISTRY, "llama3_1b", "'llama3_1b' -> one of llama3_debugmodel, llama3_8b, llama3_8b_mxfp8, llama3_70b"),
+    ("torchtitan/llama3_8b.toml", "llama3_8b", "names a function of a torchtitan Python recipe module"),
+])
+def test_a_config_function_that_is_not_there_is_a_clear_error(name, config, needle):
+    proc, report = _check_json(name, "dgx-h100", 1, "llama3-8b", "--config-function", config)
+    assert proc.returncode == 3 and needle in report["error"], proc.stdout

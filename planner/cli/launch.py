@@ -84,6 +84,9 @@ def check(
     fix: FixOpt = None, framework: FrameworkOpt = None,
     precision: PrecisionOpt = None, headroom_gib: HeadroomOpt = DEFAULT_HEADROOM,
     allow_tp_across_nodes: TpAcrossOpt = False, calibration: CalibrationOpt = None, as_json: JsonOpt = False,
+    config_function: Annotated[str | None, typer.Option(
+        "--config-function", help="The config function to check in a torchtitan Python module that holds several "
+                                  "(a config_registry.py; torchtitan's --config).")] = None,
 ) -> None:
     """Check configs in CI: framework rules, degrees, divisibility, batch arithmetic, schedules, model, memory.
 
@@ -95,7 +98,7 @@ def check(
     args = argparse.Namespace(cluster=cluster, nodes=nodes, model=model, global_batch_size=global_batch_size,
                               seq_len=seq_len, tp=tp, pp=pp, fix=fix, framework=framework, precision=precision,
                               headroom_gib=headroom_gib, allow_tp_across_nodes=allow_tp_across_nodes,
-                              calibration=calibration)
+                              calibration=calibration, config_function=config_function)
     doc, reports, code = check_files(configs, args, as_json=as_json)
     if as_json:
         emit_json(doc)

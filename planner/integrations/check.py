@@ -297,7 +297,8 @@ def check_file(path: Path, args) -> dict:
     for key, value in (("tp", args.tp), ("pp", args.pp)):
         if value is not None:
             overrides[key] = value
-    view = read_config(path, gpus=cl.num_gpus, overrides=dict(overrides), global_batch_size=args.global_batch_size)
+    view = read_config(path, gpus=cl.num_gpus, overrides=dict(overrides), global_batch_size=args.global_batch_size,
+                       config_function=getattr(args, "config_function", None))
     if "tp" in overrides or "pp" in overrides:  # the data-parallel size follows from the degrees given
         tp, pp = overrides.get("tp", view.fields.get("tp", 1)), overrides.get("pp", view.fields.get("pp", 1))
         cp = overrides.get("cp", view.fields.get("cp", 1))

@@ -76,17 +76,25 @@ class ConfigView:
     engine_fields: dict = field(default_factory=dict)
 
 
-def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None
-                ) -> ConfigView:
+def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_batch_size: int | None = None,
+                config_function: str | None = None) -> ConfigView:
+    """The config at `path`, by its suffix and content; `config_function` names the function to read of a torchtitan
+    Python module that holds several (check --config-function)."""
     from cluster_specs.reading import parse_json, parse_toml, read_text
 
     text = read_text(path)
     suffix = path.suffix.lower()
     over = dict(overrides or {})
+    if config_function is not None and suffix != ".py":
+        raise SpecError(f"--config-function: {config_function!r} -> names a function of a torchtitan Python recipe "
+                        "module (.py); this config is not one", source=str(path))
     if suffix == ".toml":  # the guarded parsers: depth limit, one-line errors
         return _torchtitan(parse_toml(text, str(path)), gpus, over, legacy=True)
     if suffix == ".py":
-        return _torchtitan(_python_recipe(text, str(path)), gpus, over, legacy=False)
+        doc, note = _python_recipe(text, str(path), config_function)
+        view = _torchtitan(doc, gpus, over, legacy=False)
+        view.notes[1:1] = [note] if note else []
+        return view
     if suffix == ".json":
         doc = parse_json(text, str(path))
         if not isinstance(doc, dict):
@@ -699,41 +707,105 @@ def _ds_triad(doc: dict, dp: int, hf: bool, global_batch_size: int | None, view:
 # ---- torchtitan -------------------------------------------------------------------------------------------
 
 
-def _python_recipe(text: str, source: str) -> dict:
+def _python_recipe(text: str, source: str, function: str | None = None) -> tuple[dict, str | None]:
     """A torchtitan 0.3 recipe module as the TOML-shaped dict the reader takes: the keyword arguments of
     TrainingConfig / ParallelismConfig calls, the AC policy (FullAC/SelectiveAC/MemoryBudgetAC .Config(), or None;
     an `ActivationCheckpointConfig(mode=...)` call of the pre-release main is read too),
-    and model_registry("FLAVOR"). Literals only; the module is never executed."""
+    and model_registry("FLAVOR"). Literals only; the module is never executed. A module of several config functions
+    (a config_registry.py) is read for the one `function` names (_recipe_scopes); with it, a note naming it."""
     try:
         tree = ast.parse(text)
     except SyntaxError as exc:
         raise SpecError(f"cannot parse the Python recipe: {exc.msg} (line {exc.lineno})", source=source) from None
     doc: dict = {}
-    sections = {"TrainingConfig": "training", "ParallelismConfig": "parallelism",
-                "ActivationCheckpointConfig": "activation_checkpoint", "CompileConfig": "compile"}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
+    scopes = _recipe_scopes(tree, function, source)
+    for scope in scopes:  # a derived function's base first, its own changes on top
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Call):
+                _recipe_call(node, doc)
+        for kw in (k for n in ast.walk(scope) if isinstance(n, ast.Call) for k in n.keywords):
+            if kw.arg == "activation_checkpoint" and isinstance(kw.value, ast.Constant) and kw.value.value is None:
+                doc.setdefault("activation_checkpoint", {})["mode"] = "none"
+        _recipe_assignments(scope, doc)
+    names = [s.name for s in scopes if isinstance(s, ast.FunctionDef)]
+    note = None if function is None else (f"read config function {names[-1]}()" + (
+        f", built on {', '.join(n + '()' for n in names[:-1])} (their settings, then its own)" if len(names) > 1
+        else ""))
+    return doc, note
+
+
+_RECIPE_SECTIONS = {"TrainingConfig": "training", "ParallelismConfig": "parallelism",
+                    "ActivationCheckpointConfig": "activation_checkpoint", "CompileConfig": "compile"}
+
+
+def _recipe_call(node: ast.Call, doc: dict) -> None:
+    """One call of a recipe, read into its section (_python_recipe)."""
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    owner = node.func.value.id if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+        else None
+    if name in _RECIPE_SECTIONS:
+        doc.setdefault(_RECIPE_SECTIONS[name], {}).update(_literal_kwargs(node))
+    elif name == "Config" and owner in ("FullAC", "SelectiveAC", "MemoryBudgetAC"):
+        doc.setdefault("activation_checkpoint", {})["mode"] = {"FullAC": "full", "SelectiveAC": "selective",
+                                                               "MemoryBudgetAC": "memory_budget"}[owner]
+    elif name == "model_registry" and node.args and isinstance(node.args[0], ast.Constant):
+        doc.setdefault("model", {})["flavor"] = node.args[0].value
+    elif name == "Config" and owner == "Float8LinearConverter":
+        # 0.3's float8 is a model converter (frameworks.md §1.9), wherever the recipe passes it (model_registry's
+        # converters, or model_converters); read as the TOML's sections, recipe_name defaulting to torchtitan's
+        doc.setdefault("model", {})["converters"] = ["float8"]
+        doc.setdefault("quantize", {}).setdefault("linear", {})["float8"] = {
+            "recipe_name": TORCHTITAN.default_fp8_recipe, **_literal_kwargs(node)}
+
+
+def _recipe_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    """The module's config functions: its top-level functions annotated to return a config (torchtitan 0.3's
+    config_registry.py: `def llama3_70b() -> Trainer.Config`, one per run; torchtitan runs the one --config names)."""
+    return {n.name: n for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.returns is not None and "Config" in ast.unparse(n.returns)}
+
+
+def _recipe_scopes(tree: ast.Module, function: str | None, source: str) -> list[ast.AST]:
+    """What to read of a recipe module: the whole module where it holds at most one config function and none is
+    named; else the named function, after the config functions it is built on (`config = llama3_8b()`, then its
+    changes). Several functions and none named is an error naming them: read together they would mix runs."""
+    funcs = _recipe_functions(tree)
+    if function is None:
+        if len(funcs) <= 1:
+            return [tree]
+        raise SpecError(f"{len(funcs)} config functions ({', '.join(funcs)}) -> name the one to check with "
+                        "--config-function NAME (torchtitan runs the one its --config names)", source=source)
+    if function not in funcs:
+        raise SpecError(f"--config-function: {function!r} -> one of {', '.join(funcs) or '(none: no function here '}"
+                        f"{'' if funcs else 'returns a Trainer.Config)'}", source=source)
+    chain: list[str] = []
+    name: str | None = function
+    while name is not None and name not in chain:
+        chain.insert(0, name)
+        name = next((n.func.id for n in ast.walk(funcs[name]) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Name) and n.func.id in funcs and n.func.id != name), None)
+    return [funcs[n] for n in chain]
+
+
+def _recipe_assignments(scope: ast.AST, doc: dict) -> None:
+    """A derived config function's literal changes: `config.training.seq_len = 4096` into its section,
+    `config.activation_checkpoint = None` as no AC (config objects assigned whole are read as calls)."""
+    for node in ast.walk(scope):
+        if not isinstance(node, ast.Assign):
             continue
-        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-        owner = node.func.value.id if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
-            else None
-        if name in sections:
-            doc.setdefault(sections[name], {}).update(_literal_kwargs(node))
-        elif name == "Config" and owner in ("FullAC", "SelectiveAC", "MemoryBudgetAC"):
-            doc.setdefault("activation_checkpoint", {})["mode"] = {"FullAC": "full", "SelectiveAC": "selective",
-                                                                   "MemoryBudgetAC": "memory_budget"}[owner]
-        elif name == "model_registry" and node.args and isinstance(node.args[0], ast.Constant):
-            doc.setdefault("model", {})["flavor"] = node.args[0].value
-        elif name == "Config" and owner == "Float8LinearConverter":
-            # 0.3's float8 is a model converter (frameworks.md §1.9), wherever the recipe passes it (model_registry's
-            # converters, or model_converters); read as the TOML's sections, recipe_name defaulting to torchtitan's
-            doc.setdefault("model", {})["converters"] = ["float8"]
-            doc.setdefault("quantize", {}).setdefault("linear", {})["float8"] = {
-                "recipe_name": TORCHTITAN.default_fp8_recipe, **_literal_kwargs(node)}
-    for kw in (k for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords):
-        if kw.arg == "activation_checkpoint" and isinstance(kw.value, ast.Constant) and kw.value.value is None:
-            doc.setdefault("activation_checkpoint", {})["mode"] = "none"
-    return doc
+        for target in node.targets:
+            path: list[str] = []
+            while isinstance(target, ast.Attribute):
+                path.insert(0, target.attr)
+                target = target.value
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, TypeError):
+                continue
+            if len(path) == 2 and path[0] in _RECIPE_SECTIONS.values():
+                doc.setdefault(path[0], {})[path[1]] = value
+            elif path == ["activation_checkpoint"] and value is None:
+                doc.setdefault("activation_checkpoint", {})["mode"] = "none"
 
 
 def _literal_kwargs(node: ast.Call) -> dict:
