@@ -536,6 +536,15 @@ class CheckReport(_Strict):
     predicted: Predicted | None = Field(description="Null when the layout cannot be estimated (e.g. it does not divide).")
     notes: list[str]
     error: str | None = Field(description="why the config could not be checked (exit 3); null otherwise")
+    precision: Literal["bf16", "fp16", "fp32", "fp8"] | None = Field(
+        None, description="The precision checked (null when the config could not be checked).")
+    precision_source: Literal["config", "framework default", "--precision", "GPU default"] | None = Field(
+        None, description="Where the precision comes from: the config; its framework's default where the config "
+                          "writes none (DeepSpeed without an enabled bf16/fp16 section: fp32; a note names it); "
+                          "--precision (where the config does not say, or says only a default); the GPU's default.")
+    fp8_recipe: Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"] | None = Field(
+        None, description="With precision fp8: the FP8 scaling recipe checked (the config's, else its framework's "
+                          "default); null otherwise.")
 
     @classmethod
     def from_check(cls, *, config: str, view: Any, layout: LayoutSpec | None, violations: list[dict[str, str]],

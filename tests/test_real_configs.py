@@ -198,3 +198,23 @@ def test_a_derived_config_function_is_read_over_its_base():
 def test_a_config_function_that_is_not_there_is_a_clear_error(name, config, needle):
     proc, report = _check_json(name, "dgx-h100", 1, "llama3-8b", "--config-function", config)
     assert proc.returncode == 3 and needle in report["error"], proc.stdout
+
+
+PIPELINE_NO_PRECISION = "deepspeed/pipeline_no_precision.json"  # DeepSpeedExamples pipeline_parallelism/ds_config.json
+
+
+def test_a_deepspeed_config_without_a_16_bit_section_is_checked_in_fp32():
+    """DeepSpeedExamples' training/pipeline_parallelism/ds_config.json has neither a bf16 nor an fp16 section: both
+    default to enabled=false (DeepSpeed runtime/precision_config.py DeepSpeedBF16Config / DeepSpeedFP16Config), so
+    the engine keeps the model in fp32. It was predicted in bf16 without a word."""
+    args = ("--pp", "2", "-s", "2048")
+    proc, fp32 = _check_json(PIPELINE_NO_PRECISION, "dgx-a100-80gb", 1, "llama2-7b", *args)
+    assert fp32 is not None and fp32["error"] is None, proc.stdout + proc.stderr
+    assert (fp32["precision"], fp32["precision_source"], fp32["fp8_recipe"]) == ("fp32", "framework default", None)
+    assert any("fp32" in n and "DeepSpeed's default" in n for n in fp32["notes"]), fp32["notes"]
+    proc, bf16 = _check_json(PIPELINE_NO_PRECISION, "dgx-a100-80gb", 1, "llama2-7b", *args, "--precision", "bf16")
+    assert (bf16["precision"], bf16["precision_source"]) == ("bf16", "--precision")
+    assert any("--precision bf16" in n and "fp32" in n for n in bf16["notes"]), bf16["notes"]
+    # fp32 moves 4-byte activations and weights through the A100's 19.5 TFLOP/s fp32 peak (tf32 aside), not 312 bf16
+    assert fp32["predicted"]["step_time_seconds"] > 2 * bf16["predicted"]["step_time_seconds"]
+    assert fp32["predicted"]["peak_memory_bytes_per_gpu"] > bf16["predicted"]["peak_memory_bytes_per_gpu"]

@@ -308,7 +308,7 @@ def check_file(path: Path, args) -> dict:
     if not batch or not seq:
         missing = [n for n, v in (("--global-batch-size", batch), ("--seq-len", seq)) if not v]
         raise SpecError(f"{', '.join(missing)}: the config does not say; pass them", source=str(path))
-    precision = _precision(view, args.precision)
+    precision, source, precision_notes = _precision(view, args.precision)
     # the execution profile of the framework that runs the config (--framework, else the one the config is written
     # for), as plan and estimate use it: its memory recipe, overlap and allocator reserve
     fw = args.framework or view.framework.value
@@ -317,23 +317,36 @@ def check_file(path: Path, args) -> dict:
                                                     else (None, None)), optimizer_states=view.optimizer_states)
     out = check(view, problem, overrides=overrides, allow_tp_across_nodes=args.allow_tp_across_nodes,
                 framework=args.framework)
+    trained = problem.training
     return {"config": str(path), "format": view.format, "framework": fw,
             "layout": out.layout.model_dump(mode="json") if out.layout else None,
             "passed": not out.violations, "violations": out.violations,
             "predicted": Predicted.from_estimate(out.estimate, out.problem.knobs.memory_headroom_bytes, out.problem,
                                                  out.layout).model_dump() if out.estimate else None,
-            "notes": out.notes + ([f"precision {precision} from the config (not --precision {args.precision})"]
-                                  if view.precision and args.precision and precision != args.precision
-                                  else []),
-            "error": None}
+            "notes": out.notes + precision_notes, "error": None,
+            "precision": trained.precision.value, "precision_source": source,
+            "fp8_recipe": trained.fp8_recipe if trained.precision == "fp8" else None}
 
 
-def _precision(view: ConfigView, given: str | None) -> str | None:
-    """The config's precision; --precision where the config does not say, or where it says the 16-bit base of an
-    FP8 run whose FP8 switch the planner cannot read (a torchtitan Python recipe's float8 converter is model code)."""
-    if given == "fp8" and view.precision in ("bf16", "fp16"):
-        return "fp8"
-    return view.precision if view.precision in ("bf16", "fp16", "fp32", "fp8") else given
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+
+
+def _precision(view: ConfigView, given: str | None) -> tuple[str | None, str, list[str]]:
+    """(the precision to check, where it comes from, notes): the config's; --precision where the config does not
+    say, where it says only its framework's default (ConfigView.precision_default), or where it says the 16-bit base
+    of an FP8 run whose FP8 switch the planner cannot read (a torchtitan Python recipe's float8 converter is model
+    code); the GPU's default (build_problem) where neither says."""
+    said = view.precision if view.precision in PRECISIONS else None
+    if given == "fp8" and said in ("bf16", "fp16"):
+        return "fp8", "--precision", []
+    if said is None:
+        return given, "--precision" if given else "GPU default", []
+    if view.precision_default:
+        if given and given != said:
+            return given, "--precision", [f"--precision {given} over the config's {said} ({view.precision_default})"]
+        return said, "framework default", [f"precision {said}: {view.precision_default}"]
+    notes = [f"precision {said} from the config (not --precision {given})"] if given and given != said else []
+    return said, "config", notes
 
 
 def render_report(out, r: dict, *, several: bool) -> None:
@@ -347,6 +360,9 @@ def render_report(out, r: dict, *, several: bool) -> None:
         out.print(f"[red]FAIL[/red] {v['message']}\n     fix: {v['hint']}", highlight=False)
     for n in r["notes"]:
         out.print(f"[dim]note: {n}[/dim]", highlight=False)
+    if r.get("precision"):  # what was read, as the JSON says it (CheckReport.precision, fp8_recipe, precision_source)
+        recipe = f", FP8 recipe {r['fp8_recipe']}" if r.get("fp8_recipe") else ""
+        out.print(f"precision: {r['precision']}{recipe} ({r['precision_source']})", highlight=False)
     p = r["predicted"]
     if p is not None:
         mfu = f"MFU {p['mfu']:.1%}, " if 0 < p["mfu"] <= 1 else ""

@@ -48,6 +48,9 @@ class ConfigView:
     global_batch_size: int | None = None
     seq_length: int | None = None
     precision: str | None = None
+    # where `precision` is not written in the config but its framework's default (DeepSpeed without an enabled bf16 or
+    # fp16 section: fp32): which default, said in a note; --precision overrides such a precision (check._precision)
+    precision_default: str = ""
     model: dict = field(default_factory=dict)  # num_layers, hidden_size, num_attention_heads, ... as the config says
     notes: list[str] = field(default_factory=list)
     errors: list[tuple[str, str, str]] = field(default_factory=list)  # (rule, message, hint): the framework refuses
@@ -232,6 +235,10 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
     _cp_ep(view, cp=sp_degree, cp_comm="a2a")
     view.global_batch_size = gbs
     view.precision = _ds_precision(doc, view)
+    if view.precision is None and not hf:  # frameworks.md §3.5: fp32, no wrapper
+        view.precision = "fp32"
+        view.precision_default = ("DeepSpeed's default: no bf16 or fp16 section, both enabled=false "
+                                  "(runtime/precision_config.py), so the engine trains the model in fp32")
     ds_comm_dtype(doc, view)
     ds_grad_accum_dtype(doc, view)
     ds_overlap(zero, view.fields["zero_stage"], view)
@@ -589,7 +596,8 @@ def _ds_precision(doc: dict, view: ConfigView) -> str | None:
     `fp16` (runtime/precision_config.py: `enabled` a lax boolean, default false; "auto" dropped there and filled by
     the Hugging Face Trainer from --bf16/--fp16, so None: --precision decides); fp32 where a section is there and none
     is enabled; None where neither section is. A value DeepSpeed refuses, or both enabled ('bfloat16 and fp16 modes
-    cannot be simultaneously enabled', runtime/config.py), is a violation."""
+    cannot be simultaneously enabled', runtime/config.py), is a violation. Without a section, the caller's: fp32 for
+    plain DeepSpeed, --precision for the Hugging Face Trainer (Accelerate adds the section from its mixed_precision)."""
     sections = {"bf16": doc["bf16"] if doc.get("bf16") is not None else doc.get("bfloat16"), "fp16": doc.get("fp16")}
     enabled: dict[str, bool | None] = {}
     for name, section in sections.items():
