@@ -189,3 +189,55 @@ def test_an_offload_section_below_the_stage_that_reads_it_is_ignored_with_a_note
     assert view.errors == [] and view.fields["offload"] == want
     ignored = [n for n in view.notes if "so nothing is offloaded by it" in n]
     assert len(ignored) == (stage < 3) + (stage < 1)
+
+
+def _check_report(path, *extra):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "check", str(path), "-c", "dgx-h100", "-n", "1", "-m",
+                          "llama2-7b", "-s", "512", "--json", *extra], capture_output=True, text=True, check=False)
+    return json.loads(out.stdout)
+
+
+def test_bf16_master_weights_and_optimizer_states_shrink_the_sharded_states():
+    """DeepSpeedExamples training/bf16_master_weight: bf16_full.json sets bf16.bf16_master_weights_and_grads and
+    bf16_optimizer_states over baseline.json (both ZeRO-3). Its README's breakdown: master weights 4 -> 2 B/param,
+    Adam moments 8 -> 4 (and the master gradients 4 -> 2, which the planner's memory recipe does not split out);
+    DeepSpeed keeps them so (runtime/zero/stage3.py master_weights_and_grads_dtype, PR #7700). Derived: ZeRO-3 over
+    dp 8 saves 6 B x 6.74e9 parameters (Llama 2 7B) / 8 per GPU; both were predicted alike before."""
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "configs" / "deepspeed"
+    full, base = _check_report(data / "bf16_master_z3.json"), _check_report(data / "bf16_baseline_z3.json")
+    assert full["error"] is None and base["error"] is None
+    saved = base["predicted"]["peak_memory_bytes_per_gpu"] - full["predicted"]["peak_memory_bytes_per_gpu"]
+    assert saved == pytest.approx(6 * 6.74e9 / 8, rel=0.02)
+    assert any("bf16_master_weights_and_grads" in n and "bf16_optimizer_states" in n for n in full["notes"])
+    assert full["predicted"]["step_time_seconds"] < base["predicted"]["step_time_seconds"]  # a smaller Adam step
+
+
+@pytest.mark.parametrize("zero,bf16,rule_says", [
+    ({"stage": 0}, {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, "ZeRO stage 1, 2 or 3"),
+    ({"stage": 3}, {"bf16_optimizer_states": True}, "requires bf16_master_weights_and_grads"),
+    ({"stage": 2}, {"bf16_master_weights_and_grads": True}, "optimizer offload"),
+    ({"stage": 2}, {"bf16_master_weights_and_grads": "maybe"}, "true or false"),
+])
+def test_bf16_state_settings_deepspeed_refuses_are_violations(tmp_path, zero, bf16, rule_says):
+    """DeepSpeed's start-up refusals: runtime/config.py _do_error_check asserts both settings at ZeRO 1-3 and
+    bf16_optimizer_states only with bf16_master_weights_and_grads (frameworks.md §3.7 rule 6); bf16 master weights
+    with fp32 moments need ZeRO-Offload with DeepSpeedCPUAdam (stage_1_and_2.py _enforce_cpu_offload); the
+    precision config's fields are pydantic bools."""
+    view = read_deepspeed_zero(tmp_path, zero, bf16={"enabled": True, **bf16})
+    said = [e[1] for e in view.errors if e[0] == "optimizer_states"]
+    assert said and rule_says in said[0], view.errors
+    assert view.optimizer_states == {}
+
+
+def test_bf16_master_weights_with_offloaded_fp32_moments_is_read(tmp_path):
+    """With offload_optimizer to cpu DeepSpeedCPUAdam keeps fp32 moments (fp32_optimizer_states defaults to True,
+    engine.py) and the master weights are bf16: only master_dtype moves."""
+    view = read_deepspeed_zero(tmp_path, {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                               bf16={"enabled": True, "bf16_master_weights_and_grads": True})
+    assert not view.errors and view.optimizer_states == {"master_dtype": "bf16"}

@@ -167,12 +167,12 @@ def _plan(framework: str, states: dict, layout: str = "dp=16,zero=1,mbs=1") -> d
                        "cluster": problem.cluster.model_dump(mode="json")}}
 
 
-def _check(path, framework=None):
+def _check(path, framework=None, seq_len=None):
     import argparse
 
     from planner.integrations.check import check_file
 
-    args = argparse.Namespace(cluster="dgx-h100", nodes=2, model="llama3-8b", global_batch_size=None, seq_len=None,
+    args = argparse.Namespace(cluster="dgx-h100", nodes=2, model="llama3-8b", global_batch_size=None, seq_len=seq_len,
                               tp=None, pp=None, fix=None, framework=framework, precision=None, headroom_gib=2.0,
                               allow_tp_across_nodes=False, calibration=None)
     return check_file(path, args)
@@ -223,7 +223,7 @@ def test_a_plan_json_is_checked_with_its_states(tmp_path):
     assert report["predicted"]["peak_memory_bytes_per_gpu"] == pytest.approx(doc["predicted"]["peak_memory_bytes_per_gpu"])
 
 
-@pytest.mark.parametrize("target", ["torchtitan", "deepspeed", "megatron-deepspeed"])
+@pytest.mark.parametrize("target", ["torchtitan", "megatron-deepspeed"])
 def test_exports_without_a_state_dtype_refuse(target):
     from planner.integrations.exports import export
 
@@ -378,3 +378,45 @@ def test_bench_cli_predicts_the_moments_it_keeps():
                         ("moments=fp8", "the benchmark keeps moments in fp32, bf16, fp16")):
         proc = subprocess.run([*base, "--optimizer-states", bad], capture_output=True, text=True, timeout=240)
         assert proc.returncode == 3 and needle in proc.stderr, proc.stderr
+
+
+DEEPSPEED_BF16 = {"master_dtype": "bf16", **MOMENTS_BF16}
+
+
+def test_deepspeed_exports_its_bf16_states_and_check_reads_them_back(tmp_path):
+    """DeepSpeed >= 0.18.3 keeps the ZeRO optimizer's master weights and Adam moments in bf16 with
+    bf16.bf16_master_weights_and_grads and bf16.bf16_optimizer_states (runtime/precision_config.py; DeepSpeedExamples
+    training/bf16_master_weight/configs/bf16_full.json), at ZeRO 1-3 (runtime/config.py, frameworks.md §3.7 rule 6)."""
+    import json
+
+    from planner.integrations.exports import export
+
+    doc = _plan("deepspeed", DEEPSPEED_BF16)
+    exp = export(doc, "deepspeed")
+    assert json.loads(exp.text)["bf16"] == {"enabled": True, "bf16_master_weights_and_grads": True,
+                                            "bf16_optimizer_states": True}
+    path = tmp_path / "ds.json"
+    path.write_text(exp.text)
+    report = _check(path, seq_len=4096)  # the JSON has no sequence length
+    for key in ("step_time_seconds", "peak_memory_bytes_per_gpu"):
+        assert report["predicted"][key] == pytest.approx(doc["predicted"][key], rel=1e-9), key
+    assert report["predicted"]["peak_memory_bytes_per_gpu"] < _plan("deepspeed", {})["predicted"][
+        "peak_memory_bytes_per_gpu"]
+
+
+@pytest.mark.parametrize("states,layout,needle", [
+    (MOMENTS_BF16, "dp=16,zero=1,mbs=1", r"deepspeed lowers master_dtype or exp_avg_dtype\+exp_avg_sq_dtype\+"
+                                         "master_dtype together"),
+    ({"master_dtype": "bf16"}, "dp=16,zero=1,mbs=1", "bf16_master_weights_and_grads without "
+                                                     "bf16_optimizer_states needs the optimizer offloaded"),
+    (DEEPSPEED_BF16, "dp=16,zero=0,mbs=1", r"zero_stage 0 .* ZeRO \(1, 2, 3\) only"),
+])
+def test_deepspeed_refuses_the_bf16_states_its_switches_cannot_set(states, layout, needle):
+    """bf16_optimizer_states lowers both moments and needs bf16 master weights; bf16 master weights with fp32
+    moments run only with the optimizer on DeepSpeedCPUAdam (stage_1_and_2.py _enforce_cpu_offload); ZeRO 1-3."""
+    from planner.integrations.exports import export
+
+    doc = _plan(None, states, layout)
+    doc["framework"] = "generic"
+    with pytest.raises(SpecError, match=needle):
+        export(doc, "deepspeed")

@@ -59,6 +59,8 @@ class Capabilities:
     # grad_dtype only its precision's default) and the ZeRO stages that run them
     state_dtypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     state_dtype_zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    # the sets of state fields its settings lower together (one switch sets several); empty: any combination
+    state_dtype_sets: tuple[tuple[str, ...], ...] = ()
     # how its launch settings torch.compile the model (TrainingSpec.compile); empty: it has no such setting
     compile_setting: str = ""
     # ZeRO stages it shards over part of the DP ranks at (hybrid sharding, LayoutSpec.dp_shard); empty: none
@@ -92,6 +94,10 @@ class Capabilities:
                 runs = f"{', '.join(allowed)} or the default" if allowed else "only the default"
                 return (f"{key} {dtype} -> {self.framework.value} keeps {runs} "
                         f"({self.sources.get('states', 'fp32 master weights and moments')})")
+        if given and self.state_dtype_sets and tuple(sorted(given)) not in self.state_dtype_sets:
+            sets = " or ".join("+".join(s) for s in self.state_dtype_sets)
+            return (f"{', '.join(sorted(given))} below fp32 -> {self.framework.value} lowers {sets} together "
+                    f"({self.sources.get('states', '')})")
         return None
 
     def refusal(self, f: dict) -> str | None:
@@ -332,6 +338,12 @@ _DEEPSPEED_STATES = ("ZeRO keeps an fp32 partition of the parameters and its opt
                      "(single_partition_of_fp32_groups, stage_1_and_2.py; frameworks.md §3.5); its JSON has no "
                      "optimizer-state dtype")
 
+_DEEPSPEED_BF16_STATES = (
+    "ZeRO keeps an fp32 partition of the parameters and fp32 moments (stage_1_and_2.py; frameworks.md §3.5) unless "
+    "bf16.bf16_master_weights_and_grads (bf16 master weights) and bf16.bf16_optimizer_states (bf16 moments too; "
+    "without it the fp32 moments need the optimizer offloaded to DeepSpeedCPUAdam) say otherwise, at ZeRO 1-3 "
+    "(DeepSpeed >= 0.18.3: runtime/config.py, base_optimizer.py _configure_master_weights; frameworks.md §3.7 rule 6)")
+
 _DEEPSPEED_HSDP = ("DeepSpeed's hybrid sharding, MiCS (zero_optimization.mics_shard_size), was removed in 0.19.8, "
                    "whose config parser refuses the key; `check` reads an older MiCS config as shard=S; shard over "
                    "every dp rank: drop shard")
@@ -359,9 +371,12 @@ DEEPSPEED = Capabilities(
         "sp": "AutoTP has no Megatron-style sequence parallelism (Ulysses is context parallelism)",
         "precision": "frameworks.md §3.8: no FP8 training switch in DeepSpeed's config (FP8 comes from Transformer "
                      "Engine in model code)",
-        "states": _DEEPSPEED_STATES,
+        "states": _DEEPSPEED_BF16_STATES,
         "hsdp": _DEEPSPEED_HSDP,
-    })
+    },
+    state_dtypes={"master_dtype": ("bf16",), "exp_avg_dtype": ("bf16",), "exp_avg_sq_dtype": ("bf16",)},
+    state_dtype_zero_stages=(1, 2, 3),
+    state_dtype_sets=(("master_dtype",), ("exp_avg_dtype", "exp_avg_sq_dtype", "master_dtype")))
 
 MEGATRON_DEEPSPEED = Capabilities(
     Framework.MEGATRON_DEEPSPEED, schedules=("1f1b", "zero_bubble"), zero_stages=(0, 1, 2, 3),

@@ -21,6 +21,7 @@ from planner.frameworks.megatron_split import MegatronSplitError, SplitFlags, ne
 from planner.inputs.specs import LayoutSpec, ModelSpec, TrainingSpec
 from planner.integrations.modern_flags import (
     deepspeed_settings,
+    deepspeed_state_settings,
     megatron_args,
     megatron_state_args,
     nemo_settings,
@@ -560,10 +561,7 @@ def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -
         "gradient_clipping": 1.0,
         **modern,
     }
-    if training.precision == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif training.precision == "fp16":
-        config["fp16"] = {"enabled": True, "loss_scale": 0}
+    config.update(_deepspeed_precision(lay, training))
     notes = []
     if not megatron:
         if lay.tp > 1:
@@ -578,6 +576,15 @@ def to_deepspeed(parts: PlanParts, lay: LayoutSpec, *, megatron: bool = False) -
             notes.append("activation checkpointing: the JSON cannot turn it on; checkpoint every layer in model code "
                          "(HF Trainer: gradient_checkpointing=True); check it with --fix recompute=full")
     return json.dumps(config, indent=2), notes
+
+
+def _deepspeed_precision(lay: LayoutSpec, training: TrainingSpec) -> dict:
+    """The bf16 or fp16 section, with the bf16 master weights and moments a plan keeps (Megatron-DeepSpeed's plans
+    keep fp32 ones: refuse_states refused the others before)."""
+    states = deepspeed_state_settings(lay, training)  # refuses states below fp32 without a bf16 model
+    if training.precision == "fp16":
+        return {"fp16": {"enabled": True, "loss_scale": 0}}
+    return {"bf16": {"enabled": True, **states}} if training.precision == "bf16" else {}
 
 
 # ---- torchtitan -----------------------------------------------------------------------------------------------

@@ -147,6 +147,24 @@ def deepspeed_settings(layout: LayoutSpec, model: ModelSpec, training: TrainingS
     return {"sequence_parallel_size": layout.cp} if layout.cp > 1 else {}
 
 
+def deepspeed_state_settings(layout: LayoutSpec, training: TrainingSpec) -> dict:
+    """The `bf16` section's keys for bf16 optimizer states (DeepSpeed >= 0.18.3; Capabilities.state_dtype_sets keeps
+    to the sets they lower): bf16_master_weights_and_grads for the master weights, with bf16_optimizer_states for
+    the moments too; master weights alone need the optimizer offloaded to DeepSpeedCPUAdam (stage_1_and_2.py
+    _enforce_cpu_offload)."""
+    states = training.low_precision_states
+    if not states:
+        return {}
+    if training.precision != "bf16":
+        raise SpecError(f"optimizer states: {', '.join(states)} bf16 with precision {training.precision} -> DeepSpeed's "
+                        "bf16.bf16_master_weights_and_grads is for a bf16 model; plan with --precision bf16")
+    if len(states) == 1 and layout.offload == "none":
+        raise SpecError("optimizer states: master_dtype bf16 alone -> DeepSpeed's bf16_master_weights_and_grads "
+                        "without bf16_optimizer_states needs the optimizer offloaded (DeepSpeedCPUAdam keeps the fp32 "
+                        "moments); plan with --optimizer-states master=bf16,moments=bf16 or with offload=optimizer")
+    return {"bf16_master_weights_and_grads": True} | ({"bf16_optimizer_states": True} if len(states) > 1 else {})
+
+
 # Megatron-LM's state dtype names (arguments.py: --main-grads-dtype {fp32,bf16}, --main-params-dtype {fp32,fp16},
 # --exp-avg-dtype / --exp-avg-sq-dtype {fp32,fp16,bf16,fp8}) and the torch dtypes its validate_args maps them to,
 # which are the OptimizerConfig values Megatron-Bridge overrides take (fp8 moments are torch.uint8)

@@ -241,6 +241,7 @@ def _deepspeed(doc: dict, gpus: int, over: dict, global_batch_size: int | None) 
                                   "(runtime/precision_config.py), so the engine trains the model in fp32")
     ds_comm_dtype(doc, view)
     ds_grad_accum_dtype(doc, view)
+    ds_bf16_states(doc, view)
     ds_overlap(zero, view.fields["zero_stage"], view)
     ds_mics(zero, view)
     ds_reuse_distance(zero, view)
@@ -354,6 +355,68 @@ def _ds_bf16_optimizer(doc: dict, view: ConfigView, accumulate: str) -> None:
     for name in names:
         view.knobs[name] = (optimizer, why)
     view.engine_knobs.update(names)
+
+
+DS_BF16_STATE_KEYS = ("bf16_master_weights_and_grads", "bf16_optimizer_states")  # runtime/precision_config.py
+
+
+def ds_bf16_states(doc: dict, view: ConfigView) -> None:
+    """`bf16.bf16_master_weights_and_grads` and `bf16.bf16_optimizer_states` (DeepSpeed >= 0.18.3, PR #7700): the ZeRO
+    optimizer keeps its master weights (and gradient partition) in bf16, and with the second its Adam moments too
+    (base_optimizer.py _configure_master_weights, 0.19.8), read as TrainingSpec's master_dtype and, with the second,
+    exp_avg_dtype and exp_avg_sq_dtype. DeepSpeed refuses at start-up (_ds_bf16_states_refusal), and keeps them only
+    in its ZeRO optimizers (not the BF16_Optimizer a ZeRO-1 fp32 accumulation runs)."""
+    section = doc["bf16"] if doc.get("bf16") is not None else doc.get("bfloat16")
+    if not isinstance(section, dict):
+        return
+    given = []
+    for key in DS_BF16_STATE_KEYS:
+        try:
+            given.append(bool(ds_config_bool(section.get(key, False))))
+        except ValueError:
+            view.errors.append(("optimizer_states", f"bf16.{key}: {section[key]!r} -> true or false (DeepSpeed refuses "
+                                "any other value at start-up)", "give a boolean"))
+            return
+    master, moments = given
+    if not (master or moments) or _ds_bf16_states_refusal(master, moments, view):
+        return
+    said = " and ".join(f"bf16.{k}" for k, on in zip(DS_BF16_STATE_KEYS, given, strict=True) if on)
+    if view.precision != "bf16" or "zero_stage" in view.engine_fields:
+        why = ("the engine runs BF16_Optimizer here, not its ZeRO optimizer" if view.precision == "bf16"
+               else "the model is not read as bf16")
+        view.notes.append(f"{said}: ignored ({why}); checked with fp32 master weights and moments")
+        return
+    states = {"master_dtype": "bf16"} | ({"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"} if moments else {})
+    view.optimizer_states.update(states)
+    view.notes.append(f"{said}: the ZeRO optimizer's master weights{' and Adam moments' if moments else ''} in bf16 "
+                      f"({', '.join(states)} bf16: {2 + 4 * moments} B/param fewer, sharded as ZeRO shards them; "
+                      "stage_1_and_2.py / stage3.py master_weights_and_grads_dtype); its bf16 master-gradient "
+                      "partition (2 B/param fewer again, DeepSpeedExamples bf16_master_weight README) is not "
+                      "modelled, so the sharded states are over-stated by up to that")
+
+
+def _ds_bf16_states_refusal(master: bool, moments: bool, view: ConfigView) -> bool:
+    """Whether DeepSpeed 0.19.8 refuses the bf16 state settings (a violation says why): either below ZeRO-1, and
+    bf16_optimizer_states without bf16_master_weights_and_grads (runtime/config.py L706-714; frameworks.md §3.7 rule
+    6); bf16 master weights with fp32 moments need the optimizer offloaded to DeepSpeedCPUAdam (stage_1_and_2.py
+    _enforce_cpu_offload, stage3.py _enforce_optimizer_offload, via base_optimizer.py _configure_master_weights)."""
+    stage = view.engine_fields.get("zero_stage", view.fields["zero_stage"])
+    if stage == 0:
+        why, fix = "at ZeRO-0 -> DeepSpeed asserts ZeRO stage 1, 2 or 3 (runtime/config.py; frameworks.md §3.7 " \
+                   "rule 6)", "use zero_optimization.stage 1 or higher, or drop them"
+    elif moments and not master:
+        why, fix = "without bf16.bf16_master_weights_and_grads -> DeepSpeed asserts bf16_optimizer_states requires " \
+                   "bf16_master_weights_and_grads (runtime/config.py)", "add bf16.bf16_master_weights_and_grads: true"
+    elif master and not moments and view.fields["offload"] == "none":
+        why, fix = "without bf16.bf16_optimizer_states or optimizer offload -> DeepSpeed's ZeRO optimizer asserts " \
+                   "bf16 master weights with fp32 moments run on ZeRO-Offload with DeepSpeedCPUAdam " \
+                   "(stage_1_and_2.py _enforce_cpu_offload)", "add bf16.bf16_optimizer_states: true, or " \
+                   "zero_optimization.offload_optimizer to cpu"
+    else:
+        return False
+    said = " and ".join(f"bf16.{k}" for k, on in zip(DS_BF16_STATE_KEYS, (master, moments), strict=True) if on)
+    view.errors.append(("optimizer_states", f"{said} {why}", fix))
+    return True
 
 
 HIDDEN_SQUARED = "hidden_size^2"
