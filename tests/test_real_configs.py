@@ -218,3 +218,19 @@ def test_a_deepspeed_config_without_a_16_bit_section_is_checked_in_fp32():
     # fp32 moves 4-byte activations and weights through the A100's 19.5 TFLOP/s fp32 peak (tf32 aside), not 312 bf16
     assert fp32["predicted"]["step_time_seconds"] > 2 * bf16["predicted"]["step_time_seconds"]
     assert fp32["predicted"]["peak_memory_bytes_per_gpu"] > bf16["predicted"]["peak_memory_bytes_per_gpu"]
+
+
+def test_bridge_overrides_take_the_recipe_defaults_they_do_not_show():
+    """Megatron-Bridge's quick-start overrides (docs/megatron-lm-to-megatron-bridge.md) set no ddp.* key: every pretrain
+    recipe builds on _pretrain_common(), whose DistributedDataParallelConfig sets use_distributed_optimizer=True
+    (recipes/common.py@067f987d L87) and mixed_precision="bf16_mixed" (L130; frameworks.md §4.4). It was read as
+    ZeRO-0 and failed on memory with no note; tp, pp, cp and recompute come from a recipe the planner cannot see."""
+    proc, report = _check_json("nemo/bridge_quickstart_overrides.txt", "dgx-h100", 1, "llama3-8b")
+    assert report is not None and report["error"] is None, proc.stdout + proc.stderr
+    assert report["layout"]["zero_stage"] == 1
+    assert (report["precision"], report["precision_source"]) == ("bf16", "framework default")
+    notes = " | ".join(report["notes"])
+    assert "ddp.use_distributed_optimizer" in notes and "_pretrain_common" in notes, notes
+    for key in ("model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+                "model.context_parallel_size", "model.recompute_granularity"):
+        assert key in notes, (key, notes)

@@ -1815,14 +1815,19 @@ def _nemo_fp8_recipe(mixed: str) -> str | None:
 
 
 def _nemo(text: str, gpus: int) -> ConfigView:
-    kv = dict(line.split("=", 1) for line in _shell_lines(text))
+    return nemo_view(dict(line.split("=", 1) for line in _shell_lines(text)), gpus)
 
+
+def nemo_view(kv: dict[str, str], gpus: int, fmt: str = "nemo") -> ConfigView:
+    """Megatron-Bridge overrides (run_recipe.py's KEY=VALUE, or their YAML: planner/integrations/nemo_yaml.py) over
+    the recipe they apply to, or a NeMo-Framework-Launcher config mapped to their names (fmt "nemo-launcher", a
+    complete config: no recipe behind it)."""
     def num(key: str, default: int | None) -> int | None:
         return _nemo_int(kv, key, default)
 
     tp, pp = num("model.tensor_model_parallel_size", 1) or 1, num("model.pipeline_model_parallel_size", 1) or 1
     dp = _dp(gpus, tp, pp, num("model.context_parallel_size", 1) or 1)
-    view = ConfigView("nemo", Framework.NEMO, {})
+    view = ConfigView(fmt, Framework.NEMO, {})
     mbs = num("train.micro_batch_size", None)
     gbs = num("train.global_batch_size", None)
     if mbs is None or gbs is None:  # Bridge has no fallback (frameworks.md §4.3)
@@ -1830,11 +1835,8 @@ def _nemo(text: str, gpus: int) -> ConfigView:
                             "requires both", "set both"))
     mbs = mbs or 1
     gbs = gbs or mbs * dp
-    zero = 1 if kv.get("ddp.use_distributed_optimizer") == "true" else 0
-    if kv.get("ddp.use_megatron_fsdp") == "true":
-        zero = {"optim_grads": 2, "optim": 1, "no_shard": 0}.get(kv.get("ddp.data_parallel_sharding_strategy", ""), 3)
     vpp = num("model.virtual_pipeline_model_parallel_size", 1) or 1
-    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": zero, "micro_batch_size": mbs,
+    view.fields = {"tp": tp, "pp": pp, "dp": dp, "zero_stage": _nemo_zero(kv, view), "micro_batch_size": mbs,
                    "num_micro_batches": max(1, gbs // (mbs * dp)), "recompute": "none",
                    "sequence_parallel": kv.get("model.sequence_parallel") == "true",
                    "offload": "optimizer" if kv.get("optimizer.optimizer_cpu_offload") == "true" else "none"}
@@ -1866,13 +1868,64 @@ def _nemo(text: str, gpus: int) -> ConfigView:
                             "ValueError under Megatron-Bridge (frameworks.md §4.5)", "set model.sequence_parallel=false"))
         view.fields["sequence_parallel"] = False
     view.global_batch_size, view.seq_length = gbs, num("dataset.seq_length", None)
-    mixed = kv.get("mixed_precision", "")
-    view.precision = {"bf16_mixed": "bf16", "fp16_mixed": "fp16"}.get(mixed, None)
+    _nemo_precision(kv, view)
+    _nemo_states(kv, view)
+    if fmt == "nemo":
+        _nemo_recipe_values(kv, view)
+    return view
+
+
+def _nemo_bool(kv: dict[str, str], key: str) -> bool | None:
+    """A boolean override as Hydra's grammar reads it (true/false in any case); None where absent or not one."""
+    return {"true": True, "false": False}.get(str(kv.get(key)).lower())
+
+
+BRIDGE_COMMON = "Megatron-Bridge's _pretrain_common(), which every pretrain recipe builds on (recipes/common.py@067f987d"
+
+
+def _nemo_zero(kv: dict[str, str], view: ConfigView) -> int:
+    """ZeRO stage: the distributed optimizer (ddp.use_distributed_optimizer; absent: True, as _pretrain_common()
+    sets it, L87, frameworks.md §4.4, for overrides; NeMo-Launcher configs always say), or Megatron-FSDP
+    (ddp.use_megatron_fsdp or dist.use_megatron_fsdp, training/config.py L1484) at its sharding strategy."""
+    given = _nemo_bool(kv, "ddp.use_distributed_optimizer")
+    if given is None and view.format == "nemo":
+        view.notes.append(f"ddp.use_distributed_optimizer not in the file: true, as {BRIDGE_COMMON} L87) sets it; "
+                          "checked as ZeRO-1")
+    zero = 0 if given is False else 1
+    if _nemo_bool(kv, "ddp.use_megatron_fsdp") or _nemo_bool(kv, "dist.use_megatron_fsdp"):
+        zero = {"optim_grads": 2, "optim": 1, "no_shard": 0}.get(kv.get("ddp.data_parallel_sharding_strategy", ""), 3)
+    return zero
+
+
+def _nemo_precision(kv: dict[str, str], view: ConfigView) -> None:
+    """mixed_precision: a recipe name (frameworks.md §4.6: its FP8 recipes too), null for none (fp32); absent from
+    overrides, _pretrain_common()'s bf16_mixed (L130), a default --precision overrides."""
+    mixed = kv.get("mixed_precision")
+    if mixed is None and view.format == "nemo":
+        view.precision = "bf16"
+        view.precision_default = f"mixed_precision not in the file: bf16_mixed, as {BRIDGE_COMMON} L130) sets it"
+        return
+    mixed = mixed or ""
+    view.precision = {"bf16_mixed": "bf16", "fp16_mixed": "fp16", "null": "fp32", "None": "fp32"}.get(mixed)
     fp8 = _nemo_fp8_recipe(mixed)
     if fp8 is not None:  # Megatron-Bridge's FP8 mixed-precision recipes (frameworks.md §4.6)
         view.precision, view.fp8_recipe = "fp8", fp8
-    _nemo_states(kv, view)
-    return view
+
+
+# the settings a Bridge recipe function sets for its model and GPU count (frameworks.md §4.4: e.g. llama3_70b's TP 4,
+# PP 4, VPP 5, CP 2): overrides that leave them out run the recipe's values, which the planner cannot see
+BRIDGE_RECIPE_SETS = {"model.tensor_model_parallel_size": "1", "model.pipeline_model_parallel_size": "1",
+                      "model.context_parallel_size": "1", "model.recompute_granularity": "none"}
+
+
+def _nemo_recipe_values(kv: dict[str, str], view: ConfigView) -> None:
+    """A note naming the recipe-set values the overrides leave out, checked at Megatron-Core's defaults."""
+    missing = [k for k in BRIDGE_RECIPE_SETS if k not in kv]
+    if missing:
+        view.notes.append(f"not in the file, so the recipe's values run, which the planner cannot see: "
+                          f"{', '.join(missing)}; checked at Megatron-Core's defaults "
+                          f"({', '.join(BRIDGE_RECIPE_SETS[k] for k in missing)}): pass --tp, --pp or --fix "
+                          "cp=/recompute= with the recipe's")
 
 
 def _nemo_states(kv: dict[str, str], view: ConfigView) -> None:
