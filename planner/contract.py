@@ -527,7 +527,9 @@ class CheckReport(_Strict):
     kind: Literal["check"] = "check"
     config: str = Field(description="The config file checked.")
     format: Literal["plan", "deepspeed", "hf-deepspeed", "torchtitan", "torchtitan-python", "megatron",
-                    "megatron-deepspeed", "nemo"] | None = Field(description="The format read; null when unreadable.")
+                    "megatron-deepspeed", "nemo", "nemo-launcher"] | None = Field(
+        description="The format read (nemo: Megatron-Bridge overrides, KEY=VALUE lines or YAML; nemo-launcher: a "
+                    "NeMo-Framework-Launcher training YAML); null when unreadable.")
     framework: Framework | None = Field(description="Whose defaults and rules were applied (--framework, else the "
                                                      "format's).")
     layout: LayoutSpec | None = Field(description="The layout the config describes (null if it could not be read).")

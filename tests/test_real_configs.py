@@ -234,3 +234,65 @@ def test_bridge_overrides_take_the_recipe_defaults_they_do_not_show():
     for key in ("model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
                 "model.context_parallel_size", "model.recompute_granularity"):
         assert key in notes, (key, notes)
+
+
+# NeMo-Framework-Launcher@26e42fa9 conf/training YAML (NeMo 1.x): (file, cluster, nodes, model, extra, expected layout
+# fields, as each file writes them: tensor/pipeline/virtual/context/expert parallel sizes, micro and global batch,
+# sequence parallelism; the distributed optimizer is optim.name mcore_distributed_optim, NeMo's
+# megatron_base_model.py L151-152)
+LAUNCHER = [
+    ("nemo/launcher_llama3_8b.yaml", "dgx-h100", 16, "llama3-8b", ["-s", "8192"],
+     {"tp": 1, "pp": 1, "cp": 2, "dp": 64, "micro_batch_size": 1, "num_micro_batches": 2048 // 64, "zero_stage": 1,
+      "recompute": "none", "sequence_parallel": False}),
+    # its data.seq_length and model.encoder_seq_length are 2048; its ffn_hidden_size is a Hydra interpolation
+    ("nemo/launcher_gpt3_175b.yaml", "dgx-a100-80gb", 128, "gpt3-175b", [],
+     {"tp": 4, "pp": 8, "virtual_stages": 6, "schedule": "interleaved_1f1b", "dp": 32, "micro_batch_size": 1,
+      "num_micro_batches": 2048 // 32, "zero_stage": 1, "sequence_parallel": True}),
+    # sequence_parallel: True at tensor_model_parallel_size 1: NeMo turns it off (megatron_base_model.py L1019-1025)
+    ("nemo/launcher_mixtral_8x7b.yaml", "dgx-h100", 8, "mixtral-8x7b", [],
+     {"tp": 1, "pp": 4, "virtual_stages": 8, "ep": 8, "dp": 16, "micro_batch_size": 1, "num_micro_batches": 16,
+      "zero_stage": 1, "sequence_parallel": False}),
+]
+
+
+@pytest.mark.parametrize("case", LAUNCHER, ids=[c[0] for c in LAUNCHER])
+def test_nemo_launcher_yaml_is_read_as_nemo_reads_it(case):
+    """These were parsed as a Megatron shell script: llama3_8b "micro_batch_size: missing" and 204.5 GiB, gpt3/175b
+    "cannot split Megatron arguments: No closing quotation" (exit 3)."""
+    name, cluster, nodes, model, extra, fields = case
+    proc, report = _check_json(name, cluster, nodes, model, *extra)
+    assert report is not None and report["error"] is None, proc.stdout + proc.stderr
+    assert (report["format"], report["framework"]) == ("nemo-launcher", "nemo")
+    assert {k: report["layout"][k] for k in fields} == fields
+    assert (report["precision"], report["precision_source"]) == ("bf16", "config")  # trainer.precision: bf16
+    assert not [v for v in report["violations"] if v["rule"] in ("micro_batch_size", "model")], report["violations"]
+
+
+def test_nemo_launcher_notes_what_nemo_changes_and_what_is_not_read():
+    _, mixtral = _check_json("nemo/launcher_mixtral_8x7b.yaml", "dgx-h100", 8, "mixtral-8x7b")
+    assert any("model.sequence_parallel true with tp 1" in n for n in mixtral["notes"]), mixtral["notes"]
+    _, gpt3 = _check_json("nemo/launcher_gpt3_175b.yaml", "dgx-a100-80gb", 128, "gpt3-175b")
+    assert any("not resolved" in n and "model.ffn_hidden_size" in n for n in gpt3["notes"]), gpt3["notes"]
+    assert any("ub_tp_comm_overlap" in n for n in gpt3["notes"])  # ub_tp_comm_overlap: False at tp 4
+
+
+def test_a_megatron_bridge_override_yaml_is_read_as_its_overrides():
+    """Megatron-Bridge's qwen3_vl_pretrain_override_example.yaml nests run_recipe.py's KEY=VALUE overrides: tp 1, pp 1,
+    cp 1, recompute full/uniform/1, micro batch 4, global batch 8, dataset.seq_length 4096 (it was read as a Megatron
+    script: "--seq-len: the config does not say"). On 8 GPUs its batch does not divide (8 < 4 x 8): a violation."""
+    proc, report = _check_json("nemo/bridge_qwen3_vl_override.yaml", "dgx-h100", 1, "llama3-8b")
+    assert report is not None and report["error"] is None, proc.stdout + proc.stderr
+    assert report["format"] == "nemo"
+    lay = report["layout"]
+    assert (lay["tp"], lay["pp"], lay["micro_batch_size"], lay["recompute"], lay["zero_stage"]) == (1, 1, 4, "full", 1)
+    assert [v["rule"] for v in report["violations"]] == ["global_batch_size"]
+    assert not any("model.tensor_model_parallel_size" in n for n in report["notes"])  # the file sets them
+
+
+def test_a_yaml_that_is_no_nemo_config_is_refused_naming_the_formats(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("name: my-cluster\nnodes: 4\n")
+    proc = run("check", str(path), "-c", "dgx-h100", "-n", "1", "-m", "llama3-8b", "-s", "4096")
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr
+    assert "neither a Megatron-Bridge override file nor a NeMo-Framework-Launcher" in proc.stderr
+    assert "KEY=VALUE lines" in proc.stderr

@@ -72,7 +72,8 @@ def export(
 def check(
     configs: Annotated[list[Path], typer.Argument(readable=False, help="Configs: plan JSON, DeepSpeed JSON (HF \"auto\" too), "
                                                       "torchtitan TOML or Python recipe, Megatron arguments or launch "
-                                                      "script, Megatron-Bridge overrides. Several are checked in turn.")],
+                                                      "script, Megatron-Bridge overrides (lines or YAML), "
+                                                      "NeMo-Framework-Launcher YAML. Several are checked in turn.")],
     cluster: ClusterOpt, model: ModelOpt, nodes: NodesOpt = None,
     global_batch_size: Annotated[int | None, typer.Option("--global-batch-size", "-b",
                                                           help="When the config does not say (fills HF \"auto\").")] = None,

@@ -3,7 +3,8 @@
 
 Formats: plan JSON; DeepSpeed JSON (also with Hugging Face Trainer "auto" values); torchtitan TOML (<= 0.2) and
 Python recipe modules (0.3, read with `ast`, never executed); Megatron-LM / Megatron-DeepSpeed argument files and
-launch scripts (shell variables expanded); Megatron-Bridge (NeMo) key=value overrides.
+launch scripts (shell variables expanded); Megatron-Bridge (NeMo) key=value overrides and override YAML, and
+NeMo-Framework-Launcher (NeMo 1.x) training YAML (planner/integrations/nemo_yaml.py).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_
                 config_function: str | None = None) -> ConfigView:
     """The config at `path`, by its suffix and content; `config_function` names the function to read of a torchtitan
     Python module that holds several (check --config-function)."""
-    from cluster_specs.reading import parse_json, parse_toml, read_text
+    from cluster_specs.reading import parse_json, parse_toml, parse_yaml, read_text
 
     text = read_text(path)
     suffix = path.suffix.lower()
@@ -108,6 +109,8 @@ def read_config(path: Path, *, gpus: int, overrides: dict | None = None, global_
             return _deepspeed(doc, gpus, over, global_batch_size)
         raise SpecError("JSON is neither a plan (no 'layout') nor a DeepSpeed config (no 'zero_optimization', "
                         "'train_batch_size' or 'train_micro_batch_size_per_gpu')", source=str(path))
+    if suffix in (".yaml", ".yml"):  # NeMo's: a Megatron-Bridge override file or a NeMo-Framework-Launcher config
+        return _nemo_yaml(parse_yaml(text, str(path)), gpus, str(path))
     if _looks_like_overrides(text):
         return _nemo(text, gpus)
     if re.search(r"(?m)^[^#\n]*-m\s+planner\.bench\b", text):  # `export --to torchrun`: a launch of the benchmark
@@ -1816,6 +1819,20 @@ def _nemo_fp8_recipe(mixed: str) -> str | None:
 
 def _nemo(text: str, gpus: int) -> ConfigView:
     return nemo_view(dict(line.split("=", 1) for line in _shell_lines(text)), gpus)
+
+
+def _nemo_yaml(doc: object, gpus: int, source: str) -> ConfigView:
+    """A NeMo YAML config (planner/integrations/nemo_yaml.py) read as the overrides it amounts to."""
+    from planner.integrations.nemo_yaml import launcher_extras, yaml_overrides
+
+    kv, fmt = yaml_overrides(doc, source)
+    view = nemo_view(kv, gpus, fmt)
+    if fmt == "nemo-launcher":
+        assert isinstance(doc, dict)  # yaml_overrides said so
+        launcher_extras(doc, view, gpus)
+    view.notes.insert(0, "read as a NeMo-Framework-Launcher training config (NeMo 1.x)" if fmt == "nemo-launcher"
+                      else "read as Megatron-Bridge overrides (an override YAML)")
+    return view
 
 
 def nemo_view(kv: dict[str, str], gpus: int, fmt: str = "nemo") -> ConfigView:
