@@ -275,6 +275,34 @@ class BenchOptions:
     framework: str | None = None  # whose 'selective' recompute to run; None: the plan's framework, else generic
 
 
+def check_bench_supports(layout: LayoutSpec, model: ModelSpec | None = None) -> None:
+    """Refuse (SpecError, before any rank starts) what the benchmark does not build, naming every such field:
+    it trains dense blocks with standard attention (runner.StageModule), over a (pp, dp, tp) mesh, recomputing
+    every layer of a stage or none, with all state on the device. Context and expert parallelism are measured on
+    their own by `python -m planner.bench.cp_ep` (their exchanges, not a training step)."""
+    from cluster_specs import SpecError
+
+    found = []
+    if layout.cp > 1:
+        found.append(f"cp: {layout.cp} -> the benchmark runs cp=1 (ring attention is measured on its own: "
+                     "python -m planner.bench.cp_ep)")
+    if layout.ep > 1 or layout.etp > 1:
+        found.append(f"ep: {layout.ep}, etp: {layout.etp} -> the benchmark runs ep=1, etp=1 (the all-to-all is "
+                     "measured on its own: python -m planner.bench.cp_ep)")
+    if layout.offload != "none":
+        found.append(f"offload: {layout.offload} -> the benchmark runs offload=none")
+    if layout.recompute_layers_per_stage is not None:
+        found.append(f"recompute_layers_per_stage: {layout.recompute_layers_per_stage} -> the benchmark recomputes "
+                     "every layer of a stage or none (recompute=none, selective or full, without per-stage counts)")
+    if model is not None and model.moe is not None:
+        found.append(f"moe: {model.moe.num_experts} experts ({model.name}) -> the benchmark builds dense models only")
+    if model is not None and model.mla is not None:
+        found.append(f"mla: kv_lora_rank {model.mla.kv_lora_rank} ({model.name}) -> the benchmark builds standard "
+                     "multi-head (GQA) attention only")
+    if found:
+        raise SpecError("; ".join(found))
+
+
 def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
     """The layout with the machine-fitting overrides applied, refused when the benchmark cannot run it."""
     from cluster_specs import SpecError
@@ -287,6 +315,7 @@ def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
         # is all of them (a 32-rank group of a 1,024-rank plan on 4 ranks: ZeRO over the 4)
         s = math.gcd(lay.dp_shard, lay.dp)
         lay = lay.model_copy(update={"dp_shard": s if 1 < s < lay.dp else None})
+    check_bench_supports(lay)
     if lay.zero_stage >= 2 and lay.pp > 1:
         raise SpecError("zero_stage: >= 2 with pp > 1 is not supported (see `planner check`)")
     bad = hybrid_shard_problem(dp=lay.dp, shard=lay.dp_shard, zero_stage=lay.zero_stage, offload=lay.offload,
@@ -374,6 +403,7 @@ def bench_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster,
     from planner.bench.recompute import selective_kind
     from planner.rules import validate_layout
 
+    check_bench_supports(layout, model)
     md = scale_model(model, layout, layers_per_stage=opts.layers_per_stage, hidden_size=opts.hidden_size,
                      vocab_size=opts.vocab_size)
     lay = bench_layout(layout, md, planned_layers=model.num_layers)
@@ -480,6 +510,7 @@ def bench_document(opts: BenchOptions, *, plan_file: Path | None, cluster: str |
     plan_doc, md, cl, lay, seq = bench_target(plan_file=plan_file, cluster=cluster, model=model, layout=layout,
                                               nodes=nodes, seq_len=seq_len, dp=opts.dp,
                                               micro_batches=opts.micro_batches)
+    check_bench_supports(lay, md)  # every unsupported field of the model and the layout, before any fitting
     framework = opts.framework or (plan_doc or {}).get("framework") or "generic"
     profile_for(framework)  # refuses a name that is no framework, given or in the plan (field, value, allowed)
     opts = replace(opts, framework=framework)
