@@ -303,6 +303,39 @@ def check_bench_supports(layout: LayoutSpec, model: ModelSpec | None = None) -> 
         raise SpecError("; ".join(found))
 
 
+def check_bench_shapes(model: ModelSpec, layout: LayoutSpec) -> None:
+    """Refuse (SpecError) a valid layout that the benchmark's ranks cannot run on the model it trains (the scaled
+    one), before any rank starts: K/V heads TP cannot split (runner.apply_tp shards them by heads; Megatron would
+    replicate them, which the benchmark does not), and fewer micro-batches than torch's pipeline schedule takes
+    (Schedule1F1B: at least one per stage; the interleaved and zero-bubble runtimes: a whole number of rounds of
+    pp, or fewer than pp)."""
+    from cluster_specs import SpecError
+
+    found = []
+    if layout.tp > 1 and model.kv_heads % layout.tp:
+        found.append(f"num_kv_heads: {model.kv_heads} ({model.name}) -> the benchmark shards K/V heads over tp: "
+                     f"a multiple of tp ({layout.tp}); use a tp that divides {model.kv_heads}")
+    m, pp = layout.num_micro_batches, layout.pp
+    if pp > 1 and layout.schedule in ("1f1b", "pipedream_async") and m < pp:
+        found.append(f"num_micro_batches (--micro-batches): {m} -> {layout.schedule} over {pp} pipeline stages "
+                     f"needs at least {pp} (torch's Schedule1F1B)")
+    elif pp > 1 and layout.schedule in ("interleaved_1f1b", "zero_bubble") and m % max(1, m // pp):
+        found.append(f"num_micro_batches (--micro-batches): {m} -> {layout.schedule} over {pp} pipeline ranks runs "
+                     f"whole rounds: a multiple of {max(1, m // pp)}, or fewer than {pp}")
+    if found:
+        raise SpecError("; ".join(found))
+
+
+def bench_vocabulary(model: ModelSpec, layout: LayoutSpec) -> ModelSpec:
+    """The model with its vocabulary padded as the prediction pads it (cost_models.memory.vocab_padded: a multiple
+    of 128·tp, Megatron's make-vocab-size-divisible-by), so the vocabulary-parallel embedding and output layer split
+    evenly over TP and the run holds the parameters predicted."""
+    from cost_models.memory import vocab_padded
+
+    padded = vocab_padded(model.vocab_size, tp=layout.tp)
+    return model if padded == model.vocab_size else model.model_copy(update={"vocab_size": padded})
+
+
 def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
     """The layout with the machine-fitting overrides applied, refused when the benchmark cannot run it."""
     from cluster_specs import SpecError
@@ -403,10 +436,12 @@ def bench_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster,
     from planner.bench.recompute import selective_kind
     from planner.rules import validate_layout
 
-    check_bench_supports(layout, model)
     md = scale_model(model, layout, layers_per_stage=opts.layers_per_stage, hidden_size=opts.hidden_size,
                      vocab_size=opts.vocab_size)
+    md = bench_vocabulary(md, layout)
     lay = bench_layout(layout, md, planned_layers=model.num_layers)
+    check_bench_supports(lay, md)
+    check_bench_shapes(md, lay)
     knobs = bench_knobs(knobs_kw, opts.framework)
     moments = bench_moments(opts.optimizer_states, opts.optimizer)
     problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer, moments)
