@@ -126,3 +126,66 @@ def test_the_benchmark_pads_the_vocabulary_as_the_prediction_does(tmp_path, voca
     pytest.importorskip("torch")
     problem, _, cfg = prepared(tiny_model(tmp_path, vocab=vocab), f"tp={tp},dp=1", nproc=tp)
     assert cfg.shape["vocab_size"] == problem.model.vocab_size == padded
+
+
+@pytest.mark.parametrize("option, value", [("nproc", 0), ("dp", 0), ("dp", -1), ("micro_batches", 0),
+                                           ("micro_batches", -3), ("hidden_size", 0)])
+def test_counts_below_one_are_refused_by_check_bench_options(option, value):
+    """--micro-batches -3 ended as an internal error (exit 9), --dp 0 and --micro-batches 0 were silently ignored,
+    --dp -1 was blamed on --nproc."""
+    from cluster_specs import SpecError
+    from planner.bench.session import BenchOptions, check_bench_options
+
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(SpecError, match=f"{flag}: {value} -> must be a whole number >= 1"):
+        check_bench_options(BenchOptions(**{option: value}), 1, None)
+    check_bench_options(BenchOptions(**{option: 1}), 1, None)
+
+
+def test_a_calibration_of_fewer_ranks_than_the_layout_is_refused_with_its_gpu_count(tmp_path, capsys, no_ranks):
+    """A calibration measured on 2 ranks, benched with --nproc 4: the prediction's 2-node cluster had no network
+    (pydantic's "2 nodes need a network", exit 9)."""
+    cal = tmp_path / "cal2.yaml"
+    cal.write_text("name: local-vm\ngpu: {name: measured, memory_gib: 12, tflops: {fp32: 0.09}, hbm_gb_per_s: 12}\n"
+                   "num_nodes: 1\ngpus_per_node: 2\nintra_node: {kind: pcie, gb_per_s: 0.7}\n"
+                   "inter_node: {kind: none, nics_per_node: 0, nic_gbit_per_s: 0.0}\nhost_to_device: {gb_per_s: 12}\n")
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "-c", str(cal), "-m", tiny_model(tmp_path), "-l", "dp=4", "--nproc", "4", *SMALL])
+    err = capsys.readouterr().err
+    assert done.value.code == errors.ExitCode.INPUT, err
+    assert "has 2 GPUs on one node and no network" in err and "planner calibrate --nproc 4" in err
+
+
+def test_a_width_no_head_count_splits_over_tp_is_refused():
+    """--hidden-size 128 with tp 3: no head count divides 128 and splits over 3 (ZeroDivisionError, exit 9)."""
+    from cluster_specs import SpecError
+    from planner.bench.session import scale_model
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec
+
+    with pytest.raises(SpecError, match="--hidden-size: 128 -> with tp 3"):
+        scale_model(load_model("gpt3-1.3b"), LayoutSpec(dp=1, tp=3), layers_per_stage=None, hidden_size=128,
+                    vocab_size=None)
+    scaled = scale_model(load_model("gpt3-1.3b"), LayoutSpec(dp=1, tp=3), layers_per_stage=None, hidden_size=192,
+                         vocab_size=None)
+    assert (scaled.num_attention_heads, scaled.num_kv_heads) == (12, 12)  # derived: 16 heads down to 12 (12 | 192, 3 | 12)
+
+
+@pytest.mark.parametrize("preset, layers, field, expected", [
+    ("gemma2-9b", 1, "sliding_window_layers", 1),  # derived: 21 of 42 layers, half of 1 rounded up
+    ("gemma2-9b", 4, "sliding_window_layers", 2),  # 21 of 42 -> 2 of 4
+    ("deepseek-v2", 1, "num_dense_layers", 0),  # 1 of 60 leading dense layers; fewer than the layers
+    ("deepseek-v2", 2, "num_dense_layers", 0),
+])
+def test_scaled_layers_keep_the_counts_of_layers_of_a_kind_within_the_layers(preset, layers, field, expected):
+    """--layers-per-stage 1 left gemma2-9b 21 sliding-window layers of 1 and deepseek-v2 1 dense layer of 1: models
+    the specs refuse (exit 9). The counts scale with the layers; the scaled model validates."""
+    from planner.bench.session import scale_model
+    from planner.inputs.models import load_model
+    from planner.inputs.specs import LayoutSpec, ModelSpec
+
+    scaled = scale_model(load_model(preset), LayoutSpec(dp=1), layers_per_stage=layers, hidden_size=None,
+                         vocab_size=None)
+    got = scaled.sliding_window_layers if field == "sliding_window_layers" else scaled.moe.num_dense_layers
+    assert (scaled.num_layers, got) == (layers, expected)
+    ModelSpec.model_validate(scaled.model_dump())

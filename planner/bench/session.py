@@ -29,21 +29,45 @@ def scale_model(model: ModelSpec, layout: LayoutSpec, *, layers_per_stage: int |
     upd: dict = {}
     chunks = layout.pp * (layout.virtual_stages if layout.schedule == "interleaved_1f1b" else 1)
     if layers_per_stage:
-        upd["num_layers"] = layers_per_stage * chunks
+        upd.update(scaled_layer_counts(model, layers_per_stage * chunks))
     if hidden_size:
-        a = model.num_attention_heads
-        while hidden_size % a or a % layout.tp:
-            a -= 1
-        kv = min(model.kv_heads, a)
-        while a % kv or (kv % layout.tp and layout.tp % kv):
-            kv -= 1
-        ffn = int(round(model.ffn * hidden_size / model.hidden_size / (8 * layout.tp))) * 8 * layout.tp or 4 * hidden_size
-        upd.update(hidden_size=hidden_size, num_attention_heads=a, num_kv_heads=kv, ffn_hidden_size=ffn)
+        upd.update(scaled_width(model, hidden_size, layout.tp))
     if vocab_size:
         upd["vocab_size"] = vocab_size
     if upd:
         upd["name"] = f"{model.name} (scaled for the benchmark)"
     return model.model_copy(update=upd) if upd else model
+
+
+def scaled_layer_counts(model: ModelSpec, num_layers: int) -> dict:
+    """`num_layers` layers, and the counts of layers of a kind in the same share (rounded half up): the layers with
+    the sliding window (Gemma-2: every other one) and MoE's leading dense layers (fewer than num_layers)."""
+    def share(count: int) -> int:
+        return min(num_layers, (count * num_layers + model.num_layers // 2) // model.num_layers)
+
+    upd: dict = {"num_layers": num_layers}
+    if model.sliding_window_layers is not None:
+        upd["sliding_window_layers"] = share(model.sliding_window_layers)
+    if model.moe is not None and model.moe.num_dense_layers:
+        dense = min(num_layers - 1, share(model.moe.num_dense_layers))
+        upd["moe"] = model.moe.model_copy(update={"num_dense_layers": dense})
+    return upd
+
+
+def scaled_width(model: ModelSpec, hidden_size: int, tp: int) -> dict:
+    """The fields of `hidden_size` wide layers: the most heads (at most the model's) that divide the width and
+    that tp divides, K/V heads that divide them, the FFN in the model's ratio (a multiple of 8·tp). Refused
+    (SpecError) when no head count both divides the width and splits over tp."""
+    from cluster_specs import SpecError
+
+    a = next((n for n in range(min(model.num_attention_heads, hidden_size), 0, -1)
+              if hidden_size % n == 0 and n % tp == 0), None)
+    if a is None:
+        raise SpecError(f"--hidden-size: {hidden_size} -> with tp {tp} the width needs a head count that divides it "
+                        f"and that tp divides: a multiple of {tp}")
+    kv = next(k for k in range(min(model.kv_heads, a), 0, -1) if a % k == 0 and (k % tp == 0 or tp % k == 0))
+    ffn = int(round(model.ffn * hidden_size / model.hidden_size / (8 * tp))) * 8 * tp or 4 * hidden_size
+    return {"hidden_size": hidden_size, "num_attention_heads": a, "num_kv_heads": kv, "ffn_hidden_size": ffn}
 
 
 def bench_layout(layout: LayoutSpec, model: ModelSpec, *, planned_layers: int | None = None) -> LayoutSpec:
@@ -105,19 +129,27 @@ def bench_problem(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster
                   optimizer: str = "adamw", moments: dict[str, str] | None = None) -> Problem:
     """Prediction inputs matching what the benchmark runs (bench_training), on a cluster with exactly dp*tp*pp
     GPUs (one node of that many when it fits in a node)."""
-    world = layout.num_gpus
     training = bench_training(layout, seq_length, dtype, optimizer, moments)
+    return Problem(model, training, bench_cluster(cluster, layout.num_gpus), knobs)
+
+
+def bench_cluster(cluster: ClusterSpec, world: int) -> ClusterSpec:
+    """The cluster with exactly `world` GPUs: one node of that many when it fits in a node, else whole nodes.
+    Refused (SpecError) when it takes more than one node and the cluster has no network between nodes: a
+    calibration file (`planner calibrate --nproc N`) describes one node of the N ranks it measured."""
+    from cluster_specs import ClusterSpec, SpecError
+
     if world <= cluster.gpus_per_node:
         data = cluster.model_dump(mode="json")
         data.update(num_nodes=1, gpus_per_node=world)
         if world == 1:
             data["intra_node"] = {"kind": "none", "gb_per_s": 0.0}
-        from cluster_specs import ClusterSpec
-
-        cluster = ClusterSpec.model_validate(data)
-    else:
-        cluster = cluster.with_nodes(-(-world // cluster.gpus_per_node))
-    return Problem(model, training, cluster, knobs)
+        return ClusterSpec.model_validate(data)
+    if cluster.inter_node.nic_link() is None:
+        raise SpecError(f"ranks: {world} (dp*tp*pp*cp) -> the cluster {cluster.name!r} has {cluster.gpus_per_node} "
+                        f"GPUs on one node and no network (a calibration of {cluster.gpus_per_node} ranks): run at "
+                        f"most {cluster.gpus_per_node} ranks, or calibrate with `planner calibrate --nproc {world}`")
+    return cluster.with_nodes(-(-world // cluster.gpus_per_node))
 
 
 def make_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, *, steps: int, warmup: int, dtype: str,
@@ -504,6 +536,18 @@ DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("adamw", "sgd")
 
 
+def check_bench_counts(opts: BenchOptions) -> None:
+    """The rank and batch counts the options set, when given: whole numbers >= 1 (0 was silently ignored, a
+    negative one blamed on another option or an internal error)."""
+    from cluster_specs import SpecError
+
+    for name, value in (("--nproc", opts.nproc), ("--dp", opts.dp), ("--micro-batches", opts.micro_batches),
+                        ("--layers-per-stage", opts.layers_per_stage), ("--hidden-size", opts.hidden_size),
+                        ("--vocab-size", opts.vocab_size)):
+        if value is not None and value < 1:
+            raise SpecError(f"{name}: {value} -> must be a whole number >= 1")
+
+
 def check_bench_options(opts: BenchOptions, top: int, plan_file: Path | None, *, given: tuple[str, ...] = (),
                         save_calibration: Path | None = None) -> None:
     """The bench options, before any rank starts; `given`: which of --cluster/--model/--layout were given, which a
@@ -511,6 +555,7 @@ def check_bench_options(opts: BenchOptions, top: int, plan_file: Path | None, *,
     from cluster_specs import SpecError
     from cluster_specs.limits import finite_option
 
+    check_bench_counts(opts)
     if opts.dtype not in DTYPES:
         raise SpecError(f"--dtype: {opts.dtype!r} -> allowed: {', '.join(DTYPES)}")
     if opts.optimizer not in OPTIMIZERS:
