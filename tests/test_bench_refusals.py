@@ -189,3 +189,21 @@ def test_scaled_layers_keep_the_counts_of_layers_of_a_kind_within_the_layers(pre
     got = scaled.sliding_window_layers if field == "sliding_window_layers" else scaled.moe.num_dense_layers
     assert (scaled.num_layers, got) == (layers, expected)
     ModelSpec.model_validate(scaled.model_dump())
+
+
+@pytest.mark.parametrize("env, args, says", [
+    ({}, ["-l", "tp=2,dp=1"], "--nproc: not given (one local rank, not under torchrun) -> the layout needs "
+                              "dp*tp*pp*cp = 2 ranks: give --nproc 2"),
+    ({}, ["-l", "tp=2,dp=1", "--nproc", "4"], "--nproc: 4 -> the layout needs dp*tp*pp*cp = 2 ranks"),
+    ({"RANK": "1", "WORLD_SIZE": "4"}, ["-l", "tp=2,dp=1"],
+     "WORLD_SIZE: 4 (torchrun's ranks) -> the layout needs dp*tp*pp*cp = 2 ranks"),
+])
+def test_ranks_the_layout_does_not_fit_are_a_usage_error_naming_the_option(capsys, tmp_path, monkeypatch, no_ranks,
+                                                                          env, args, says):
+    """Without --nproc a tp=2 layout started one rank, which failed (exit 7, "rank 0 failed"); under torchrun with
+    another world size every rank reported an internal error (exit 9)."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code, err = bench(capsys, "-m", tiny_model(tmp_path), *args)
+    assert code == errors.ExitCode.INPUT, err
+    assert says in err

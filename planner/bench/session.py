@@ -390,10 +390,32 @@ def fit_layout(layout: LayoutSpec, opts: BenchOptions) -> LayoutSpec:
                         f"multiple of {lay.dp_shard})")
     if bad is not None:
         raise SpecError(str(bad))
-    if opts.nproc is not None and opts.nproc != lay.num_gpus:
-        raise SpecError(f"--nproc: {opts.nproc} -> the layout needs dp*tp*pp = {lay.num_gpus} ranks (use --dp to "
-                        "shrink it)")
+    if opts.nproc is not None:
+        check_world_size(lay, opts.nproc)
     return lay
+
+
+def check_world_size(layout: LayoutSpec, nproc: int | None) -> None:
+    """Refuse (SpecError, before any rank starts) a layout whose dp*tp*pp*cp ranks are not the ranks that would
+    run it: --nproc's local ranks, else torchrun's WORLD_SIZE (RANK set), else the one rank `bench` starts itself
+    (runner.run: the same choice). The message names the option that sets the ranks."""
+    import os
+
+    from cluster_specs import SpecError
+
+    needs = f"the layout needs dp*tp*pp*cp = {layout.num_gpus} ranks"
+    if nproc is not None:
+        if nproc != layout.num_gpus:
+            raise SpecError(f"--nproc: {nproc} -> {needs} (give --nproc {layout.num_gpus}, or --dp to shrink it)")
+        return
+    if "RANK" in os.environ:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world != layout.num_gpus:
+            raise SpecError(f"WORLD_SIZE: {world} (torchrun's ranks) -> {needs}: launch that many (torchrun "
+                            "--nnodes x --nproc-per-node), or fit the layout to the ranks with --dp")
+    elif layout.num_gpus != 1:
+        raise SpecError(f"--nproc: not given (one local rank, not under torchrun) -> {needs}: give --nproc "
+                        f"{layout.num_gpus} (or --dp to shrink it)")
 
 
 def _runnable(entries: list[dict], items: list, attempt: Callable[[Any], Any]) -> tuple[list[dict], list, list[str]]:
@@ -474,6 +496,7 @@ def bench_config(model: ModelSpec, layout: LayoutSpec, seq_length: int, cluster,
     lay = bench_layout(layout, md, planned_layers=model.num_layers)
     check_bench_supports(lay, md)
     check_bench_shapes(md, lay)
+    check_world_size(lay, opts.nproc)
     knobs = bench_knobs(knobs_kw, opts.framework)
     moments = bench_moments(opts.optimizer_states, opts.optimizer)
     problem = bench_problem(md, lay, seq_length, cluster, opts.dtype, knobs, opts.optimizer, moments)
