@@ -207,3 +207,19 @@ def test_ranks_the_layout_does_not_fit_are_a_usage_error_naming_the_option(capsy
     code, err = bench(capsys, "-m", tiny_model(tmp_path), *args)
     assert code == errors.ExitCode.INPUT, err
     assert says in err
+
+
+def test_save_calibration_of_cpu_runs_against_gpu_predictions_is_refused():
+    """bench --top --save-calibration folds measured/predicted into the cluster's end-to-end factor: runs on this
+    machine's CPU against predictions for A100s wrote 0.07 into the A100 cluster's file, and the next plan predicted
+    95 s where it had said 7.7 s (audit of 2026-12-08). A cluster measured by `planner calibrate` is this machine."""
+    torch = pytest.importorskip("torch")
+    from cluster_specs import SpecError, load_cluster
+    from planner.bench.session import check_calibration_device
+
+    if torch.cuda.is_available():
+        pytest.skip("on CUDA the runs are the GPUs'")
+    with pytest.raises(SpecError, match="--save-calibration: the runs are on this machine's CPU"):
+        check_calibration_device(load_cluster("dgx-a100-80gb", nodes=16))
+    measured = load_cluster("dgx-a100-80gb").model_copy(update={"measured": {"measured_at": "now"}})
+    check_calibration_device(measured)  # a calibration of this machine: allowed

@@ -51,6 +51,15 @@ def test_launch_the_fastest_measured():
     assert decide(res[:1])["launch"] == "a"
 
 
+def test_launch_decision_compares_time_per_sequence():
+    """Scaled down to the ranks at hand the short list's layouts ran 4, 4 and 2 sequences a step (dp = nproc /
+    (tp pp)); the one that ran half the work was 'fastest' by its raw step (audit of 2026-12-08)."""
+    res = [{"layout_short": "a", "predicted": 1.0, "measured": 1.0, "sequences_per_step": 4},
+           {"layout_short": "b", "predicted": 1.0, "measured": 0.6, "sequences_per_step": 2}]
+    d = decide(res)
+    assert d["launch"] == "a" and "per sequence" in d["reason"]
+
+
 def test_calibration_scales_end_to_end_efficiency_by_the_median_ratio():
     res = [{"layout_short": "a", "predicted": 1.0, "measured": 2.0}, {"layout_short": "b", "predicted": 1.0, "measured": 1.0},
            {"layout_short": "c", "predicted": 3.0, "measured": 4.0}]

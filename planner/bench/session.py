@@ -595,6 +595,23 @@ def check_bench_options(opts: BenchOptions, top: int, plan_file: Path | None, *,
     finite_option("--timeout", opts.timeout_seconds, low=0.0, low_inclusive=False, high=86400.0)
 
 
+def check_calibration_device(cluster) -> None:
+    """--save-calibration folds the measured/predicted ratio into the cluster's end-to-end factor: only where the
+    runs measured what was predicted. Runs on this machine's CPU against predictions for a GPU cluster would write a
+    CPU-versus-GPU ratio into the GPU's file (0.07 for A100s: the next plan predicted 95 s where it said 7.7 s). A
+    cluster measured by `planner calibrate` (its `measured` section, e.g. --calibration local.yaml) is this machine;
+    on CUDA the runs are the GPUs'."""
+    import torch
+
+    if torch.cuda.is_available() or cluster.measured is not None:
+        return
+    from cluster_specs import SpecError
+
+    raise SpecError(f"--save-calibration: the runs are on this machine's CPU, the predictions for {cluster.gpu} "
+                    f"({cluster.name}) -> run on that cluster's GPUs, or predict on this machine's calibration "
+                    "(--calibration local.yaml, from `planner calibrate`)")
+
+
 def bench_document(opts: BenchOptions, *, plan_file: Path | None, cluster: str | None, model: str | None,
                    layout: str | None, nodes: int | None, seq_len: int | None, top: int = 1,
                    save_calibration: Path | None = None, calibration: Path | None = None) -> dict | None:
@@ -620,6 +637,9 @@ def bench_document(opts: BenchOptions, *, plan_file: Path | None, cluster: str |
     cl, knobs_kw = calibrated(cl, calibration)
     if top > 1 and plan_doc is not None:
         from planner.bench.shortlist import run_shortlist
+
+        if save_calibration is not None:
+            check_calibration_device(cl)
 
         return run_shortlist(plan_doc, top, md, seq, cl, knobs_kw, opts, save_calibration)
     return bench_one(md, fit_layout(lay, opts), seq, cl, knobs_kw, opts)

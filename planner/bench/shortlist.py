@@ -51,15 +51,25 @@ def shortlist(doc: dict, k: int) -> tuple[list[dict], str]:
 
 
 def decide(results: list[dict]) -> dict:
-    """Which layout to launch: the fastest measured step. `results`: {"layout_short", "predicted", "measured"}."""
-    best = min(results, key=lambda r: r["measured"])
+    """Which layout to launch: the least measured time per sequence. `results`: {"layout_short", "predicted",
+    "measured", "sequences_per_step"}: scaled down to the ranks at hand, the layouts of a short list can run
+    different numbers of sequences a step (dp = nproc / (tp pp)), so raw step times are not alike."""
+    def per_sequence(r: dict) -> float:
+        return r["measured"] / r.get("sequences_per_step", 1)
+
+    best = min(results, key=per_sequence)
     pick = results[0]
     if best is pick:
-        why = "the pick is also the fastest measured"
+        why = "the pick is also the fastest measured (time per sequence)"
     else:
-        why = (f"{best['layout_short']} measured {pick['measured'] / best['measured'] - 1:.0%} faster than the pick "
-               f"({pick['layout_short']})")
+        why = (f"{best['layout_short']} measured {per_sequence(pick) / per_sequence(best) - 1:.0%} faster per "
+               f"sequence than the pick ({pick['layout_short']})")
     return {"launch": best["layout_short"], "reason": why}
+
+
+def _sequences(layout: dict) -> int:
+    """Sequences one step of the layout as run trains: dp x micro-batch size x micro-batches."""
+    return int(layout["dp"] * layout["micro_batch_size"] * layout["num_micro_batches"])
 
 
 def calibration_document(cluster: dict, knobs: dict, results: list[dict], *, source: str) -> dict:
@@ -111,7 +121,8 @@ def run_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opts,
     results = [{"layout_short": LayoutSpec.model_validate(e["layout"]).short(), "role": e["role"],
                 "plan_predicted_step_seconds": e["predicted_step_seconds"],
                 "predicted": d["comparison"]["predicted_step_seconds"],
-                "measured": d["comparison"]["measured_step_seconds"]} for e, d in zip(entries, docs, strict=True)]
+                "measured": d["comparison"]["measured_step_seconds"],
+                "sequences_per_step": _sequences(d["layout"])} for e, d in zip(entries, docs, strict=True)]
     for r in results:
         r["error"] = (r["predicted"] - r["measured"]) / r["measured"]
     summary = {"kind": "bench-shortlist", "rule": rule, "results": results, "decision": decide(results),
