@@ -125,7 +125,9 @@ def run_shortlist(plan: dict, top: int, md, seq: int, cl, knobs_kw: dict, opts,
                 "sequences_per_step": _sequences(d["layout"])} for e, d in zip(entries, docs, strict=True)]
     for r in results:
         r["error"] = (r["predicted"] - r["measured"]) / r["measured"]
-    summary = {"kind": "bench-shortlist", "rule": rule, "results": results, "decision": decide(results),
+    from planner.contract import _versions
+
+    summary = {**_versions(), "kind": "bench-shortlist", "rule": rule, "results": results, "decision": decide(results),
                "skipped": skipped, "runs": docs}
     if save_calibration is not None:
         cal = calibration_document(docs[0]["cluster"], knobs_kw, results, source=rule)
