@@ -292,10 +292,11 @@ def test_fp8_parameter_all_gather_moves_one_byte_per_parameter():
     rs = zero_comm_seconds(**kw, param_bytes=0.0)
     assert zero_comm_seconds(**kw, param_bytes=1.0) - rs == pytest.approx((zero_comm_seconds(**kw, param_bytes=2.0)
                                                                            - rs) / 2, rel=1e-12)
-    # a torchtitan tensorwise plan gathers in FP8, as its export writes (enable_fsdp_float8_all_gather); rowwise,
-    # Megatron-LM (--fp8-param-gather off by default) and NeMo plans do not
+    # a torchtitan tensorwise plan gathers in FP8, as its export writes (enable_fsdp_float8_all_gather); so does a
+    # NeMo plan whose Bridge recipe sets fp8_param_gather (current scaling: mixed_precision.py @0509780); rowwise,
+    # Megatron-LM (--fp8-param-gather off by default) and Bridge's subchannel (blockwise) recipe do not
     def gathers(framework, recipe):
         return build_problem("dgx-h100", 1, "llama3-8b", 64, 4096, "fp8", framework=framework,
                              fp8_recipe=recipe).training.fp8_param_gather
     assert gathers("torchtitan", "tensorwise") and not gathers("torchtitan", "rowwise")
-    assert not gathers("megatron", "delayed") and not gathers("nemo", "tensorwise")
+    assert not gathers("megatron", "delayed") and gathers("nemo", "tensorwise") and not gathers("nemo", "blockwise")

@@ -1129,18 +1129,19 @@ def test_ep_seconds_fp8_dispatch_whole_node_experts_and_one_gpu_nodes():
 
 
 def test_expert_kernel_terms_need_moe_the_knob_and_a_rate():
-    """ep = 2: 4 local experts x (2 + 4) kernels (BF16) or (4 + 6) (FP8) x 0.5 GFLOP at 4e14 FLOP/s, x 0.75 (frac)."""
+    """ep = 2: 4 local experts x (2 + 4) kernels (BF16) or (4 + 6) (FP8) x 0.5 GFLOP at the GPU's saturated GEMM
+    rate (peak x MAMF fraction x end-to-end factor, whatever the layer's achieved rate), x 0.75 (frac)."""
     knobs = Knobs(moe_expert_kernel_gflop=0.5)
     lay = Layout(dp=2, tp=1, pp=1, ep=2)
-    k = 0.5e9 / 4e14
-    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, knobs, 4e14) == (pytest.approx(4 * 6 * k * 0.75, rel=1e-12, abs=0),
+    k = 0.5e9 / (HW.peak_flops_per_second * HW.matmul_efficiency * knobs.end_to_end_efficiency)
+    assert _expert_kernel_terms(SMALL_MOE, BF16, HW, lay, knobs, 4e14) == (pytest.approx(4 * 6 * k * 0.75, rel=1e-12, abs=0),
                                                                      pytest.approx(4 * 2 * k * 0.75, rel=1e-12, abs=0))
     fp8 = replace(BF16, fp8_recipe="tensorwise")
-    assert _expert_kernel_terms(SMALL_MOE, fp8, lay, knobs, 4e14) == (pytest.approx(4 * 10 * k * 0.75, rel=1e-12, abs=0),
+    assert _expert_kernel_terms(SMALL_MOE, fp8, HW, lay, knobs, 4e14) == (pytest.approx(4 * 10 * k * 0.75, rel=1e-12, abs=0),
                                                                     pytest.approx(4 * 4 * k * 0.75, rel=1e-12, abs=0))
-    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, Knobs(), 4e14) == (0.0, 0.0)
-    assert _expert_kernel_terms(SMALL_MOE, BF16, lay, knobs, None) == (0.0, 0.0)
-    assert _expert_kernel_terms(GQA, BF16, lay, knobs, 4e14) == (0.0, 0.0)
+    assert _expert_kernel_terms(SMALL_MOE, BF16, HW, lay, Knobs(), 4e14) == (0.0, 0.0)
+    assert _expert_kernel_terms(SMALL_MOE, BF16, HW, lay, knobs, None) == (0.0, 0.0)
+    assert _expert_kernel_terms(GQA, BF16, HW, lay, knobs, 4e14) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize("swiglu", [True, False])
@@ -1228,7 +1229,7 @@ def test_layer_extras_composes_its_terms():
     factor *= 1 + (1.25 * _grouped_gemm_slowdown(SMALL_MOE, lay, knobs, tokens) - 1) * share
     cp = _cp_terms(SMALL_MOE, training, HW, lay, 1e-9)
     ep = _ep_terms(SMALL_MOE, training, HW, lay, knobs, tokens)
-    kernels, kernels_fwd = _expert_kernel_terms(SMALL_MOE, training, lay, knobs, 4e14)
+    kernels, kernels_fwd = _expert_kernel_terms(SMALL_MOE, training, HW, lay, knobs, 4e14)
     params, experts = _layer_params(SMALL_MOE, lay)
     saving = tokens * (2 * 512 / 2 + 512 / 2 + 256 * 2 / 2) + (2 * 1.25 - 1) * tokens / 2 * 512 * 0.75
     assert cp.buffer_bytes > 0 and ep.buffer_bytes > 0 and kernels > 0 and 0 < share < 1

@@ -197,7 +197,11 @@ def test_a_torchtitan_hsdp_config_is_checked_hybrid_sharded(tmp_path):
     assert out.estimate.peak_memory_bytes == pytest.approx(want.peak_memory_bytes, rel=1e-12)
     every = problem.estimate(layout_from_arg("tp=1,pp=1,dp=128,zero=3,mbs=2,recompute=selective", problem))
     assert out.estimate.peak_memory_bytes > every.peak_memory_bytes + 10 * 2**30  # 16 B/param over 8, not 128
-    assert [v["rule"] for v in out.violations] == ["memory"]  # 77.9 + 2 GiB headroom on an 80 GB H100
+    # 77.9 GiB with the allocator's cache, over the GPU less the 2 GiB headroom, but its live tensors, context and
+    # NCCL fit the GPU: 'tight', which check passes with its memory line (planner.bands.fit_verdict)
+    from planner.bands import TIGHT, band_for, verdict_for
+
+    assert out.violations == [] and verdict_for(problem, out.estimate, band_for(problem, out.estimate)) == TIGHT
 
 
 @pytest.mark.parametrize("layout, rule", [
