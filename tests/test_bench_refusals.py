@@ -3,6 +3,8 @@ as asked: layouts and models it does not build, shapes that crashed the ranks, o
 count the layout does not fit. Each case once ran as something else with exit 0, died in the ranks (exit 7) or
 ended as an internal error (exit 9): an audit's findings, 2026-12-08."""
 
+from pathlib import Path
+
 import pytest
 
 from planner import errors
@@ -223,3 +225,49 @@ def test_save_calibration_of_cpu_runs_against_gpu_predictions_is_refused():
         check_calibration_device(load_cluster("dgx-a100-80gb", nodes=16))
     measured = load_cluster("dgx-a100-80gb").model_copy(update={"measured": {"measured_at": "now"}})
     check_calibration_device(measured)  # a calibration of this machine: allowed
+
+
+def _sleeping_rank(rank, world, args, init_method):
+    """A rank that trains for a minute (module level: the forkserver imports it)."""
+    import time
+
+    time.sleep(60)
+    return {}
+
+
+def test_sigterm_to_the_parent_stops_the_ranks(tmp_path):
+    """`kill -TERM <bench pid>` ended the parent (exit 143) and left both ranks training, and the forkserver, with a
+    /tmp/planner-bench-* folder behind (audit of 2026-12-08): the ranks are not daemons. run_ranks now stops them."""
+    pytest.importorskip("torch")
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = str(Path(__file__).resolve().parents[1])
+    code = (f"import sys; sys.path.insert(0, {root!r})\n"
+            "from planner.bench.runner import run_ranks\n"
+            "from tests.test_bench_refusals import _sleeping_rank\n"
+            "import os; print('PIDS', os.getpid(), flush=True)\n"
+            "run_ranks(_sleeping_rank, None, 2, 60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    proc.stdout.readline()
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("planner-bench-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # the ranks started
+    children, frontier = [], [str(proc.pid)]
+    while frontier:  # every descendant: the ranks are the forkserver's children
+        found = subprocess.run(["pgrep", "-P", ",".join(frontier)], capture_output=True, text=True).stdout.split()
+        children += found
+        frontier = found
+    assert len(children) >= 3  # the forkserver and two ranks at least
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    time.sleep(1)
+    alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and
+             "zombie" not in open(f"/proc/{pid}/status").read().lower()]
+    assert not alive, alive
+    assert not list(tmp_path.glob("planner-bench-*"))

@@ -31,6 +31,7 @@ actual TP and DP groups and between pipeline neighbours.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -832,6 +833,30 @@ def _read_reports(out_dir: str, nproc: int) -> list[dict]:
     return reports
 
 
+@contextlib.contextmanager
+def _ranks_stopped_on_interrupt(procs: list):
+    """While the ranks run, SIGTERM or Ctrl-C to this process alone stops them before it exits: the ranks are not
+    daemons (they start process groups of their own), so a parent killed by SIGTERM left them training, and one
+    interrupted waited at exit to join them (audit of 2026-12-08). SIGTERM is raised as KeyboardInterrupt here
+    (the main thread only: signal handlers can be set nowhere else)."""
+    import signal
+    import threading
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, interrupted) if main else None
+    try:
+        yield
+    except KeyboardInterrupt:
+        _stop_all(procs)
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def run_ranks(fn, args, nproc: int, timeout_seconds: float) -> list[dict]:
     """Start `nproc` ranks running fn(rank, world, args, init_method) (fn a module-level function, args picklable),
     rendezvous on 127.0.0.1. If a rank exits non-zero the others are stopped at once; the whole run is bounded by
@@ -855,9 +880,10 @@ def run_ranks(fn, args, nproc: int, timeout_seconds: float) -> list[dict]:
     init = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="planner-bench-") as out_dir:
         procs = [ctx.Process(target=_child, args=(r, nproc, fn, args, init, out_dir)) for r in range(nproc)]
-        for p in procs:
-            p.start()
-        failed = _first_failure(procs, time.monotonic() + timeout_seconds * 2 + 30, out_dir)
+        with _ranks_stopped_on_interrupt(procs):
+            for p in procs:
+                p.start()
+            failed = _first_failure(procs, time.monotonic() + timeout_seconds * 2 + 30, out_dir)
         timed_out = any(p.is_alive() for p in procs) and failed is None and not _reports_complete(out_dir, nproc)
         _stop_all(procs)
         if failed is None and not timed_out:
