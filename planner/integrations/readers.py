@@ -13,7 +13,6 @@ import argparse
 import ast
 import functools
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from planner.frameworks.profiles import (
     deepspeed_bf16_optimizer,
 )
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
+from planner.integrations.shell import ShellRead, read_script, refusals, statements, unexpanded
 
 
 @dataclass
@@ -1280,82 +1280,31 @@ _HARMLESS = re.compile(r"^--(lr|min-lr|lr-\S+|weight-decay|adam-\S+|clip-grad|in
                        r"lr-warmup-\S+|override-opt_param-scheduler|dataloader-type|mock-data|bias-gelu-fusion|"
                        r"masked-softmax-fusion|no-async-tensor-model-parallel-allreduce|pipeline-model-parallel-"
                        r"split-rank|use-mcore-models|transformer-impl|attention-softmax-in-fp32|seq-length)$")
-_ASSIGN = re.compile(r"^(?:export\s+|declare\s+-a\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[@*]\])?(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+def megatron_tokens(text: str, source: str) -> tuple[list[str], dict[str, str], ShellRead]:
+    """(Megatron's arguments, the variables the script sets, the whole read) of an argument file or launch script
+    (planner/integrations/shell.py reads it as bash would). The arguments are those of the launch that passes the
+    most options the planner reads; a file that launches nothing is an argument file (its commands' words), or an
+    argument snippet held only in variables (GPT_ARGS="...")."""
+    read = read_script(text)
+    known = _megatron_options()
+    launch = max(read.launches, key=lambda la: sum(w.partition("=")[0] in known for w in la.argv), default=None)
+    if launch is not None:
+        return launch.argv, read.env, read
+    tokens = [t for t in read.commands if not t.endswith(".py") and t not in ("torchrun", "python", "deepspeed")]
+    if not any(t.startswith("--") for t in tokens):
+        tokens = [t for v in read.env.values() if v.lstrip().startswith("--") for t in v.split()]
+    return tokens, read.env, read
 
 
-def _shell_lines(text: str) -> list[str]:
-    """Logical lines: continuations joined, a quoted value spanning lines kept whole, comments dropped."""
-    joined = re.sub(r"\\\r?\n", " ", text)
-    out: list[str] = []
-    buf = ""
-    for line in joined.splitlines():
-        stripped = line.strip()
-        if not buf and (not stripped or stripped.startswith("#")):
-            continue
-        buf = f"{buf} {stripped}" if buf else stripped
-        try:
-            shlex.split(buf, comments=True)
-        except ValueError:
-            continue  # an open quote: the value goes on
-        out.append(buf if '"' in buf or "'" in buf else re.sub(r"\s+#.*$", "", buf))
-        buf = ""
-    if buf:
-        out.append(buf)
-    return out
+def _megatron_options() -> set[str]:
+    return {o for a in megatron_parser()._actions for o in a.option_strings}
 
 
-def _expand(value: str, env: dict[str, str], unresolved: list[str]) -> str:
-    def sub(m: re.Match) -> str:
-        name = m.group(1) or m.group(3)
-        if name in env:
-            return env[name]
-        if m.group(2) is not None:
-            return m.group(2)
-        unresolved.append(name)
-        return m.group(0)
-
-    return _VAR.sub(sub, value)
-
-
-def megatron_tokens(text: str, source: str) -> tuple[list[str], dict[str, str], list[str]]:
-    """(option tokens, the environment the script sets, unresolved $VARs) of an argument file or launch script.
-    Variables assigned in the file (GPT_ARGS="...", arrays too) are expanded where they are used."""
-    env: dict[str, str] = {}
-    commands: list[str] = []
-    unresolved: list[str] = []
-    for line in _shell_lines(text):
-        m = _ASSIGN.match(line)
-        if m and not line.startswith("--"):
-            raw = m.group(2).strip()
-            if raw.startswith("(") and raw.endswith(")"):
-                raw = raw[1:-1]
-            try:
-                value = " ".join(shlex.split(_expand(raw, env, [])))
-            except ValueError:
-                value = raw.strip("'\"")
-            env[m.group(1)] = value
-            continue
-        commands.append(line)
-    text_cmd = " ".join(_expand(c, env, unresolved) for c in commands)
-    try:
-        tokens = shlex.split(text_cmd)
-    except ValueError as exc:
-        raise SpecError(f"cannot split Megatron arguments: {exc}", source=source) from None
-    if not any(t.startswith("--") for t in tokens):  # an argument snippet held only in variables
-        tokens = [t for v in env.values() for t in v.split() if v.lstrip().startswith("--")]
-    return tokens, env, unresolved
-
-
-def _parse_megatron(tokens: list[str], unresolved: list[str], source: str) -> tuple[argparse.Namespace, list[str]]:
+def _parse_megatron(tokens: list[str], read: ShellRead, source: str) -> tuple[argparse.Namespace, list[str]]:
     parser = megatron_parser()
-    tokens = [t for t in tokens if not t.endswith(".py") and t not in ("torchrun", "python", "deepspeed")]
-    for i, tok in enumerate(tokens[:-1]):
-        nxt = tokens[i + 1]
-        if tok.startswith("--") and nxt.startswith("$") and _VAR.fullmatch(nxt) and _known(parser, tok):
-            raise SpecError(f"{tok} {nxt}: an unexpanded shell variable -> define {nxt.strip('${}')} in the file, "
-                            "or pass the expanded arguments (e.g. run the script with `set -x`, or envsubst)",
-                            source=source)
+    unknown = refusals(tokens, read.unknown, _megatron_options())
+    if unknown:
+        raise SpecError(unknown, source=source)
     try:
         args, unknown = parser.parse_known_args(tokens)
     except (argparse.ArgumentError, ValueError) as exc:
@@ -1375,13 +1324,9 @@ _MEGATRON_LEAST = {"zero_stage": 0, "decoder_first_pipeline_num_layers": 0, "dec
                    "mtp_num_layers": 0}
 
 
-def _known(parser: argparse.ArgumentParser, option: str) -> bool:
-    return any(option in a.option_strings for a in parser._actions)
-
-
 def _megatron(text: str, gpus: int, source: str) -> ConfigView:
-    tokens, env, unresolved = megatron_tokens(text, source)
-    args, unknown = _parse_megatron(tokens, unresolved, source)
+    tokens, env, read = megatron_tokens(text, source)
+    args, unknown = _parse_megatron(tokens, read, source)
     ds = args.deepspeed
     view = ConfigView("megatron-deepspeed" if ds else "megatron",
                       Framework.MEGATRON_DEEPSPEED if ds else Framework.MEGATRON, {})
@@ -1432,9 +1377,10 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         _megatron_overlap(args, view)
     _megatron_env(env, view)
     _ignored(unknown, view)
+    view.notes += read.notes
+    unresolved = unexpanded(tokens, read.unknown)
     if unresolved:
-        view.notes.append(f"unexpanded shell variables (not in options the planner reads): "
-                          f"{', '.join('$' + u for u in sorted(set(unresolved)))}")
+        view.notes.append(f"unexpanded shell variables (not in options the planner reads): {', '.join(unresolved)}")
     return view
 
 
@@ -1770,7 +1716,7 @@ _OVERRIDE = re.compile(r"^[a-z_]+(\.[a-z_0-9]+)*=\S*$")
 
 
 def _looks_like_overrides(text: str) -> bool:
-    lines = _shell_lines(text)
+    lines = [stmt for _, stmt in statements(text)]
     return bool(lines) and all(_OVERRIDE.match(line) for line in lines)
 
 
@@ -1818,7 +1764,7 @@ def _nemo_fp8_recipe(mixed: str) -> str | None:
 
 
 def _nemo(text: str, gpus: int) -> ConfigView:
-    return nemo_view(dict(line.split("=", 1) for line in _shell_lines(text)), gpus)
+    return nemo_view(dict(stmt.split("=", 1) for _, stmt in statements(text)), gpus)
 
 
 def _nemo_yaml(doc: object, gpus: int, source: str) -> ConfigView:

@@ -1,0 +1,477 @@
+"""A launch script read as bash would run it, without running anything: the Megatron-LM / Megatron-DeepSpeed
+arguments it passes to its `*.py` entry point, and the variables it sets.
+
+What is read as bash reads it (bash(1): "Comments", "QUOTING", "Arrays", "EXPANSION"):
+- statements: a comment ends at its line (`# ... \\` does not continue onto the next line), then backslash-newline
+  joins lines; quotes and `( ... )` spanning lines stay whole; heredoc bodies are skipped; `;` separates;
+- assignments: NAME=word, NAME+=word, arrays NAME=( ... ) and NAME+=( ... ), behind export / local / declare /
+  readonly; `unset NAME`;
+- expansion: $NAME, ${NAME}, ${NAME[@]}, ${NAME[*]}, ${NAME[i]}, ${#NAME}, ${NAME:-word} / ${NAME-word} /
+  ${NAME:=word} / ${NAME:+word}; the script is read as run with no arguments, so $1.. are unset and
+  ${1:-word} is its word; an unquoted result is split into words, a quoted one is not, and "${A[@]}" is one word
+  per element;
+- the launch: a command that runs a `*.py` file (through torchrun, deepspeed, srun, `bash -c "..."`, `eval`);
+  its arguments are the words after the `*.py` file up to a pipe, `;`, `&&` or a redirection. The launcher's own
+  options (torchrun's, srun's, nsys's) are not Megatron's and are not read.
+
+What cannot be known without running something (`$( ... )`, backquotes, a variable the file never sets) stays an
+opaque word, recorded in `ShellRead.unknown` with why; `refusals` names it when it is the value of an option the
+planner reads.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+# One piece of shell text: a comment only where a word may start (`${#X}` and `a#b` are not comments)
+_PIECE = re.compile(r"""
+    (?P<comment>(?<![^\s;&|()])\#[^\n]*)
+  | (?P<single>'[^']*'?)
+  | (?P<double>"(?:\\.|[^"\\])*"?)
+  | (?P<back>`(?:\\.|[^`\\])*`?)
+  | (?P<cont>\\\r?\n)
+  | (?P<escape>\\.?)
+  | (?P<newline>\r?\n)
+  | (?P<semi>;)
+  | (?P<open>\()
+  | (?P<close>\))
+  | (?P<blank>[ \t]+)
+  | (?P<word>[^\s'"`\\;()]+)
+  | (?P<other>.)
+""", re.X | re.S)
+_CONTINUATION = re.compile(r"\\\r?\n")
+_HEREDOC = re.compile(r"(?<!<)<<-?\s*\\?['\"]?([A-Za-z_][A-Za-z0-9_]*)")
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)", re.S)
+_DECLARE = frozenset({"export", "local", "declare", "typeset", "readonly"})
+_PARAM = re.compile(r"(#?)([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])(?:\[([@*]|[0-9]+)\])?(?:(:?[-=+?])(.*))?", re.S)
+_SIMPLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]|[@*#?$!-]")
+# words that end a command's arguments: a pipe, a list operator, a redirection
+_OPERATOR = re.compile(r"\|\|?|&&|&|;|\|&|[0-9]*>>?.*|&>>?.*|<.*")
+# commands whose words are not a launch even when they name a *.py file
+_NOT_LAUNCH = frozenset({"echo", "printf", "cat", "ls", "cp", "mv", "rm", "mkdir", "wget", "curl", "test", "[",
+                         "sed", "grep", "tee", "chmod", "touch", "export", "unset", "cd"})
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A value the planner cannot know without running the script: where, what, and why."""
+
+    line: int
+    construct: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A command that runs a `*.py` file: its line, the file, and the words after it (the program's arguments)."""
+
+    line: int
+    program: str
+    argv: list[str]
+
+
+@dataclass
+class ShellRead:
+    """What a script sets and launches, read by `read_script`."""
+
+    launches: list[Launch]
+    commands: list[str]  # the words of every command read, for an argument file that launches nothing
+    env: dict[str, str]  # the variables the script sets (an array's elements joined by spaces)
+    unknown: dict[str, Unknown]  # opaque word -> why its value is not known
+    notes: list[str] = field(default_factory=list)
+
+
+def statements(text: str) -> list[tuple[int, str]]:
+    """(line number, statement) of shell text, as bash reads it: comments dropped first (a comment ending in `\\`
+    does not continue), then backslash-newline joined; a quote or `( ... )` spanning lines kept whole; a heredoc's
+    body skipped; `;` and newlines separate statements (a line ending in `|` or `&&` goes on)."""
+    return _Lexer(text).run()
+
+
+@dataclass
+class _Lexer:
+    text: str
+    out: list[tuple[int, str]] = field(default_factory=list)
+    buf: list[str] = field(default_factory=list)
+    heredocs: list[str] = field(default_factory=list)
+    depth: int = 0
+    line: int = 1
+    start: int = 1
+
+    def run(self) -> list[tuple[int, str]]:
+        pos = 0
+        while pos < len(self.text):
+            m = _PIECE.match(self.text, pos)
+            if m is None:  # `other` matches any character: unreachable, kept for the type checker
+                break
+            pos = self._take(m.lastgroup or "other", m.group(), m.end())
+        self._flush()
+        return self.out
+
+    def _take(self, kind: str, piece: str, end: int) -> int:
+        if kind == "comment":
+            return end
+        if kind == "newline" and self._ends_here():
+            self._flush()
+            self.line += 1
+            return self._skip_heredocs(end)
+        if kind == "semi" and self.depth == 0:
+            self._flush()
+            return end
+        if kind == "open":
+            self.depth += 1
+        elif kind == "close":
+            self.depth = max(0, self.depth - 1)
+        text = {"cont": "", "newline": " ", "blank": " "}.get(kind, piece)
+        if kind == "double":
+            text = _CONTINUATION.sub("", piece)
+        if not self.buf and text.strip():
+            self.start = self.line
+        self.buf.append(text)
+        self.line += piece.count("\n")
+        return end
+
+    def _ends_here(self) -> bool:
+        tail = "".join(self.buf).rstrip()
+        return self.depth == 0 and not tail.endswith(("|", "&&"))
+
+    def _flush(self) -> None:
+        stmt = "".join(self.buf).strip()
+        self.buf = []
+        if stmt:
+            self.out.append((self.start, stmt))
+            self.heredocs += _HEREDOC.findall(stmt)
+
+    def _skip_heredocs(self, pos: int) -> int:
+        for word in self.heredocs:
+            m = re.compile(rf"(?m)^\t*{re.escape(word)}[ \t]*$").search(self.text, pos)
+            stop = m.end() if m else len(self.text)
+            self.line += self.text.count("\n", pos, stop)
+            pos = stop
+        self.heredocs = []
+        return pos
+
+
+def raw_words(stmt: str) -> list[str]:
+    """A statement's words before expansion: split at blanks outside quotes, `( ... )` and `${ ... }`."""
+    words: list[str] = []
+    cur: list[str] = []
+    depth = 0
+    for m in re.finditer(r"""'[^']*'?|"(?:\\.|[^"\\])*"?|`(?:\\.|[^`\\])*`?|\\.?|\$\{[^}]*\}?|[()]|\s+|[^\s'"`\\()$]+|\$""",
+                         stmt, re.S):
+        piece = m.group()
+        if piece.isspace() and depth == 0:
+            if cur:
+                words.append("".join(cur))
+            cur = []
+            continue
+        depth = depth + 1 if piece == "(" else max(0, depth - 1) if piece == ")" else depth
+        cur.append(piece)
+    if cur:
+        words.append("".join(cur))
+    return words
+
+
+def split_words(text: str) -> list[str]:
+    """Quote removal and word splitting of expanded text (an unbalanced quote: split at blanks, quotes dropped)."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.replace('"', " ").replace("'", " ").split()
+
+
+def _closing(text: str, i: int, open_: str, close: str) -> int:
+    """The index after the `close` that matches the `open_` at text[i] (quotes skipped), or len(text)."""
+    depth = 0
+    j = i
+    while j < len(text):
+        c = text[j]
+        if c in "'\"":
+            k = text.find(c, j + 1)
+            j = len(text) if k < 0 else k + 1
+            continue
+        depth += (c == open_) - (c == close)
+        j += 1 + (c == "\\")
+        if depth == 0:
+            return j
+    return len(text)
+
+
+def _opaque(construct: str) -> str:
+    """A construct's stand-in word: one word (no blanks, no quotes) that names it."""
+    token = re.sub(r"[\s'\"\\]+", "", construct)
+    return token if len(token) <= 40 else token[:39] + "…"
+
+
+@dataclass
+class _Shell:
+    """The variables as the script sets them, statement by statement."""
+
+    vars: dict[str, str | list[str]] = field(default_factory=dict)
+    unknown: dict[str, Unknown] = field(default_factory=dict)
+    env_reads: list[str] = field(default_factory=list)  # unset variables read, in order
+    notes: list[str] = field(default_factory=list)
+
+    # ---- expansion -------------------------------------------------------------------------------------------
+
+    def expand(self, text: str, line: int) -> str:
+        """`text` with every $-expansion done, quoted so that `split_words` gives the words bash would."""
+        out: list[str] = []
+        quoted = False
+        i = 0
+        while i < len(text):
+            c = text[i]
+            if c == "'" and not quoted:
+                j = text.find("'", i + 1)
+                j = len(text) - 1 if j < 0 else j
+                out.append(text[i:j + 1])
+                i = j + 1
+            elif c == "\\":
+                out.append(text[i + 1:i + 2] if quoted and text[i + 1:i + 2] in ("$", "`") else text[i:i + 2])
+                i += 2
+            elif c == '"':
+                quoted = not quoted
+                out.append(c)
+                i += 1
+            elif c in "$`":
+                values, i = self._substitution(text, i, line)
+                out.append(_render(values, quoted))
+            else:
+                out.append(c)
+                i += 1
+        return "".join(out)
+
+    def word(self, text: str, line: int) -> str:
+        """One word's value (an assignment's right side, a default): expanded, quotes removed, not split."""
+        return " ".join(split_words(self.expand(text, line)))
+
+    def _substitution(self, text: str, i: int, line: int) -> tuple[list[str], int]:
+        """The values a `$...` or backquote at text[i] expands to, and the index after it."""
+        if text.startswith("$((", i):
+            end = _closing(text, i + 1, "(", ")")
+            return [self._arithmetic(text[i + 3:end - 2], line)], end
+        if text.startswith("$(", i):
+            end = _closing(text, i + 1, "(", ")")
+            return [self._command(text[i + 2:end - 1], line)], end
+        if text[i] == "`":
+            k = text.find("`", i + 1)
+            end = len(text) if k < 0 else k + 1
+            return [self._command(text[i + 1:end - 1], line)], end
+        if text.startswith("${", i):
+            end = _closing(text, i + 1, "{", "}")
+            return self._parameter(text[i + 2:end - 1], text[i:end], line), end
+        m = _SIMPLE_NAME.match(text, i + 1)
+        if m is None:
+            return ["$"], i + 1
+        return self._parameter(m.group(), text[i:m.end()], line), m.end()
+
+    def _command(self, body: str, line: int) -> str:
+        first = (body.split() or [""])[0]
+        return self._unknown(f"$({first}…)", line, f"`{_short(body)}` runs a command")
+
+    def _arithmetic(self, body: str, line: int) -> str:
+        return self._unknown(f"$(({body}))", line, "arithmetic is not evaluated")
+
+    def _unknown(self, construct: str, line: int, why: str) -> str:
+        token = _opaque(construct)
+        self.unknown.setdefault(token, Unknown(line, construct, why))
+        return token
+
+    def _parameter(self, body: str, whole: str, line: int) -> list[str]:
+        """${body}: a variable, an array, a length, a default."""
+        m = _PARAM.fullmatch(body)
+        if m is None:
+            return [self._unknown(whole, line, f"`{_short(whole)}`: a parameter expansion the planner does not "
+                                  "evaluate")]
+        length, name, index, op, default = m.groups()
+        if length:
+            return [self._length(name, index, whole, line)]
+        value = self._lookup(name, index)
+        if op:
+            return self._operator(name, value, op, default, line)
+        if value is None:
+            return [self._unset(name, whole)]
+        return value
+
+    def _length(self, name: str, index: str | None, whole: str, line: int) -> str:
+        """${#NAME}: its length; ${#NAME[@]}: its element count."""
+        value = self.vars.get(name)
+        if value is None:
+            return self._unknown(whole, line, f"${name} is not set in the file")
+        elements = value if isinstance(value, list) else [value]
+        return str(len(elements) if index in ("@", "*") else len(elements[0] if elements else ""))
+
+    def _lookup(self, name: str, index: str | None) -> list[str] | None:
+        """The words of NAME (one for a scalar, the elements of an array under [@] / [*]); None where unset."""
+        if name in ("@", "*"):
+            return []  # no arguments
+        if name == "#":
+            return ["0"]
+        value = self.vars.get(name)
+        if value is None:
+            return None
+        elements = value if isinstance(value, list) else [value]
+        if index in ("@", "*"):
+            return elements if index == "@" else [" ".join(elements)]
+        at = int(index or 0)
+        return [elements[at]] if at < len(elements) else None
+
+    def _operator(self, name: str, value: list[str] | None, op: str, default: str, line: int) -> list[str]:
+        """${NAME-word} ${NAME:-word} ${NAME=word} ${NAME:=word} ${NAME+word} ${NAME:+word} ${NAME?} ${NAME:?}."""
+        if value is None:
+            self.env_reads.append(name)
+        present = value is not None and (not op.startswith(":") or any(value))
+        kind = op[-1]
+        if kind == "+":
+            return [self.word(default, line)] if present else []
+        if present:
+            return value or []
+        if kind == "?":
+            return [self._unknown(f"${{{name}{op}}}", line, f"${name} is not set: the script stops there")]
+        given = self.word(default, line)
+        if kind == "=" and not name.isdigit():
+            self.vars[name] = given
+        return [given]
+
+    def _unset(self, name: str, whole: str) -> str:
+        self.env_reads.append(name)
+        token = _opaque(whole)
+        self.unknown.setdefault(token, Unknown(0, whole, ""))  # why "": not set in the file
+        return token
+
+    # ---- statements ------------------------------------------------------------------------------------------
+
+    def assign(self, word: str, line: int) -> bool:
+        """NAME=word, NAME+=word, NAME=( ... ), NAME+=( ... ); False where `word` is not an assignment."""
+        m = _ASSIGN.fullmatch(word)
+        if m is None:
+            return False
+        name, append, raw = m.groups()
+        old = self.vars.get(name) if append else None
+        if raw.startswith("(") and raw.endswith(")"):
+            elements = split_words(self.expand(raw[1:-1], line))
+            before = [] if old is None else old if isinstance(old, list) else [old]
+            self.vars[name] = before + elements
+            return True
+        value = self.word(raw, line)
+        if isinstance(old, list):  # NAME+=word on an array appends to its first element
+            self.vars[name] = [(old[0] if old else "") + value] + old[1:]
+        else:
+            self.vars[name] = (old or "") + value
+        return True
+
+    def command(self, words: list[str], line: int) -> list[str] | None:
+        """A simple command: its assignments done; the command's expanded words (None: nothing to run)."""
+        if words and words[0] in _DECLARE:
+            words = [w for w in words[1:] if not w.startswith("-")]
+            for w in words:
+                self.assign(w, line)
+            return None
+        n = 0
+        while n < len(words) and _ASSIGN.fullmatch(words[n]):
+            n += 1
+        if n == len(words):  # only assignments: they set the shell's variables
+            for w in words:
+                self.assign(w, line)
+            return None
+        if words[n] == "unset":
+            for name in words[n + 1:]:
+                self.vars.pop(name, None)
+            return None
+        if words[n] in ("source", "."):
+            self.notes.append(f"line {line}: `{_short(' '.join(words))}` is not read: variables it sets are not "
+                              "seen")
+            return None
+        return self._unwrap([w for raw in words[n:] for w in split_words(self.expand(raw, line))], line)
+
+    def _unwrap(self, words: list[str], line: int) -> list[str]:
+        """The words a command runs: `eval WORDS` and `bash -c STRING` (`sh -c`) read their text again as a command,
+        expanded with the variables the script has set (exported ones are the child shell's too)."""
+        if words and words[0] == "eval":
+            words = split_words(self.expand(" ".join(words[1:]), line))
+        for k in range(len(words) - 2):
+            if words[k] in ("bash", "sh") and words[k + 1] == "-c":
+                return words[:k] + split_words(self.expand(words[k + 2], line))
+        return words
+
+
+def _render(values: list[str], quoted: bool) -> str:
+    """Expanded values as shell text: inside double quotes, escaped (each element one word); outside, each
+    blank-separated field quoted as one word (bash splits an unquoted expansion and never re-reads its quotes)."""
+    if quoted:
+        return '" "'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+    return " ".join(shlex.quote(f) for v in values for f in v.split())
+
+
+def _short(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _launch(line: int, words: list[str]) -> Launch | None:
+    """The `*.py` file a command runs and the arguments after it, or None where it runs none."""
+    if not words or words[0] in _NOT_LAUNCH:
+        return None
+    for i, w in enumerate(words):
+        if w.endswith(".py"):
+            rest = words[i + 1:]
+            stop = next((j for j, r in enumerate(rest) if _OPERATOR.fullmatch(r)), len(rest))
+            return Launch(line, w, rest[:stop])
+    return None
+
+
+def read_script(text: str) -> ShellRead:
+    """The launches, commands and variables of a launch script or an argument file (see the module docstring)."""
+    shell = _Shell()
+    launches: list[Launch] = []
+    commands: list[str] = []
+    for line, stmt in statements(text):
+        words = raw_words(stmt)
+        if words and words[0] in ("if", "elif", "while", "until"):
+            words = words[1:]
+        if not words or words[0] in ("then", "else", "fi", "do", "done", "{", "}"):
+            continue
+        ran = shell.command(words, line)
+        if ran is None:
+            continue
+        found = _launch(line, ran)
+        if found is not None:
+            launches.append(found)
+        elif ran and ran[0] not in ("echo", "printf"):
+            commands += ran
+    env = {k: " ".join(v) if isinstance(v, list) else v for k, v in shell.vars.items()}
+    return ShellRead(launches, commands, env, shell.unknown, shell.notes)
+
+
+def unexpanded(words: list[str], unknown: dict[str, Unknown]) -> list[str]:
+    """The variables the file never sets that `words` still hold, as `$NAME`."""
+    return sorted({"$" + token.strip("${}") for token, u in unknown.items() if not u.why
+                   for w in words if token in w})
+
+
+def refusals(words: list[str], unknown: dict[str, Unknown], reads: set[str]) -> list[str]:
+    """Problems for the options in `reads` whose value is a word the planner cannot know (`--opt VALUE` or
+    `--opt=VALUE`, VALUE an unexpanded variable or construct; a value with a known part, such as a path, is left to
+    the option's own reading)."""
+    problems = []
+    for i, tok in enumerate(words):
+        option, eq, value = tok.partition("=")
+        if not eq:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        if option in reads and value in unknown:
+            problems.append(_refusal(option, value, unknown[value]))
+    return problems
+
+
+def _refusal(option: str, value: str, u: Unknown) -> str:
+    name = value.strip("${}")
+    if not u.why and name.isdigit():
+        return (f"{option} {value}: the script's argument ${name}, unset when the script is read as run without "
+                "arguments -> write the value in the file, or pass the expanded arguments")
+    if not u.why:  # a variable the file never sets
+        return (f"{option} {value}: an unexpanded shell variable -> define {name} in the file, or pass the expanded "
+                "arguments (e.g. run the script with `set -x`, or envsubst)")
+    return (f"{option} {value}: line {u.line}: {u.why} -> set a value the file states, or pass the expanded "
+            "arguments (e.g. run the script with `set -x`)")

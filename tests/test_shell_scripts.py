@@ -1,0 +1,137 @@
+"""The launch-script reader (planner/integrations/shell.py): real Megatron-LM / Megatron-DeepSpeed launch scripts
+(trimmed copies in tests/data/configs, each naming its source repo@commit:path) read into the layout they run, and
+snippets read against bash itself: `bash_argv` runs the snippet in a bash with an empty environment, with `torchrun`
+defined as a function that prints the arguments after `pretrain_gpt.py`, so the expected words are bash's."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from planner.integrations.readers import read_config
+from planner.integrations.shell import read_script, statements
+
+CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+BASH = shutil.which("bash")
+needs_bash = pytest.mark.skipif(BASH is None, reason="bash is not installed")
+PROBE = ('torchrun() { while [ $# -gt 0 ] && [ "${1##*/}" != pretrain_gpt.py ]; do shift; done; shift; '
+         'printf "%s\\0" "$@"; }\n')
+
+
+def bash_argv(script: str) -> list[str]:
+    """The words bash passes to pretrain_gpt.py when it runs `script` (no arguments, no environment but PATH)."""
+    out = subprocess.run([BASH or "bash", "-c", PROBE + script], capture_output=True, timeout=30,
+                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    return out.stdout.decode().split("\0")[:-1]
+
+
+def reader_argv(script: str) -> list[str]:
+    read = read_script(script)
+    assert len(read.launches) == 1, read.launches
+    return read.launches[0].argv
+
+
+def _read(tmp_path, text: str, gpus: int = 8, name: str = "run.sh"):
+    path = tmp_path / name
+    path.write_text(text)
+    return read_config(path, gpus=gpus)
+
+
+# ---- comments ---------------------------------------------------------------------------------------------------
+
+@needs_bash
+def test_a_comment_ending_in_a_backslash_does_not_swallow_the_next_line():
+    # bash(1) COMMENTS: a word beginning with # causes that word and the rest of the line to be ignored; the
+    # backslash is part of the comment, so it continues nothing (`printf '# c \\\necho hi\n' | bash` prints hi)
+    text = "# c \\\necho hi\n"
+    assert subprocess.run([BASH or "bash", "-c", text], capture_output=True, text=True).stdout == "hi\n"
+    assert statements(text) == [(2, "echo hi")]
+
+
+def test_bloom_176b_slurm_script_reads_its_launch():
+    # bigscience tr11-176B-ml.slurm: line 182 `#    --universal-checkpoint \` sits above `export CMD="..."`;
+    # expected from the file: TP_SIZE=4, PP_SIZE=12, MICRO_BATCH_SIZE=2, GLOBAL_BATCH_SIZE=2048, SEQ_LEN=2048,
+    # --checkpoint-activations (full recompute), --bf16; dp = 48 nodes x 8 GPUs / (4 x 12) = 8 (derived)
+    view = read_config(CONFIGS / "megatron-deepspeed" / "tr11_176b_ml.slurm", gpus=48 * 8)
+    f = view.fields
+    assert (f["tp"], f["pp"], f["dp"], f["micro_batch_size"]) == (4, 12, 8, 2)
+    assert (view.global_batch_size, view.seq_length, f["recompute"], view.precision) == (2048, 2048, "full", "bf16")
+    assert f["num_micro_batches"] == 2048 // (2 * 8)  # derived: GBS / (mbs x dp)
+    # the data-ratio `python ...py` commands before it are not the launch; `echo $CMD` is not one either
+    assert not any("--dataset-ratios-path" in n or "--split" in n for n in view.notes)
+
+
+# ---- arrays, appends, defaults, inline comments -------------------------------------------------------------------
+
+ARRAYS = """\
+TOKENIZER_ARG=${3:-"MOCK"} # Path to tokenizer model, or "MOCK"
+DTYPE_ARGS=()
+DTYPE_ARGS+=(
+    "--fp8-format hybrid"
+    "--fp8-param-gather"
+)
+DDP_ARGS=(
+    --use-distributed-optimizer   # a comment inside an array
+    --overlap-grad-reduce
+)
+TRAINING_ARGS=(--micro-batch-size 1)
+TRAINING_ARGS+=("${DDP_ARGS[@]}")
+ARGS=(--tensor-model-parallel-size 8)
+ARGS+=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)
+ARGS+=(--use-distributed-optimizer)
+QUOTED=("--tokenizer-model $TOKENIZER_ARG")
+torchrun pretrain_gpt.py ${ARGS[@]} ${TRAINING_ARGS[@]} ${DTYPE_ARGS[@]} "${QUOTED[@]}" --data-path "${4:-MOCK}"
+"""
+
+
+@needs_bash
+def test_arrays_appends_and_defaults_expand_as_bash_expands_them():
+    expected = ["--tensor-model-parallel-size", "8", "--recompute-granularity", "full", "--recompute-method",
+                "uniform", "--recompute-num-layers", "1", "--use-distributed-optimizer", "--micro-batch-size", "1",
+                "--use-distributed-optimizer", "--overlap-grad-reduce", "--fp8-format", "hybrid",
+                "--fp8-param-gather", "--tokenizer-model MOCK", "--data-path", "MOCK"]
+    assert bash_argv(ARRAYS) == expected  # bash's own expansion: the source of the expected words
+    assert reader_argv(ARRAYS) == expected
+
+
+def test_megatron_llama3_8b_fp8_example_runs_fp8(tmp_path):
+    # Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh: DTYPE="fp8" appends "--fp8-format hybrid" and
+    # "--fp8-param-gather" to DTYPE_ARGS, passed unquoted (${DTYPE_ARGS[@]}: bash splits each element); DDP_ARGS
+    # (--use-distributed-optimizer) is appended to TRAINING_ARGS; --fp8-recipe is not given: delayed (frameworks.md
+    # §2.8); MICRO_BATCH_SIZE=1, GLOBAL_BATCH_SIZE=128, SEQ_LENGTH=8192, TP_SIZE=1 on 8 GPUs: dp 8
+    view = read_config(CONFIGS / "megatron" / "llama3_8b_h100_fp8.sh", gpus=8)
+    assert (view.precision, view.fp8_recipe, view.fp8_param_gather) == ("fp8", "delayed", True)
+    f = view.fields
+    assert (f["tp"], f["dp"], f["zero_stage"], f["micro_batch_size"]) == (1, 8, 1, 1)
+    assert (view.global_batch_size, view.seq_length) == (128, 8192)
+    text = " ".join(view.notes)
+    assert "--fp8-format" not in text and "without --fp8-format" not in text
+    assert "#" not in text  # inline comments after quoted values do not leak into the notes
+
+
+def test_one_line_array_appends_are_assignments(tmp_path):
+    # the audit's minimal repro: ARGS+=(... --recompute-num-layers 1) was read as '1)', ARGS+=(--use-distributed-
+    # optimizer) dropped
+    view = _read(tmp_path, "ARGS=(\n    --tensor-model-parallel-size 8\n    --micro-batch-size 1\n"
+                 "    --global-batch-size 64\n    --seq-length 4096\n    --bf16\n)\n"
+                 "ARGS+=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)\n"
+                 "ARGS+=(--use-distributed-optimizer)\ntorchrun pretrain_gpt.py ${ARGS[@]}\n")
+    assert (view.fields["recompute"], view.fields["zero_stage"]) == ("full", 1)  # distributed optimizer: ZeRO-1
+
+
+# ---- the launch's own arguments -------------------------------------------------------------------------------
+
+def test_launcher_and_helper_commands_are_not_megatron_options(tmp_path):
+    # Megatron-DeepSpeed examples_deepspeed/rebase/ds_pretrain_gpt_1.3B.sh lines 146-147 (nvidia-smi in $( ... ))
+    # and Megatron-LM examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh PROFILE_CMD (nsys flags before the
+    # entry point): neither is Megatron's argument
+    text = ("num_gpus_pernode=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)\n"
+            "PROFILE_CMD=(\n    nsys profile\n    --sample=none --cpuctxsw=none\n"
+            "    --capture-range=cudaProfilerApi --capture-range-end=stop\n)\n"
+            "\"${PROFILE_CMD[@]}\" python -m torch.distributed.run --nproc_per_node $num_gpus_pernode pretrain_gpt.py "
+            "--micro-batch-size 1 --global-batch-size 8 --seq-length 2048 --bf16\n")
+    view = _read(tmp_path, text)
+    assert not any(flag in " ".join(view.notes) for flag in ("--query-gpu", "--format", "--sample", "--capture"))
+    assert view.global_batch_size == 8
