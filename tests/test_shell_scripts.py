@@ -135,3 +135,72 @@ def test_launcher_and_helper_commands_are_not_megatron_options(tmp_path):
     view = _read(tmp_path, text)
     assert not any(flag in " ".join(view.notes) for flag in ("--query-gpu", "--format", "--sample", "--capture"))
     assert view.global_batch_size == 8
+
+
+# ---- if / elif / else, lists ----------------------------------------------------------------------------------
+
+BRANCHES = """\
+MODE="fp8"
+N=4
+EMPTY=
+ARGS=(--micro-batch-size 1)
+if [ "$MODE" = "bf16" ]; then
+    ARGS+=(--bf16)
+elif [[ $MODE == fp* ]] && [ $N -gt 1 ]; then
+    ARGS+=(--fp8-format hybrid)
+else
+    ARGS+=(--fp16)
+fi
+if [ -n "$EMPTY" ] || [[ -z "$EMPTY" && $N -le 4 ]]; then ARGS+=(--sequence-parallel); fi
+if [ ! "$N" -eq 4 ]; then ARGS+=(--use-distributed-optimizer); fi
+[ "$N" -ne 4 ] && ARGS+=(--overlap-grad-reduce)
+[ "$N" -ne 4 ] || ARGS+=(--overlap-param-gather)
+if [ -z ${DATA_PATH+x} ]; then ARGS+=(--mock-data); else ARGS+=(--data-path "$DATA_PATH"); fi
+if [ "$N" = 4 ]; then
+    if [ "$MODE" != "fp8" ]; then ARGS+=(--bf16); fi
+fi
+torchrun pretrain_gpt.py "${ARGS[@]}"
+"""
+
+
+@needs_bash
+def test_only_the_branch_bash_takes_is_read():
+    expected = ["--micro-batch-size", "1", "--fp8-format", "hybrid", "--sequence-parallel", "--overlap-param-gather",
+                "--mock-data"]
+    assert bash_argv(BRANCHES) == expected  # bash's own choice of branches: the source of the expected words
+    assert reader_argv(BRANCHES) == expected
+
+
+def test_megatron_deepspeed_llama2_example_reads_its_activation_checkpoint_switch():
+    # microsoft Megatron-DeepSpeed examples_deepspeed/pretrain_llama2_distributed.sh: activation_checkpoint="false",
+    # so the `if [ "${activation_checkpoint}" = "true" ]` branch adding --recompute-granularity full is not run;
+    # TP=2, PP=2, MICRO_BATCH_SIZE=4, GLOBAL_BATCH_SIZE=32 on 8 GPUs: dp = 8 / (2 x 2) = 2 (derived)
+    view = read_config(CONFIGS / "megatron-deepspeed" / "llama2_distributed.sh", gpus=8)
+    f = view.fields
+    assert (f["recompute"], f["tp"], f["pp"], f["dp"], f["micro_batch_size"]) == ("none", 2, 2, 2, 4)
+    assert view.global_batch_size == 32
+
+
+def test_a_condition_on_the_environment_is_read_unset_and_said(tmp_path):
+    # rule 2 (shell.py docstring): DATA_PATH is not set in the file; bash run without it takes the then-branch
+    view = _read(tmp_path, "ARGS=\"--micro-batch-size 1 --global-batch-size 8 --seq-length 2048\"\n"
+                 "if [ -z \"$DATA_PATH\" ]; then\n  ARGS=\"$ARGS --recompute-granularity full\"\nfi\n"
+                 "torchrun pretrain_gpt.py $ARGS\n")
+    assert view.fields["recompute"] == "full"
+    assert any("line 2" in n and "$DATA_PATH" in n and "read as unset" in n and "true" in n for n in view.notes)
+
+
+def test_a_condition_that_cannot_be_decided_is_refused_where_its_branch_reaches_the_launch(tmp_path):
+    # rule 3: whether ./use_full exists is known only where the script runs
+    from cluster_specs import SpecError
+
+    text = ("RECOMPUTE=\nif [ -f ./use_full ]; then\n  RECOMPUTE=\"--recompute-granularity full\"\nfi\n"
+            "torchrun pretrain_gpt.py --micro-batch-size 1 --global-batch-size 8 $RECOMPUTE\n")
+    with pytest.raises(SpecError) as err:
+        _read(tmp_path, text)
+    message = " ".join(err.value.problems)
+    assert "$RECOMPUTE" in message and "line 2" in message and "-f ./use_full" in message
+    # ... and passed over where its branches set nothing the launch reads
+    view = _read(tmp_path, "if [ ! -f pretrain_gpt.py ]; then\n  echo missing\n  exit 1\nfi\n"
+                 "torchrun pretrain_gpt.py --micro-batch-size 1 --global-batch-size 8\n", name="quiet.sh")
+    assert view.global_batch_size == 8 and not any("line 1" in n for n in view.notes)

@@ -1290,6 +1290,11 @@ def megatron_tokens(text: str, source: str) -> tuple[list[str], dict[str, str], 
     launch = max(read.launches, key=lambda la: sum(w.partition("=")[0] in known for w in la.argv), default=None)
     if launch is not None:
         return launch.argv, read.env, read
+    if read.hidden or read.stopped:
+        what = (f"{read.hidden[0]}: the only launch, under a branch that cannot be decided" if read.hidden else
+                f"{read.stopped}: the script exits there, before any launch, on the path read")
+        raise SpecError(f"{what} -> state the values the conditions test in the file, or pass the expanded arguments "
+                        "(e.g. run the script with `set -x`)", source=source)
     tokens = [t for t in read.commands if not t.endswith(".py") and t not in ("torchrun", "python", "deepspeed")]
     if not any(t.startswith("--") for t in tokens):
         tokens = [t for v in read.env.values() if v.lstrip().startswith("--") for t in v.split()]

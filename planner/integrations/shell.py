@@ -17,6 +17,22 @@ What is read as bash reads it (bash(1): "Comments", "QUOTING", "Arrays", "EXPANS
 What cannot be known without running something (`$( ... )`, backquotes, a variable the file never sets) stays an
 opaque word, recorded in `ShellRead.unknown` with why; `refusals` names it when it is the value of an option the
 planner reads.
+
+Branches (`if` / `elif` / `else`, and lists `a && b || c`): only the branch bash would take is read.
+1. A test over values the file states (`[ ]`, `[[ ]]`, `test`, `(( ))`; = == != < > -eq -ne -lt -le -gt -ge -n -z,
+   `!`, && || -a -o; shell_eval.py) is evaluated, and only the branch it selects is read.
+2. A test that reads a variable the file never sets (the environment's, a script argument $1..) is evaluated with
+   it unset, which is what bash does when the script is run without it, and a note names the line, the variable and
+   what the condition came to: the user sees which branch was assumed.
+3. A condition that cannot be decided without running something (a command, `$( ... )`, a file test such as -f, a
+   value that is itself unknown) selects no branch: the variables any of its branches assign become unknown, and
+   the check refuses (exit 3) where such a variable reaches Megatron's arguments, naming the line, the condition and
+   the variable. A branch that assigns nothing the launch uses (`if [ ! -f pretrain_gpt.py ]; then echo ...; exit
+   1; fi`) changes nothing that is read, and is passed over without a word.
+Loops and `case` are not run: their bodies are read as rule 3 (a loop over "$@" runs zero times: the script is read
+as run without arguments); a function body likewise. In a list, a command other than a test is taken to succeed
+(`mkdir -p D || exit 1` and `cd D && torchrun ...` guard errors). An `exit` on the path read ends the script; one
+with a non-zero status before any launch is refused by the reader that finds no launch.
 """
 
 from __future__ import annotations
@@ -24,6 +40,8 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+
+from planner.integrations.shell_eval import Eval, Undecidable, split_list
 
 # One piece of shell text: a comment only where a word may start (`${#X}` and `a#b` are not comments)
 _PIECE = re.compile(r"""
@@ -60,7 +78,8 @@ class Unknown:
 
     line: int
     construct: str
-    why: str
+    why: str  # "" for a variable the file never sets (the environment's, the script's arguments)
+    anywhere: bool = False  # a variable set under an undecided branch: not known anywhere in Megatron's arguments
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,8 @@ class ShellRead:
     env: dict[str, str]  # the variables the script sets (an array's elements joined by spaces)
     unknown: dict[str, Unknown]  # opaque word -> why its value is not known
     notes: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)  # launches in branches that cannot be decided
+    stopped: str = ""  # the `exit` that ends the script on the path read (before any launch: why it launches none)
 
 
 def statements(text: str) -> list[tuple[int, str]]:
@@ -341,6 +362,46 @@ class _Shell:
         self.unknown.setdefault(token, Unknown(0, whole, ""))  # why "": not set in the file
         return token
 
+    # ---- conditions ------------------------------------------------------------------------------------------
+
+    def decide(self, keyword: str, words: list[str], line: int) -> tuple[bool | None, str]:
+        """A condition's value, and why where it cannot be decided. A variable the file never sets reads as unset
+        (what bash does with it not in the environment), and a note says so and what the condition came to."""
+        start = len(self.env_reads)
+        ev = Eval(lambda raw: self._operand(raw, line), lambda expr: self.arithmetic(expr, line))
+        value = ev.decide(words)
+        said = "`" + _short(" ".join([keyword, *words]).strip()) + "`"
+        if value is None:
+            return None, f"line {line}: {said} cannot be decided ({ev.why[0] if ev.why else 'not a test'})"
+        reads = list(dict.fromkeys(self.env_reads[start:]))
+        if reads:
+            self.notes.append(f"line {line}: {said} reads {', '.join('$' + r for r in reads)}, which the file does "
+                              f"not set: read as unset (as run with no such environment variable and no arguments), "
+                              f"so the condition is {str(value).lower()}")
+        return value, ""
+
+    def _operand(self, raw: str, line: int) -> str:
+        """A test's operand: expanded; a variable the file never sets is empty; an unknown value is Undecidable."""
+        text = " ".join(split_words(self.expand(raw, line)))
+        for token, u in self.unknown.items():
+            if token in text and u.why:
+                raise Undecidable(f"{token}: {u.why}")
+            text = text.replace(token, "") if token in text else text
+        return text
+
+    def arithmetic(self, expr: str, line: int) -> int:
+        """Integer arithmetic over the file's values (Undecidable where it cannot be evaluated)."""
+        text = " ".join(split_words(self.expand(expr, line)))
+        if re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+            return int(text)
+        raise Undecidable(f"`$(( {_short(expr)} ))`: arithmetic is not evaluated")
+
+    def forget(self, name: str, line: int, why: str) -> None:
+        """NAME is set under a branch that cannot be decided: its value is not known."""
+        token = f"${name}"
+        self.unknown[token] = Unknown(line, token, f"set under {why}", anywhere=True)
+        self.vars[name] = token
+
     # ---- statements ------------------------------------------------------------------------------------------
 
     def assign(self, word: str, line: int) -> bool:
@@ -391,9 +452,14 @@ class _Shell:
         expanded with the variables the script has set (exported ones are the child shell's too)."""
         if words and words[0] == "eval":
             words = split_words(self.expand(" ".join(words[1:]), line))
-        for k in range(len(words) - 2):
-            if words[k] in ("bash", "sh") and words[k + 1] == "-c":
-                return words[:k] + split_words(self.expand(words[k + 2], line))
+        for k, w in enumerate(words):
+            if w not in ("bash", "sh"):
+                continue
+            j = k + 1
+            while j < len(words) and re.fullmatch(r"-[a-z]+", words[j]) and "c" not in words[j]:
+                j += 1
+            if j + 1 < len(words) and re.fullmatch(r"-[a-z]*c[a-z]*", words[j]):
+                return words[:k] + split_words(self.expand(words[j + 1], line))
         return words
 
 
@@ -424,25 +490,163 @@ def _launch(line: int, words: list[str]) -> Launch | None:
 
 def read_script(text: str) -> ShellRead:
     """The launches, commands and variables of a launch script or an argument file (see the module docstring)."""
-    shell = _Shell()
-    launches: list[Launch] = []
-    commands: list[str] = []
+    script = _Script()
     for line, stmt in statements(text):
-        words = raw_words(stmt)
-        if words and words[0] in ("if", "elif", "while", "until"):
-            words = words[1:]
-        if not words or words[0] in ("then", "else", "fi", "do", "done", "{", "}"):
-            continue
-        ran = shell.command(words, line)
+        if script.done:
+            break
+        script.statement(raw_words(stmt), line)
+    shell = script.shell
+    env = {k: " ".join(v) if isinstance(v, list) else v for k, v in shell.vars.items()}
+    return ShellRead(script.launches, script.commands, env, shell.unknown, shell.notes, script.hidden, script.stopped)
+
+
+RUN, SKIP, UNKNOWN = "run", "skip", "unknown"
+
+
+@dataclass
+class _Block:
+    """An if / loop / case / function / { } block: the mode around it, the mode of the branch being read, whether a
+    branch was taken (an if), and why the branch read is unknown (an undecided condition, a loop)."""
+
+    kind: str
+    outer: str
+    mode: str
+    taken: bool = False
+    why: str = ""
+
+
+@dataclass
+class _Script:
+    """The statements of a script, read in order under the blocks that hold them (module docstring: the policy)."""
+
+    shell: _Shell = field(default_factory=_Shell)
+    blocks: list[_Block] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)
+    stopped: str = ""
+    done: bool = False
+    undecided: str = ""  # why the last test of a list could not be decided
+
+    def mode(self) -> tuple[str, str]:
+        return (self.blocks[-1].mode, self.blocks[-1].why) if self.blocks else (RUN, "")
+
+    def statement(self, words: list[str], line: int) -> None:
+        if not words:
+            return
+        head = words[0]
+        if head in ("then", "do", "else", "{") and len(words) > 1:  # `then CMD`: the keyword, then the command
+            self.statement([head], line)
+            self.statement(words[1:], line)
+        elif head in ("if", "elif", "else", "fi"):
+            self._if(head, words[1:], line)
+        elif head in ("for", "while", "until", "select", "case"):
+            self._loop(head, words, line)
+        elif head in ("done", "esac"):
+            self._close(("loop",))
+        elif _FUNCTION.fullmatch(" ".join(words)):
+            self._open("function", UNKNOWN, f"line {line}: the body of `{words[0]}`, run only where it is called")
+        elif head in ("{", "}"):
+            self._open("group", *self.mode()) if head == "{" else self._close(("group", "function"))
+        elif head not in ("then", "do"):
+            self._list(words, line)
+
+    def _open(self, kind: str, mode: str, why: str = "") -> None:
+        outer = self.mode()[0]
+        mode = SKIP if SKIP in (outer, mode) else UNKNOWN if UNKNOWN in (outer, mode) else RUN
+        self.blocks.append(_Block(kind, outer, mode, why=why or self.mode()[1]))
+
+    def _close(self, kinds: tuple[str, ...]) -> None:
+        while self.blocks:
+            if self.blocks.pop().kind in kinds:
+                return
+
+    def _if(self, head: str, condition: list[str], line: int) -> None:
+        """if / elif / else / fi: a branch is read where its condition holds and no branch before it was taken."""
+        if head == "if":
+            self.blocks.append(_Block("if", self.mode()[0], SKIP, why=self.mode()[1]))
+        if not self.blocks or self.blocks[-1].kind != "if":
+            return
+        block = self.blocks[-1]
+        if head == "fi":
+            self.blocks.pop()
+        elif block.outer != RUN or block.taken:  # inside a skipped or unknown branch, or past the taken one
+            block.mode = block.outer if block.outer == UNKNOWN else SKIP
+        else:
+            value, why = (True, "") if head == "else" else self.shell.decide(head, condition, line)
+            block.mode = RUN if value else SKIP if value is False else UNKNOWN
+            block.taken = value is not False
+            if value is None:
+                block.why = why
+                block.outer = UNKNOWN  # the branches after an undecided one are as unknown
+
+    def _loop(self, head: str, words: list[str], line: int) -> None:
+        """Loops and `case` are not run: their bodies are unknown (module docstring), except `for X in "$@"`, which
+        runs once per script argument: never, for a script read as run without arguments."""
+        no_args = head == "for" and len(words) >= 4 and words[2] == "in" and words[3].strip('"') in ("$@", "$*")
+        what = "a `case`" if head == "case" else f"a `{head}` loop"
+        self._open("loop", SKIP if no_args else UNKNOWN, f"line {line}: inside {what}, which the planner does not run")
+
+    def _list(self, words: list[str], line: int) -> None:
+        """A list `a && b || c`: each command runs where the ones before let it; a test is decided, any other command
+        is taken to succeed (lists guard errors: `mkdir -p D || exit 1`, `cd D && torchrun ...`)."""
+        status: bool | None = True
+        mode, why = self.mode()
+        for op, part in split_list(words):
+            skipped = bool(op) and status is not None and (op == "&&") != status
+            if op and status is None and mode == RUN:
+                mode, why = UNKNOWN, self.undecided
+            if part == ["{"]:  # `cmd || {`: a group, closed by `}`
+                self._open("group", SKIP if skipped else mode, why)
+                return
+            if not skipped:
+                status = self._simple(part, line, mode, why)
+
+    def _simple(self, words: list[str], line: int, mode: str, why: str) -> bool | None:
+        """One command under `mode`; its status (True: taken to succeed; a test: its value)."""
+        if mode == SKIP or not words:
+            return True
+        if words[0] in ("[", "[[", "test", "!") or words[0].startswith("(("):
+            if mode != RUN:
+                return None
+            value, self.undecided = self.shell.decide("", words, line)
+            return value
+        if mode == UNKNOWN:
+            self._unknown_command(words, line, why)
+            return None
+        if words[0] == "exit":
+            code = self.shell.word(words[1], line) if len(words) > 1 else "0"
+            self.done = True
+            self.stopped = "" if code == "0" else f"line {line}: `{_short(' '.join(words))}`"
+            return True
+        self._run(words, line)
+        return True
+
+    def _run(self, words: list[str], line: int) -> None:
+        ran = self.shell.command(words, line)
         if ran is None:
-            continue
+            return
         found = _launch(line, ran)
         if found is not None:
-            launches.append(found)
+            self.launches.append(found)
         elif ran and ran[0] not in ("echo", "printf"):
-            commands += ran
-    env = {k: " ".join(v) if isinstance(v, list) else v for k, v in shell.vars.items()}
-    return ShellRead(launches, commands, env, shell.unknown, shell.notes)
+            self.commands += ran
+
+    def _unknown_command(self, words: list[str], line: int, why: str) -> None:
+        """A command in a branch that cannot be decided: the variables it assigns become unknown; a launch in it is
+        recorded (refused if the script launches nowhere else)."""
+        for w in words:
+            m = _ASSIGN.fullmatch(w)
+            if m:
+                self.shell.forget(m.group(1), line, why)
+        if words[0] == "unset":
+            for name in words[1:]:
+                self.shell.forget(name, line, why)
+        if any(".py" in w for w in words):
+            self.hidden.append(f"line {line}: `{_short(' '.join(words))}` ({why})")
+
+
+_FUNCTION = re.compile(r"(?:function\s+[\w.:-]+(?:\s*\(\s*\))?|[\w.:-]+\s*\(\s*\))\s*\{?")
 
 
 def unexpanded(words: list[str], unknown: dict[str, Unknown]) -> list[str]:
@@ -455,12 +659,14 @@ def refusals(words: list[str], unknown: dict[str, Unknown], reads: set[str]) -> 
     """Problems for the options in `reads` whose value is a word the planner cannot know (`--opt VALUE` or
     `--opt=VALUE`, VALUE an unexpanded variable or construct; a value with a known part, such as a path, is left to
     the option's own reading)."""
-    problems = []
+    problems = [f"{token}: {u.why} -> state it in the file outside the branch (set the value the condition tests), "
+                "or pass the expanded arguments (e.g. run the script with `set -x`)"
+                for token, u in unknown.items() if u.anywhere and any(token in w for w in words)]
     for i, tok in enumerate(words):
         option, eq, value = tok.partition("=")
         if not eq:
             value = words[i + 1] if i + 1 < len(words) else ""
-        if option in reads and value in unknown:
+        if option in reads and value in unknown and not unknown[value].anywhere:
             problems.append(_refusal(option, value, unknown[value]))
     return problems
 
