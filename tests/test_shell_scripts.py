@@ -204,3 +204,67 @@ def test_a_condition_that_cannot_be_decided_is_refused_where_its_branch_reaches_
     view = _read(tmp_path, "if [ ! -f pretrain_gpt.py ]; then\n  echo missing\n  exit 1\nfi\n"
                  "torchrun pretrain_gpt.py --micro-batch-size 1 --global-batch-size 8\n", name="quiet.sh")
     assert view.global_batch_size == 8 and not any("line 1" in n for n in view.notes)
+
+
+# ---- $(( arithmetic )) ----------------------------------------------------------------------------------------
+
+ARITHMETIC = """\
+GPN=8
+MICRO_BATCH=4
+NODES=2
+HEADS=64
+KV=8
+A=-7
+torchrun pretrain_gpt.py --global-batch-size $(( ${GPN} * ${MICRO_BATCH} * ${NODES} )) \\
+    --num-query-groups $(( HEADS / (HEADS / KV) )) --x $(($A / 2)) --y $((A % 3)) --z "$(( (1 + 2) * -3 ))" \\
+    --w $(( 2 > 1 )) --v $((0x10 - 010 + 10))
+"""
+
+
+@needs_bash
+def test_arithmetic_evaluates_as_bash_does():
+    # bash's own results are the source; -7 / 2 = -3 and -7 % 3 = -1 (C: toward zero); 010 is octal (8) in bash,
+    # which the planner does not read: the last word is left opaque, so only the first 13 words are compared
+    expected = ["--global-batch-size", "64", "--num-query-groups", "8", "--x", "-3", "--y", "-1", "--z", "-9",
+                "--w", "1", "--v"]
+    got = bash_argv(ARITHMETIC)
+    assert got[:13] == expected and got[13] == str(16 - 8 + 10)
+    mine = reader_argv(ARITHMETIC)
+    assert mine[:13] == expected and mine[13].startswith("$((")  # octal: refused, not misread as 10
+
+
+def test_megatron_deepspeed_azure_175b_global_batch_is_evaluated():
+    # microsoft Megatron-DeepSpeed examples_deepspeed/azure/run-175b.sh: GLOBAL_BATCH=$(( ${GPN} * ${MICRO_BATCH} *
+    # ${NODES} )) with GPN=8, MICRO_BATCH=4, NODES=1: 32 (derived); TP=1, PP=1 (--no-pipeline-parallel), ZeRO-3,
+    # --checkpoint-activations, --fp16, SEQ=1024
+    view = read_config(CONFIGS / "megatron-deepspeed" / "azure_run_175b.sh", gpus=8)
+    f = view.fields
+    assert (view.global_batch_size, f["micro_batch_size"], f["dp"], f["num_micro_batches"]) == (32, 4, 8, 1)
+    assert (f["zero_stage"], f["recompute"], view.precision, view.seq_length) == (3, "full", "fp16", 1024)
+
+
+def test_amd_llama3_example_reads_its_defaults():
+    # NVIDIA/Megatron-LM (AMD ROCm copy) examples/llama/train_llama3.sh read as run with no arguments and no
+    # environment: MODEL_SIZE=70 -> 80 layers, hidden 8192, 64 heads, 8 KV heads; NUM_GROUPS = 64 / (64 / 8) = 8
+    # ($(( )) twice); TP=8, PP=1, MBS=1, BS=8, SEQ_LENGTH=2048; FSDP=0 and OPTIMIZER=adam -> --use-distributed-
+    # optimizer; SEQ_PARALLEL=1 -> --sequence-parallel; RECOMPUTE=0 and TE_FP8=0 -> no recompute, bf16; on 8 GPUs:
+    # dp 1 (derived); DATA_PATH is not set in the file: --mock-data, said in a note
+    view = read_config(CONFIGS / "megatron" / "amd_train_llama3.sh", gpus=8)
+    f = view.fields
+    assert (f["tp"], f["pp"], f["dp"], f["micro_batch_size"], view.global_batch_size) == (8, 1, 1, 1, 8)
+    assert (f["zero_stage"], f["sequence_parallel"], f["recompute"], view.precision) == (1, True, "none", "bf16")
+    assert (view.model["num_layers"], view.model["hidden_size"], view.model["num_kv_heads"]) == (80, 8192, 8)
+    assert any("$DATA_PATH" in n and "read as unset" in n for n in view.notes)
+
+
+def test_arithmetic_the_file_cannot_settle_is_refused_naming_it(tmp_path):
+    from cluster_specs import SpecError
+
+    # the text is never run: a name is a variable the file sets, or the construct is refused
+    for expr, why in (("$(nproc) * 2", "runs a command"), ("GPN * 2", "GPN is not set in the file"),
+                      ("__import__('os').getpid()", "__import__ is not set in the file"),
+                      ("7 // 2", "not integer arithmetic")):
+        with pytest.raises(SpecError) as err:
+            _read(tmp_path, f"torchrun pretrain_gpt.py --micro-batch-size 1 --global-batch-size $(( {expr} ))\n")
+        message = " ".join(err.value.problems)
+        assert "--global-batch-size" in message and "line 1" in message and why in message, message

@@ -41,7 +41,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from planner.integrations.shell_eval import Eval, Undecidable, split_list
+from planner.integrations.shell_eval import Eval, Undecidable, arithmetic, split_list
 
 # One piece of shell text: a comment only where a word may start (`${#X}` and `a#b` are not comments)
 _PIECE = re.compile(r"""
@@ -148,7 +148,7 @@ class _Lexer:
         text = {"cont": "", "newline": " ", "blank": " "}.get(kind, piece)
         if kind == "double":
             text = _CONTINUATION.sub("", piece)
-        if not self.buf and text.strip():
+        if text.strip() and not any(p.strip() for p in self.buf):
             self.start = self.line
         self.buf.append(text)
         self.line += piece.count("\n")
@@ -293,7 +293,10 @@ class _Shell:
         return self._unknown(f"$({first}…)", line, f"`{_short(body)}` runs a command")
 
     def _arithmetic(self, body: str, line: int) -> str:
-        return self._unknown(f"$(({body}))", line, "arithmetic is not evaluated")
+        try:
+            return str(self.arithmetic(body, line))
+        except Undecidable as exc:
+            return self._unknown(f"$(({body}))", line, f"`$(( {_short(body)} ))` cannot be evaluated: {exc}")
 
     def _unknown(self, construct: str, line: int, why: str) -> str:
         token = _opaque(construct)
@@ -390,11 +393,17 @@ class _Shell:
         return text
 
     def arithmetic(self, expr: str, line: int) -> int:
-        """Integer arithmetic over the file's values (Undecidable where it cannot be evaluated)."""
+        """Integer arithmetic over the file's values, $-expansions done first (shell_eval.arithmetic: the operators;
+        Undecidable where it reads a value the file does not state)."""
         text = " ".join(split_words(self.expand(expr, line)))
-        if re.fullmatch(r"[+-]?[0-9]+", text.strip()):
-            return int(text)
-        raise Undecidable(f"`$(( {_short(expr)} ))`: arithmetic is not evaluated")
+        for token, u in self.unknown.items():
+            if token in text:
+                raise Undecidable(f"{token}: {u.why or 'not set in the file'}")
+        return arithmetic(text, self._scalar)
+
+    def _scalar(self, name: str) -> str | None:
+        value = self.vars.get(name)
+        return value[0] if isinstance(value, list) and value else None if isinstance(value, list) else value
 
     def forget(self, name: str, line: int, why: str) -> None:
         """NAME is set under a branch that cannot be decided: its value is not known."""
@@ -445,7 +454,11 @@ class _Shell:
             self.notes.append(f"line {line}: `{_short(' '.join(words))}` is not read: variables it sets are not "
                               "seen")
             return None
-        return self._unwrap([w for raw in words[n:] for w in split_words(self.expand(raw, line))], line)
+        return self.words(words[n:], line)
+
+    def words(self, words: list[str], line: int) -> list[str]:
+        """A command's words, expanded, split and unwrapped (`eval`, `bash -c`)."""
+        return self._unwrap([w for raw in words for w in split_words(self.expand(raw, line))], line)
 
     def _unwrap(self, words: list[str], line: int) -> list[str]:
         """The words a command runs: `eval WORDS` and `bash -c STRING` (`sh -c`) read their text again as a command,
@@ -642,7 +655,7 @@ class _Script:
         if words[0] == "unset":
             for name in words[1:]:
                 self.shell.forget(name, line, why)
-        if any(".py" in w for w in words):
+        if _launch(line, self.shell.words(words, line)) is not None:
             self.hidden.append(f"line {line}: `{_short(' '.join(words))}` ({why})")
 
 

@@ -8,7 +8,9 @@ either side is True even when the other cannot be decided. `Eval.why` keeps the 
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -185,3 +187,61 @@ class _Test:
             self.ev.undecided(str(exc))
             return None
 
+
+# ---- integer arithmetic ----------------------------------------------------------------------------------------
+
+_NAME = re.compile(r"(?<![0-9A-Za-z_])[A-Za-z_][A-Za-z0-9_]*")
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+_COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq,
+            ast.NotEq: operator.ne}
+BASH_INT_LIMIT = 2**63  # bash's arithmetic is in 64-bit signed integers (intmax_t)
+
+
+def arithmetic(expr: str, value_of: Callable[[str], str | None]) -> int:
+    """bash integer arithmetic, `$(( expr ))` and `(( expr ))`, over + - * / % and parentheses, unary + and -, and
+    the comparisons < <= > >= == != (1 or 0). A name reads the file's variable (`value_of`; None where unset), whose
+    value must be an integer. `/` truncates toward zero and `%` takes the dividend's sign (bash's C arithmetic).
+    Anything else (assignments, ++, ?:, && ||, bit operations, 2#101 bases, octal 010) raises Undecidable, as do
+    division by zero and results beyond 64 bits. The text is parsed with `ast` and walked over that whitelist: it is
+    never executed."""
+    py = _NAME.sub(lambda m: _name_value(m.group(), value_of), expr)
+    if re.search(r"[0-9]_|0[oObB]", py):  # Python reads 1_000, 0o17 and 0b1 as numbers; bash refuses them
+        raise Undecidable(f"`{expr.strip()}`: not integer arithmetic the planner evaluates")
+    try:
+        return _value(ast.parse(py.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise Undecidable(f"`{expr.strip()}`: not integer arithmetic the planner evaluates") from None
+
+
+def _name_value(name: str, value_of: Callable[[str], str | None]) -> str:
+    value = value_of(name)
+    if value is None:
+        raise Undecidable(f"{name} is not set in the file")
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+        raise Undecidable(f"{name} is {value!r}, not an integer")
+    return f"({value.strip()})"
+
+
+def _value(node: ast.expr) -> int:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return _bounded(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
+        v = _value(node.operand)
+        return _bounded(-v if isinstance(node.op, ast.USub) else v)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div | ast.Mod):
+        a, b = _value(node.left), _value(node.right)
+        if b == 0:
+            raise Undecidable("division by 0")
+        q = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)  # C: toward zero
+        return _bounded(q if isinstance(node.op, ast.Div) else a - b * q)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return _bounded(_BINARY[type(node.op)](_value(node.left), _value(node.right)))
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+        return int(_COMPARE[type(node.ops[0])](_value(node.left), _value(node.comparators[0])))
+    raise Undecidable(f"`{ast.unparse(node)[:40]}`: not integer arithmetic the planner evaluates")
+
+
+def _bounded(v: int) -> int:
+    if not -BASH_INT_LIMIT <= v < BASH_INT_LIMIT:
+        raise Undecidable(f"{v} is beyond bash's 64-bit integers")
+    return v
