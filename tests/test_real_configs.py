@@ -37,6 +37,13 @@ CASES = [
     # ... checked against the wrong model: said, and failed
     ("megatron/llama2_7b_quoted_vars.sh", "dgx-a100-80gb", 1, "llama2-13b", [], 1,
      ["the config describes a different model", "num_layers 32"]),
+    # Megatron-LM's GPT-3 175B example as shipped (d98e8a64): --global-batch-size with --step-batch-size-schedule,
+    # which Megatron-LM's validate_args refuses (arguments.py L698-700)
+    ("megatron/train_gpt3_175b_distributed.sh", "dgx-a100-80gb", 16, "gpt3-175b", [], 1,
+     ["Cannot specify both --step-batch-size-schedule and --global-batch-size"]),
+    # BLOOM-176B's own tr11 slurm script (bigscience 9e64edec, trimmed): its launch after a commented-out option
+    # ending in a backslash, through srun ... bash -c "$LAUNCHER ... $CMD"
+    ("megatron-deepspeed/tr11_176b_ml.slurm", "dgx-a100-80gb", 48, "bloom-176b", [], 0, ["BF16_Optimizer"]),
     # BLOOM-176B (Megatron-DeepSpeed, 384 A100s), its arguments and its ds_config (a DeepSpeed JSON is checked as
     # plain DeepSpeed unless --framework says which framework runs it: this one is Megatron-DeepSpeed's)
     ("megatron-deepspeed/bloom176b.sh", "dgx-a100-80gb", 48, "bloom-176b", [], 0, ["BF16_Optimizer"]),

@@ -1254,7 +1254,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     for name in ["--normalization", "--position-embedding-type", "--deepspeed_config", "--deepspeed-config",
                  "--pp-partition-method",
                  "--ckpt-format", "--tokenizer-type", "--make-vocab-size-divisible-by",
-                 "--pipeline-model-parallel-layout", "--window-size"]:
+                 "--pipeline-model-parallel-layout", "--window-size", "--step-batch-size-schedule"]:
         p.add_argument(name)
     p.add_argument("--optimizer-offload-fraction", type=float)
     for name in ["--attention-dropout", "--hidden-dropout"]:
@@ -1355,6 +1355,7 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
         partial_distributed_optimizer(view, args.num_distributed_optimizer_instances,
                                       "--num-distributed-optimizer-instances")
     view.global_batch_size, view.seq_length = gbs, args.seq_length
+    _megatron_batch_schedule(args, view, unknown, ds)
     view.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     if args.fp8_format:  # FP8 GEMMs over the 16-bit run (frameworks.md §2.8: --fp8-recipe defaults to delayed)
         view.precision, view.fp8_recipe = "fp8", args.fp8_recipe or "delayed"
@@ -1387,6 +1388,27 @@ def _megatron(text: str, gpus: int, source: str) -> ConfigView:
     if unresolved:
         view.notes.append(f"unexpanded shell variables (not in options the planner reads): {', '.join(unresolved)}")
     return view
+
+
+def _megatron_batch_schedule(args: argparse.Namespace, view: ConfigView, unknown: list[str], ds: bool) -> None:
+    """--step-batch-size-schedule (Megatron-LM; Megatron-DeepSpeed has no such option: listed as ignored there):
+    with --global-batch-size given too, validate_args raises ValueError("Cannot specify both
+    --step-batch-size-schedule and --global-batch-size", megatron/training/arguments.py@d98e8a64 L698-700); alone,
+    the batch changes during the run, and the check holds the one Megatron sets first (micro x dp, L702-703)."""
+    if args.step_batch_size_schedule is None:
+        return
+    if ds:
+        unknown.append("--step-batch-size-schedule")
+    elif args.global_batch_size is not None:
+        view.errors.append(("global_batch_size", f"--step-batch-size-schedule {args.step_batch_size_schedule!r} with "
+                            f"--global-batch-size {args.global_batch_size} -> Megatron-LM raises ValueError at "
+                            "start-up (\"Cannot specify both --step-batch-size-schedule and --global-batch-size\", "
+                            "arguments.py validate_args)", "drop --global-batch-size (the schedule sets the batch) or "
+                            "the schedule"))
+    else:
+        view.notes.append(f"--step-batch-size-schedule {args.step_batch_size_schedule!r}: the batch changes during "
+                          f"the run; checked at the global batch Megatron starts from, micro x dp = "
+                          f"{view.global_batch_size}")
 
 
 def _megatron_model(args: argparse.Namespace, view: ConfigView) -> None:
