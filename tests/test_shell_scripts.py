@@ -268,3 +268,15 @@ def test_arithmetic_the_file_cannot_settle_is_refused_naming_it(tmp_path):
             _read(tmp_path, f"torchrun pretrain_gpt.py --micro-batch-size 1 --global-batch-size $(( {expr} ))\n")
         message = " ".join(err.value.problems)
         assert "--global-batch-size" in message and "line 1" in message and why in message, message
+
+
+def test_pathological_scripts_are_one_line_errors_not_tracebacks(tmp_path):
+    from cluster_specs import SpecError
+
+    doubling = "A=x\n" + "A=$A$A\n" * 25  # 2**25 characters: over shell.MAX_VALUE_CHARS
+    with pytest.raises(SpecError) as err:
+        _read(tmp_path, doubling + "torchrun pretrain_gpt.py --micro-batch-size 1\n")
+    assert "line 21: A: a value over 1,000,000 characters" in err.value.problems[0]  # 2**20 > 10**6
+    deep = "X=" + "${a:-" * 3000 + "}" * 3000 + "\ntorchrun pretrain_gpt.py --micro-batch-size 1\n"
+    with pytest.raises(SpecError, match="nests expansions too deeply"):
+        _read(tmp_path, deep, name="deep.sh")

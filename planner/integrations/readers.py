@@ -36,7 +36,7 @@ from planner.frameworks.profiles import (
     deepspeed_bf16_optimizer,
 )
 from planner.integrations.modern_flags import NEMO_FP8_MIXED_PRECISION
-from planner.integrations.shell import ShellRead, read_script, refusals, statements, unexpanded
+from planner.integrations.shell import ShellError, ShellRead, read_script, refusals, statements, unexpanded
 
 
 @dataclass
@@ -1285,7 +1285,13 @@ def megatron_tokens(text: str, source: str) -> tuple[list[str], dict[str, str], 
     (planner/integrations/shell.py reads it as bash would). The arguments are those of the launch that passes the
     most options the planner reads; a file that launches nothing is an argument file (its commands' words), or an
     argument snippet held only in variables (GPT_ARGS="...")."""
-    read = read_script(text)
+    try:
+        read = read_script(text)
+    except ShellError as exc:
+        raise SpecError(str(exc), source=source) from None
+    except RecursionError:
+        raise SpecError("the script nests expansions too deeply to read -> pass the expanded arguments (e.g. run "
+                        "the script with `set -x`)", source=source) from None
     known = _megatron_options()
     launch = max(read.launches, key=lambda la: sum(w.partition("=")[0] in known for w in la.argv), default=None)
     if launch is not None:

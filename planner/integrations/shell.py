@@ -43,6 +43,13 @@ from dataclasses import dataclass, field
 
 from planner.integrations.shell_eval import Eval, Undecidable, arithmetic, split_list
 
+MAX_VALUE_CHARS = 1_000_000  # [choice] a launch script's values are kilobytes; the bound stops `A=$A$A` doubling
+
+
+class ShellError(ValueError):
+    """A script the reader will not read (one line: where and why)."""
+
+
 # One piece of shell text: a comment only where a word may start (`${#X}` and `a#b` are not comments)
 _PIECE = re.compile(r"""
     (?P<comment>(?<![^\s;&|()])\#[^\n]*)
@@ -101,7 +108,7 @@ class ShellRead:
     unknown: dict[str, Unknown]  # opaque word -> why its value is not known
     notes: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # launches in branches that cannot be decided
-    stopped: str = ""  # the `exit` that ends the script on the path read (before any launch: why it launches none)
+    stopped: str = ""  # an `exit` with a non-zero status on the path read (before any launch: why it launches none)
 
 
 def statements(text: str) -> list[tuple[int, str]]:
@@ -386,10 +393,12 @@ class _Shell:
     def _operand(self, raw: str, line: int) -> str:
         """A test's operand: expanded; a variable the file never sets is empty; an unknown value is Undecidable."""
         text = " ".join(split_words(self.expand(raw, line)))
-        for token, u in self.unknown.items():
+        for token, u in list(self.unknown.items()):
             if token in text and u.why:
                 raise Undecidable(f"{token}: {u.why}")
-            text = text.replace(token, "") if token in text else text
+            if token in text:  # a variable the file never sets, read through one it does (X=$1)
+                self.env_reads.append(token.strip("${}"))
+                text = text.replace(token, "")
         return text
 
     def arithmetic(self, expr: str, line: int) -> int:
@@ -419,18 +428,25 @@ class _Shell:
         if m is None:
             return False
         name, append, raw = m.groups()
+        self._assign(name, bool(append), raw, line)
+        value = self.vars[name]
+        if (sum(map(len, value)) if isinstance(value, list) else len(value)) > MAX_VALUE_CHARS:
+            raise ShellError(f"line {line}: {name}: a value over {MAX_VALUE_CHARS:,} characters -> a launch script's "
+                             "values are kilobytes; this is not one the planner reads")
+        return True
+
+    def _assign(self, name: str, append: bool, raw: str, line: int) -> None:
         old = self.vars.get(name) if append else None
         if raw.startswith("(") and raw.endswith(")"):
             elements = split_words(self.expand(raw[1:-1], line))
             before = [] if old is None else old if isinstance(old, list) else [old]
             self.vars[name] = before + elements
-            return True
+            return
         value = self.word(raw, line)
         if isinstance(old, list):  # NAME+=word on an array appends to its first element
             self.vars[name] = [(old[0] if old else "") + value] + old[1:]
         else:
             self.vars[name] = (old or "") + value
-        return True
 
     def command(self, words: list[str], line: int) -> list[str] | None:
         """A simple command: its assignments done; the command's expanded words (None: nothing to run)."""
@@ -545,13 +561,13 @@ class _Script:
         return (self.blocks[-1].mode, self.blocks[-1].why) if self.blocks else (RUN, "")
 
     def statement(self, words: list[str], line: int) -> None:
+        while len(words) > 1 and words[0] in ("then", "do", "else", "{"):  # `then CMD`: the keyword, then the command
+            self.statement(words[:1], line)
+            words = words[1:]
         if not words:
             return
         head = words[0]
-        if head in ("then", "do", "else", "{") and len(words) > 1:  # `then CMD`: the keyword, then the command
-            self.statement([head], line)
-            self.statement(words[1:], line)
-        elif head in ("if", "elif", "else", "fi"):
+        if head in ("if", "elif", "else", "fi"):
             self._if(head, words[1:], line)
         elif head in ("for", "while", "until", "select", "case"):
             self._loop(head, words, line)

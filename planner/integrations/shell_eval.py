@@ -67,7 +67,10 @@ class Eval:
         """An `if` / `elif` condition: commands joined by `&&` / `||`, each maybe behind `!`."""
         result: bool | None = None
         for op, part in split_list(words):
-            value = self._command(part)
+            try:
+                value = self._command(part)
+            except RecursionError:
+                value = self.undecided("nested too deeply to read")
             result = value if not op else kleene_and(result, value) if op == "&&" else kleene_or(result, value)
         return result
 
