@@ -271,3 +271,23 @@ def test_sigterm_to_the_parent_stops_the_ranks(tmp_path):
              "zombie" not in open(f"/proc/{pid}/status").read().lower()]
     assert not alive, alive
     assert not list(tmp_path.glob("planner-bench-*"))
+
+
+def test_run_notes_say_what_the_prediction_does():
+    """The notes beside bench's rows contradicted its prediction (audit of 2026-12-08): the SP note said the
+    prediction was Megatron's, but bench_knobs predicts torch's DTensor SP; the FSDP2 note said the estimate books
+    2 + 12 B where an fp32 run's books 4 + 8; ZeRO-2's parameters row read +100% without a word (FSDP2 shards
+    the parameters); pipedream_async's note said 'same memory' where the estimate books a weight stash."""
+    from planner.bench.session import run_notes
+    from planner.estimate import build_problem
+    from planner.inputs.specs import LayoutSpec
+
+    fp32 = build_problem("dgx-h100", 1, "llama3-8b", 8, 1024, "fp32")
+    notes = " ".join(run_notes(fp32, LayoutSpec(dp=8, zero_stage=2, num_micro_batches=1), "cpu"))
+    assert "as the estimate books them" in notes and "ZeRO-2 runs as FSDP2 too" in notes
+    bf16 = build_problem("dgx-h100", 1, "llama3-8b", 8, 1024, "bf16")
+    notes = " ".join(run_notes(bf16, LayoutSpec(dp=4, tp=2, sequence_parallel=True, zero_stage=3, num_micro_batches=1), "cuda"))
+    assert "books 2 B of weights + 12 B of optimizer state" in notes and "ZeRO-2" not in notes
+    assert "predicted as torch's DTensor sequence parallelism runs" in notes
+    pipe = run_notes(bf16, LayoutSpec(dp=2, pp=4, num_micro_batches=8, schedule="pipedream_async"), "cuda")
+    assert any("stashed weight versions" in n and "read high" in n for n in pipe)

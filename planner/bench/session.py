@@ -224,6 +224,37 @@ def memory_rows(est, reports: list[dict]) -> list[dict]:
     return rows
 
 
+def run_notes(problem: Problem, layout: LayoutSpec, device: str) -> list[str]:
+    """Where the run and its prediction differ by design, said beside the rows it moves."""
+    notes = []
+    if layout.sequence_parallel and layout.tp > 1:
+        notes.append("saved activations: predicted as torch's DTensor sequence parallelism runs (bench_knobs: the "
+                     "gathered QKV and FC1 inputs kept for backward); Megatron keeps them sharded and saves less")
+    if layout.schedule == "pipedream_async":
+        notes.append("pipedream_async: torch.distributed.pipelining has no asynchronous PipeDream schedule; the "
+                     "benchmark runs synchronous 1F1B (a flush every step, no stashed weight versions), so the "
+                     "parameters the estimate books for PipeDream's stash read high")
+    if layout.schedule == "zero_bubble" and layout.pp > 1:
+        notes.append("zero_bubble runs as ZB-H1, the schedule predicted: torch's InterleavedZeroBubble (ZB1P) with "
+                     "one stage per rank; torch keeps every micro-batch's loss until the step ends, which with the "
+                     "backward split into input and weight passes keeps the last stage's graph alive, so the last "
+                     "stage measures more than ZB-H1's memory (Megatron-DeepSpeed's ZB-H1 frees it)")
+    if device == "cpu":
+        notes.append("on CPU, step times include Python, DTensor and gloo overheads that a GPU run hides: predict on a "
+                     "calibration of the same ranks (`planner calibrate --nproc N`), whose layer probes carry them")
+    if layout.zero_stage >= 2:
+        tr = problem.cm_training
+        zero2 = (" ZeRO-2 runs as FSDP2 too, which shards the parameters as ZeRO-3 does, where the estimate keeps "
+                 "them whole: its parameters row reads high." if layout.zero_stage == 2 else "")
+        booked = ("as the estimate books them" if (tr.param_bytes, tr.optimizer_bytes) == (4, 8) else
+                  f"where the estimate books {tr.param_bytes:g} B of weights + {tr.optimizer_bytes:g} B of optimizer "
+                  "state")
+        notes.append(f"FSDP2: the fp32 shards are both the parameters and AdamW's masters, so the run counts 4 B of "
+                     f"parameters + 8 B of moments per parameter, {booked}; the run's gathered copies are transient "
+                     f"(in the CUDA peak, not in these rows).{zero2}")
+    return notes
+
+
 def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
     est = problem.estimate(layout)
     measured_step = max(r["median_step_seconds"] for r in reports)
@@ -243,26 +274,7 @@ def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
         rows.append({"quantity": f"{name.replace('_', ' ')} of {c['bytes'] / 2**20:.2f} MiB (ms)",
                      "predicted": pred * 1e3, "measured": c["seconds"] * 1e3, "error": _err(pred, c["seconds"])})
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
-    notes = []
-    if layout.sequence_parallel and layout.tp > 1:
-        notes.append("saved activations: the model is Megatron's (sequence-parallel inputs kept sharded and "
-                     "re-gathered in backward); torch's DTensor sequence parallelism keeps the gathered QKV and FC1 "
-                     "inputs, so it measures more")
-    if layout.schedule == "pipedream_async":
-        notes.append("pipedream_async: torch.distributed.pipelining has no asynchronous PipeDream schedule; the "
-                     "benchmark runs synchronous 1F1B (same memory per micro-batch, a flush every step)")
-    if layout.schedule == "zero_bubble" and layout.pp > 1:
-        notes.append("zero_bubble runs as ZB-H1, the schedule predicted: torch's InterleavedZeroBubble (ZB1P) with "
-                     "one stage per rank; torch keeps every micro-batch's loss until the step ends, which with the "
-                     "backward split into input and weight passes keeps the last stage's graph alive, so the last "
-                     "stage measures more than ZB-H1's memory (Megatron-DeepSpeed's ZB-H1 frees it)")
-    if reports[0]["device"] == "cpu":
-        notes.append("on CPU, step times include Python, DTensor and gloo overheads that a GPU run hides: predict on a "
-                     "calibration of the same ranks (`planner calibrate --nproc N`), whose layer probes carry them")
-    if layout.zero_stage >= 2:
-        notes.append("FSDP2: the fp32 shards are both the parameters and AdamW's masters, so the run counts 4 B of "
-                     "parameters + 8 B of moments where the estimate books 2 B of bf16 weights + 12 B of optimizer "
-                     "state; the run's gathered bf16 copies are transient (in the CUDA peak, not in these rows)")
+    notes = run_notes(problem, layout, reports[0]["device"])
     return {"rows": rows, "notes": notes, "median_abs_error": statistics.median(errors) if errors else None,
             "predicted_step_seconds": est.step_seconds, "measured_step_seconds": measured_step}
 
