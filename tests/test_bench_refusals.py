@@ -291,3 +291,18 @@ def test_run_notes_say_what_the_prediction_does():
     assert "predicted as torch's DTensor sequence parallelism runs" in notes
     pipe = run_notes(bf16, LayoutSpec(dp=2, pp=4, num_micro_batches=8, schedule="pipedream_async"), "cuda")
     assert any("stashed weight versions" in n and "read high" in n for n in pipe)
+
+
+def test_a_cpu_calibration_of_another_rank_count_is_said():
+    """A CPU calibration made with 4 ranks on 2 cores predicted dp=1 at +224% and dp=4 at -35% of the same per-rank
+    work (audit of 2026-12-08): on CPU the ranks share the cores, so the rates hold at the calibration's rank count."""
+    from planner.bench.session import run_notes
+    from planner.estimate import build_problem
+    from planner.inputs.specs import LayoutSpec
+
+    p = build_problem("dgx-h100", 1, "llama3-8b", 8, 1024, "fp32")
+    measured = p.cluster.model_copy(update={"measured": {"measured_at": "now"}, "gpus_per_node": 4})
+    p = type(p)(p.model, p.training, measured, p.knobs)
+    lay = LayoutSpec(dp=2, num_micro_batches=4)
+    assert any("measured 4 ranks at once and this run has 2" in n for n in run_notes(p, lay, "cpu", 2))
+    assert not any("ranks at once" in n for n in run_notes(p, lay, "cpu", 4))

@@ -224,9 +224,14 @@ def memory_rows(est, reports: list[dict]) -> list[dict]:
     return rows
 
 
-def run_notes(problem: Problem, layout: LayoutSpec, device: str) -> list[str]:
+def run_notes(problem: Problem, layout: LayoutSpec, device: str, world: int | None = None) -> list[str]:
     """Where the run and its prediction differ by design, said beside the rows it moves."""
     notes = []
+    cl = problem.cluster
+    if device == "cpu" and cl.measured is not None and world is not None and cl.gpus_per_node != world:
+        notes.append(f"the calibration measured {cl.gpus_per_node} ranks at once and this run has {world}: on CPU the "
+                     "ranks share the cores, so its rates hold at its own rank count only (calibrate with "
+                     f"`planner calibrate --nproc {world}`)")
     if layout.sequence_parallel and layout.tp > 1:
         notes.append("saved activations: predicted as torch's DTensor sequence parallelism runs (bench_knobs: the "
                      "gathered QKV and FC1 inputs kept for backward); Megatron keeps them sharded and saves less")
@@ -274,7 +279,7 @@ def compare(problem: Problem, layout: LayoutSpec, reports: list[dict]) -> dict:
         rows.append({"quantity": f"{name.replace('_', ' ')} of {c['bytes'] / 2**20:.2f} MiB (ms)",
                      "predicted": pred * 1e3, "measured": c["seconds"] * 1e3, "error": _err(pred, c["seconds"])})
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
-    notes = run_notes(problem, layout, reports[0]["device"])
+    notes = run_notes(problem, layout, reports[0]["device"], len(reports))
     return {"rows": rows, "notes": notes, "median_abs_error": statistics.median(errors) if errors else None,
             "predicted_step_seconds": est.step_seconds, "measured_step_seconds": measured_step}
 
