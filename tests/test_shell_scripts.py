@@ -4,6 +4,7 @@ snippets read against bash itself: `bash_argv` runs the snippet in a bash with a
 defined as a function that prints the arguments after `pretrain_gpt.py`, so the expected words are bash's."""
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -280,3 +281,69 @@ def test_pathological_scripts_are_one_line_errors_not_tracebacks(tmp_path):
     deep = "X=" + "${a:-" * 3000 + "}" * 3000 + "\ntorchrun pretrain_gpt.py --micro-batch-size 1\n"
     with pytest.raises(SpecError, match="nests expansions too deeply"):
         _read(tmp_path, deep, name="deep.sh")
+
+
+LAUNCH = "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size $TP --micro-batch-size 1\n"
+
+
+@needs_bash
+def test_false_fails_its_list():
+    """`false && TP=4` leaves TP at 2 in bash; the reader took every command but a test to succeed (audit of
+    2026-12-08)."""
+    script = "TP=2\nfalse && TP=4\ntrue || TP=8\n" + LAUNCH
+    assert reader_argv(script) == bash_argv(script)
+    assert "2" in reader_argv(script)
+
+
+def test_base_notation_is_not_evaluated_as_python_would():
+    """bash reads $((2#11)) as 3; Python's ast read `#` as a comment and gave 2 (audit of 2026-12-08)."""
+    from cluster_specs import SpecError
+
+    with pytest.raises(SpecError, match="base#digits"):
+        read_config_text("TP=$((2#11))\n" + LAUNCH)
+
+
+def read_config_text(text: str):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "run.sh"
+        path.write_text(text)
+        return read_config(path, gpus=8)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("TP=2\r\n" + LAUNCH.replace("\n", "\r\n"), "CRLF line endings"),
+    ('TP="2\n' + LAUNCH, 'opened and never closed'),
+    ("ARGS=(--tensor-model-parallel-size 2\n" + LAUNCH, "( opened and never closed"),
+    ("echo hello\n", "no launch"),
+    ("TP=2\nexit 0\n" + LAUNCH, "no launch"),
+])
+def test_a_script_bash_would_not_run_as_read_is_refused(text, says):
+    """An unterminated quote or array, CRLF line endings, or no launch on the path bash takes was checked as
+    Megatron's defaults (tp 1, fp32, 'micro_batch_size missing'), exit 1 (audit of 2026-12-08); bash stops with
+    'unexpected EOF', reads the carriage returns into the words, or launches nothing."""
+    from cluster_specs import SpecError
+
+    with pytest.raises(SpecError, match=re.escape(says)):
+        read_config_text(text)
+
+
+def test_two_launches_say_which_was_read():
+    view = read_config_text("TP=2\n" + LAUNCH + "TP=8\n" + LAUNCH.replace("--micro-batch-size 1",
+                                                                          "--micro-batch-size 1 --seq-length 4096"))
+    assert any("2 launches (lines 2, 4): read the one at line 4" in n for n in view.notes), view.notes
+
+
+def test_a_long_value_is_refused_before_it_is_split(monkeypatch):
+    """`A=$A$A` doubled past the bound took 18 s to be refused: the value was split (at a cost growing with its
+    length squared) before its length was checked. Now nothing past the bound reaches split_words."""
+    from cluster_specs import SpecError
+    from planner.integrations import shell
+
+    longest = []
+    real = shell.split_words
+    monkeypatch.setattr(shell, "split_words", lambda text: longest.append(len(text)) or real(text))
+    with pytest.raises(SpecError, match="A: a value over 1,000,000 characters"):
+        read_config_text("A=x\n" + "A=$A$A\n" * 25 + LAUNCH)
+    assert max(longest) <= shell.MAX_VALUE_CHARS

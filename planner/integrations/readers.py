@@ -1295,6 +1295,10 @@ def megatron_tokens(text: str, source: str) -> tuple[list[str], dict[str, str], 
     known = _megatron_options()
     launch = max(read.launches, key=lambda la: sum(w.partition("=")[0] in known for w in la.argv), default=None)
     if launch is not None:
+        if len(read.launches) > 1:
+            read.notes.append(f"{len(read.launches)} launches (lines {', '.join(str(la.line) for la in read.launches)}"
+                              f"): read the one at line {launch.line}, which passes the most options the planner "
+                              "reads")
         return launch.argv, read.env, read
     if read.hidden or read.stopped:
         what = (f"{read.hidden[0]}: the only launch, under a branch that cannot be decided" if read.hidden else
@@ -1304,6 +1308,9 @@ def megatron_tokens(text: str, source: str) -> tuple[list[str], dict[str, str], 
     tokens = [t for t in read.commands if not t.endswith(".py") and t not in ("torchrun", "python", "deepspeed")]
     if not any(t.startswith("--") for t in tokens):
         tokens = [t for v in read.env.values() if v.lstrip().startswith("--") for t in v.split()]
+    if not any(t.startswith("--") for t in tokens):  # checked as Megatron's defaults before (tp 1, fp32)
+        raise SpecError("no launch (a command running a *.py file) and no Megatron options on the path bash takes "
+                        "-> give the script that launches training, or its arguments", source=source)
     return tokens, read.env, read
 
 

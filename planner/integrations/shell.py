@@ -202,8 +202,19 @@ def raw_words(stmt: str) -> list[str]:
     return words
 
 
+def _bounded(text: str, line: int, name: str = "") -> str:
+    """`text`, refused past MAX_VALUE_CHARS before it is split (splitting a long value takes time that grows with
+    the square of its length: `A=$A$A` doubled 25 times took 18 s to reach the bound)."""
+    if len(text) > MAX_VALUE_CHARS:
+        raise ShellError(f"line {line}: {name + ': ' if name else ''}a value over {MAX_VALUE_CHARS:,} characters -> a "
+                         "launch script's values are kilobytes; this is not one the planner reads")
+    return text
+
+
 def split_words(text: str) -> list[str]:
     """Quote removal and word splitting of expanded text (an unbalanced quote: split at blanks, quotes dropped)."""
+    if not any(c in text for c in "'\"\\"):  # nothing to remove: shlex's answer, without its per-character cost
+        return text.split()
     try:
         return shlex.split(text)
     except ValueError:
@@ -271,9 +282,9 @@ class _Shell:
                 i += 1
         return "".join(out)
 
-    def word(self, text: str, line: int) -> str:
-        """One word's value (an assignment's right side, a default): expanded, quotes removed, not split."""
-        return " ".join(split_words(self.expand(text, line)))
+    def word(self, text: str, line: int, name: str = "") -> str:
+        """One word's value (an assignment's right side, `name`'s; a default): expanded, quotes removed, not split."""
+        return " ".join(split_words(_bounded(self.expand(text, line), line, name)))
 
     def _substitution(self, text: str, i: int, line: int) -> tuple[list[str], int]:
         """The values a `$...` or backquote at text[i] expands to, and the index after it."""
@@ -438,11 +449,11 @@ class _Shell:
     def _assign(self, name: str, append: bool, raw: str, line: int) -> None:
         old = self.vars.get(name) if append else None
         if raw.startswith("(") and raw.endswith(")"):
-            elements = split_words(self.expand(raw[1:-1], line))
+            elements = split_words(_bounded(self.expand(raw[1:-1], line), line, name))
             before = [] if old is None else old if isinstance(old, list) else [old]
             self.vars[name] = before + elements
             return
-        value = self.word(raw, line)
+        value = self.word(raw, line, name)
         if isinstance(old, list):  # NAME+=word on an array appends to its first element
             self.vars[name] = [(old[0] if old else "") + value] + old[1:]
         else:
@@ -518,7 +529,14 @@ def _launch(line: int, words: list[str]) -> Launch | None:
 
 
 def read_script(text: str) -> ShellRead:
-    """The launches, commands and variables of a launch script or an argument file (see the module docstring)."""
+    """The launches, commands and variables of a launch script or an argument file (see the module docstring).
+    Refused: CRLF line endings (bash reads the carriage return as part of each line's last word, and a backslash before
+    one continues nothing), and a quote or parenthesis left open at the end (bash stops: 'unexpected EOF')."""
+    if "\r\n" in text:
+        line = text.count("\n", 0, text.index("\r\n")) + 1
+        raise ShellError(f"line {line}: CRLF line endings -> bash reads the carriage return as part of the line's "
+                         "last word; convert the file to LF (dos2unix)")
+    _refuse_unterminated(text)
     script = _Script()
     for line, stmt in statements(text):
         if script.done:
@@ -527,6 +545,25 @@ def read_script(text: str) -> ShellRead:
     shell = script.shell
     env = {k: " ".join(v) if isinstance(v, list) else v for k, v in shell.vars.items()}
     return ShellRead(script.launches, script.commands, env, shell.unknown, shell.notes, script.hidden, script.stopped)
+
+
+def _refuse_unterminated(text: str) -> None:
+    """A quote, backquote or `$((`/`(` the file never closes: bash reads to the end of the file and stops there."""
+    depth, opened = 0, 1
+    for m in _PIECE.finditer(text):
+        kind, piece = m.lastgroup, m.group()
+        closes = {"single": "'", "double": '"', "back": "`"}.get(kind or "")
+        if closes and (len(piece) < 2 or not piece.endswith(closes) or piece.endswith("\\" + closes)):
+            line = text.count("\n", 0, m.start()) + 1
+            raise ShellError(f"line {line}: {piece[0]} opened and never closed -> bash stops at the end of the file "
+                             "('unexpected EOF'); close it")
+        if kind == "open":
+            depth, opened = depth + 1, (opened if depth else text.count("\n", 0, m.start()) + 1)
+        elif kind == "close":
+            depth = max(0, depth - 1)
+    if depth:
+        raise ShellError(f"line {opened}: ( opened and never closed -> bash stops at the end of the file ('unexpected "
+                         "EOF'); close it")
 
 
 RUN, SKIP, UNKNOWN = "run", "skip", "unknown"
@@ -643,6 +680,8 @@ class _Script:
         if mode == UNKNOWN:
             self._unknown_command(words, line, why)
             return None
+        if words[0] in ("true", ":", "false"):  # `false && X=4` leaves X alone
+            return words[0] != "false"
         if words[0] == "exit":
             code = self.shell.word(words[1], line) if len(words) > 1 else "0"
             self.done = True

@@ -207,6 +207,8 @@ def arithmetic(expr: str, value_of: Callable[[str], str | None]) -> int:
     Anything else (assignments, ++, ?:, && ||, bit operations, 2#101 bases, octal 010) raises Undecidable, as do
     division by zero and results beyond 64 bits. The text is parsed with `ast` and walked over that whitelist: it is
     never executed."""
+    if "#" in expr:  # bash's base#digits (2#11 is 3); Python would read the rest as a comment
+        raise Undecidable(f"`{expr.strip()}`: base#digits numbers are not arithmetic the planner evaluates")
     py = _NAME.sub(lambda m: _name_value(m.group(), value_of), expr)
     if re.search(r"[0-9]_|0[oObB]", py):  # Python reads 1_000, 0o17 and 0b1 as numbers; bash refuses them
         raise Undecidable(f"`{expr.strip()}`: not integer arithmetic the planner evaluates")
