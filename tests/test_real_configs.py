@@ -303,3 +303,19 @@ def test_a_yaml_that_is_no_nemo_config_is_refused_naming_the_formats(tmp_path):
     assert proc.returncode == 3 and "Traceback" not in proc.stderr
     assert "neither a Megatron-Bridge override file nor a NeMo-Framework-Launcher" in proc.stderr
     assert "KEY=VALUE lines" in proc.stderr
+
+
+@pytest.mark.parametrize("text", [
+    "trainer: {devices: 8, num_nodes: 1, precision: bf16}\nmodel:\n  tensor_model_parallel_size: {a: 1}\n"
+    "  micro_batch_size: 1\n  global_batch_size: 64\n",
+    "model:\n  tensor_model_parallel_size: [2]\ntrain:\n  micro_batch_size: 1\n",
+])
+def test_a_nemo_yaml_section_where_one_value_belongs_is_refused(tmp_path, text):
+    """`tensor_model_parallel_size: {a: 1}` was read as no value and tp 1 taken in silence (audit of 2026-12-08)."""
+    from cluster_specs import SpecError
+    from planner.integrations.readers import read_config
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match="tensor_model_parallel_size: (dict|list) -> one value"):
+        read_config(path, gpus=8)

@@ -57,12 +57,28 @@ LAUNCHER_DEFAULT_DROPOUT = 0.1  # megatron_gpt_config.yaml hidden_dropout / atte
 def yaml_overrides(doc: object, source: str) -> tuple[dict[str, str], str]:
     """(the overrides in Megatron-Bridge's names, the format) of a NeMo YAML config; any other YAML is an error."""
     if isinstance(doc, dict) and isinstance(doc.get("trainer"), dict) and isinstance(doc.get("model"), dict):
+        _refuse_sections_for_values(doc, LAUNCHER_NAMES, source)
         return launcher_overrides(doc), "nemo-launcher"
     if isinstance(doc, dict) and doc and all(isinstance(k, str) for k in doc) and set(doc) <= BRIDGE_SECTIONS:
+        _refuse_sections_for_values(doc, LAUNCHER_NAMES.values(), source)
         return flatten(doc), "nemo"
     keys = ", ".join(sorted(map(str, doc))[:6]) if isinstance(doc, dict) else type(doc).__name__
     raise SpecError(f"YAML ({keys}) is neither a Megatron-Bridge override file nor a NeMo-Framework-Launcher training "
                     f"config -> check reads {FORMATS}", source=source)
+
+
+def _refuse_sections_for_values(doc: dict, paths, source: str) -> None:
+    """A mapping or a list where the reader takes one value (`tensor_model_parallel_size: {a: 1}` was read as no
+    value, and the default tp 1 taken in silence)."""
+    bad = []
+    for path in paths:
+        node: object = doc
+        for key in path.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict | list):
+            bad.append(f"{path}: {type(node).__name__} -> one value (a number, a string or true/false)")
+    if bad:
+        raise SpecError(bad, source=source)
 
 
 def flatten(doc: dict, prefix: str = "") -> dict[str, str]:
