@@ -319,3 +319,16 @@ def test_a_nemo_yaml_section_where_one_value_belongs_is_refused(tmp_path, text):
     path.write_text(text)
     with pytest.raises(SpecError, match="tensor_model_parallel_size: (dict|list) -> one value"):
         read_config(path, gpus=8)
+
+
+def test_a_nemo_launcher_file_s_problems_name_its_own_keys(tmp_path):
+    """A NeMo-Framework-Launcher file says model.micro_batch_size; its error named Bridge's train.micro_batch_size,
+    a key the file does not have (audit of 2026-12-08)."""
+    from cluster_specs import SpecError
+    from planner.integrations.readers import read_config
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text("trainer: {devices: 8, num_nodes: 1, precision: bf16}\nmodel:\n  micro_batch_size: -1\n"
+                    "  global_batch_size: 64\n")
+    with pytest.raises(SpecError, match=r"model\.micro_batch_size: -1 -> must be >= 1"):
+        read_config(path, gpus=8)

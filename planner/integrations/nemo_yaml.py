@@ -67,6 +67,15 @@ def yaml_overrides(doc: object, source: str) -> tuple[dict[str, str], str]:
                     f"config -> check reads {FORMATS}", source=source)
 
 
+def launcher_names(problem: str) -> str:
+    """A problem line in Megatron-Bridge's names (train.micro_batch_size: ...) in the launcher file's own
+    (model.micro_batch_size: ...), where it names one of LAUNCHER_NAMES."""
+    for name, bridge in LAUNCHER_NAMES.items():
+        if problem.startswith(f"{bridge}:"):
+            return name + problem[len(bridge):]
+    return problem
+
+
 def _refuse_sections_for_values(doc: dict, paths, source: str) -> None:
     """A mapping or a list where the reader takes one value (`tensor_model_parallel_size: {a: 1}` was read as no
     value, and the default tp 1 taken in silence)."""

@@ -1809,10 +1809,15 @@ def _nemo(text: str, gpus: int) -> ConfigView:
 
 def _nemo_yaml(doc: object, gpus: int, source: str) -> ConfigView:
     """A NeMo YAML config (planner/integrations/nemo_yaml.py) read as the overrides it amounts to."""
-    from planner.integrations.nemo_yaml import launcher_extras, yaml_overrides
+    from planner.integrations.nemo_yaml import launcher_extras, launcher_names, yaml_overrides
 
     kv, fmt = yaml_overrides(doc, source)
-    view = nemo_view(kv, gpus, fmt)
+    try:
+        view = nemo_view(kv, gpus, fmt)
+    except SpecError as exc:  # a launcher file's problems in its own keys (model.micro_batch_size), not Bridge's
+        if fmt != "nemo-launcher":
+            raise
+        raise SpecError([launcher_names(p) for p in exc.problems], source=exc.source or source) from None
     if fmt == "nemo-launcher":
         assert isinstance(doc, dict)  # yaml_overrides said so
         launcher_extras(doc, view, gpus)
