@@ -210,7 +210,8 @@ def dp_comm_seconds(hw: Hardware, training: Training, model: Transformer, knobs:
     # routed experts' gradients and shards move over EDP, whose ranks sit ep·etp apart (etp-ep-edp-pp): a group
     # with fewer ranks per node than DP x CP's, so a slower share of the node's NICs (StageModel._states)
     edp = expert_data_parallel(lay)
-    experts = (sm.lc.extras.expert_params, edp, group_link(hw, group_size=edp, stride=lay.ep * lay.etp).link)
+    experts = ((sm.lc.extras.expert_params, edp, group_link(hw, group_size=edp, stride=lay.ep * lay.etp).link)
+               if sm.lc.extras.expert_params > 0 else None)
     tied, sync = p > 1 and model.tied_embeddings, 0.0
     if tied:  # embedding-gradient sync, first <-> last stage: not overlapped, it runs after the last backward
         sync = embedding_sync_seconds(hw, tp=lay.tp, dp=d, embedding_grad_bytes=sm.lc.padded_vocab
@@ -254,18 +255,20 @@ def _stage_dp_traffic(training: Training, knobs: Knobs, lay: Layout, links: tupl
                       stage: tuple[float, int, float, float, int], units: tuple[int, int],
                       regather: tuple[float, int] = (0.0, 0),
                       reduce_scatters: int | None = None,
-                      experts: tuple[float, int, Link] = (0.0, 1, Link(1.0, 0.0))) -> tuple[float, float]:
+                      experts: tuple[float, int, Link] | None = None) -> tuple[float, float]:
     """(traffic, exposed traffic) of one stage of (parameters, layers, forward and backward seconds per
     micro-batch, fully recomputed layers) under the layout's ZeRO stage; `units`: zero3_units_per_layer; `regather`:
     zero3_recompute_regathers; `reduce_scatters`: per backward where buckets decide (zero3_reduce_buckets); `links`:
     the sharding group's and, under hybrid sharding, the replicas'; `experts`: (routed-expert parameters per layer
-    on this GPU, EDP, EDP's link): that part of the stage's parameters moves over EDP, the rest over DP x CP."""
+    on this GPU, EDP, EDP's link): that part of the stage's parameters moves over EDP, the rest over DP x CP (None:
+    no routed experts)."""
     params, layers, forward_seconds, backward_seconds, recomputed = stage
     d, m = lay.zero_shard_ranks, lay.num_micro_batches
-    expert_params = layers * experts[0]
+    expert_params, edp, edp_link = experts or (0.0, 1, links[0])
+    expert_params *= layers
     comm = window = 0.0
-    if lay.dp * lay.cp > 1 or experts[1] > 1:
-        parts = ((params - expert_params, d, links[0]), (expert_params, experts[1], experts[2]))
+    if lay.dp * lay.cp > 1 or edp > 1:
+        parts = ((params - expert_params, d, links[0]), (expert_params, edp, edp_link))
         again = (recomputed * regather[0] / params if params > 0 else 0.0, recomputed * regather[1])
         comm = sum(_zero_traffic(training, knobs, lay, part, layers, units, again, reduce_scatters)
                    for part in parts if part[0] > 0)

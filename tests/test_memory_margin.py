@@ -208,6 +208,8 @@ def test_does_not_fit_is_judged_against_the_gpu_not_the_headroom():
     proc = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", *common, "-l", layout, "--json"],
                           capture_output=True, text=True, timeout=120)
     predicted = json.loads(proc.stdout)["predicted"]
-    live = predicted["peak_allocated_bytes_per_gpu"] / gib
-    assert 77.6 < live + 3.0 < 79.6 and not predicted["fits"]
+    # live tensors + what the device holds outside the allocator (context, NCCL: device peak less reserved)
+    outside = predicted["peak_memory_bytes_per_gpu"] - predicted["peak_reserved_bytes_per_gpu"]
+    live = (predicted["peak_allocated_bytes_per_gpu"] + outside) / gib
+    assert 79.6 - 2.0 < live < 79.6 and not predicted["fits"]  # between the GPU less the headroom and the GPU
     assert predicted["fit"] == "tight"

@@ -48,8 +48,8 @@ def bench(
     save_calibration: Annotated[Path | None, typer.Option(
         "--save-calibration", readable=False, help="With --top: write the measured figures as a calibration file for "
                                    "`plan --calibration`.")] = None,
-    timeout: Annotated[float, typer.Option(help="Process-group timeout in seconds: a stuck rank fails the run; the whole run is stopped after twice this "
-                                   "+ 30 s.")] = 120.0,
+    timeout: Annotated[float, typer.Option(help="Process-group timeout in seconds: a stuck rank fails the run; "
+                                                "the whole run is stopped after twice this + 30 s.")] = 120.0,
     framework: Annotated[str | None, typer.Option(
         "--framework", help="Whose 'selective' recompute to run and predict: torchtitan's per-op SAC, or Megatron's "
                             "attention core (every other framework); default: the plan's framework, else generic."

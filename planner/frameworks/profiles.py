@@ -292,7 +292,7 @@ _MASTER_REMAINDERS = Sourced(2.0, "--use-precision-aware-optimizer keeps the fp3
 
 # Megatron-Core's GroupedMLP on TE GroupedLinear launches each local expert's GEMMs (and FP8 casts) as their own kernels
 # ("--moe-grouped-gemm: launch multiple local GEMM kernels in multiple streams", Megatron MoE README). Their fixed cost
-# per kernel, in GFLOP at the layer's GEMM rate, fitted on the MoE set (planner/data/moe_runs.json) over all
+# per kernel, in GFLOP at the GPU's saturated GEMM rate (cost_models/extensions.py _expert_kernel_terms), fitted on the MoE set (planner/data/moe_runs.json) over all
 # its rows; docs/validation-modern.md reports the rows leave-one-model-out (each model's rows with the value fitted on
 # the other models' rows). torchtitan runs all local experts in one torch._grouped_mm and keeps 0.
 MEGATRON_EXPERT_KERNEL_GFLOP = 48.0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster_specs import SpecError
+from cost_models.inputs import Precision
 from planner.frameworks import Framework
 from planner.frameworks.capabilities import capabilities
 from planner.inputs.specs import LayoutSpec
@@ -328,7 +329,7 @@ def check_file(path: Path, args) -> dict:
             "fp8_recipe": trained.fp8_recipe if trained.precision == "fp8" else None}
 
 
-PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+PRECISIONS = tuple(p.value for p in Precision)  # the training precisions (cost_models.inputs.Precision)
 
 
 def _precision(view: ConfigView, given: str | None) -> tuple[str | None, str, list[str]]:
